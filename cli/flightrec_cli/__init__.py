@@ -1,0 +1,1 @@
+"""The `flightrec` command line: a thin Typer layer over the flightrec library."""

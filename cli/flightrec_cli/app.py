@@ -1,0 +1,74 @@
+"""The Typer application and the single place where errors become exit statuses.
+
+Exit statuses (DESIGN.md): 0 nothing found, 1 findings reported, 2 usage error or no readable
+dump. Commands raise ``flightrec.errors.FlightrecError``; ``main`` turns it into one line on
+stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from flightrec import __version__
+from flightrec.errors import FlightrecError
+
+EXIT_OK = 0
+EXIT_FINDINGS = 1
+EXIT_USAGE = 2
+
+# A command function returns its exit status (an int); returning None means EXIT_OK.
+
+# Subcommand modules under flightrec_cli.commands; each exposes `register(app)`.
+COMMANDS: tuple[str, ...] = ()
+
+app = typer.Typer(
+    name="flightrec",
+    help="Flight recorder for distributed PyTorch: which rank, which collective, which line.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"flightrec {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Record collectives on every rank; analyze the dumps when a job hangs or slows down."""
+
+
+for _name in COMMANDS:
+    importlib.import_module(f"flightrec_cli.commands.{_name}").register(app)
+
+
+def main() -> None:
+    """Console entry point: run the app, mapping flightrec errors to one line and exit 2."""
+    try:
+        status = app(standalone_mode=False)
+    except FlightrecError as exc:
+        typer.echo(f"flightrec: error: {exc}", err=True)
+        sys.exit(EXIT_USAGE)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        typer.echo("flightrec: aborted", err=True)
+        sys.exit(130)
+    except Exception as exc:  # click usage errors and the like
+        import click
+
+        if isinstance(exc, click.exceptions.ClickException):
+            exc.show()
+            sys.exit(EXIT_USAGE)
+        raise
+    sys.exit(status if isinstance(status, int) else EXIT_OK)

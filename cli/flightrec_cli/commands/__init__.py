@@ -1,0 +1,1 @@
+"""One module per subcommand. Each parses options and makes one library call and one render."""

@@ -1,0 +1,172 @@
+"""Reading and writing dump files: magic bytes, schema version, atomic writes, validation.
+
+A dump file is one serialized ``flightrec.v1.Dump``. Because field 1 is the constant magic
+string and protobuf serializes fields in number order, every valid file starts with
+``MAGIC_PREFIX``; readers check it before handing the bytes to the parser.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from google.protobuf.message import DecodeError
+
+from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
+from flightrec.proto import flightrec_pb2 as pb
+
+MAGIC = "flightrec.dump"
+MAGIC_PREFIX = b"\x0a" + bytes([len(MAGIC)]) + MAGIC.encode()
+SCHEMA_MAJOR = 1
+SCHEMA_MINOR = 0
+SUFFIX = ".frdump"
+# A 16,384-entry ring with deep stacks is a few MB; anything past this is not a dump we wrote,
+# and reading it whole could exhaust the analysis machine's memory.
+MAX_DUMP_BYTES = 256 * 1024 * 1024
+
+ENTRY_COLUMNS = tuple(field.name for field in pb.Entries.DESCRIPTOR.fields)
+
+
+def new_dump() -> pb.Dump:
+    """An empty dump with magic, version and the index-0 sentinels already in place."""
+    dump = pb.Dump(magic=MAGIC, schema_major=SCHEMA_MAJOR, schema_minor=SCHEMA_MINOR)
+    dump.strings.append("")
+    dump.stacks.add()
+    dump.tensor_specs.add()
+    return dump
+
+
+def dump_filename(rank: int, dump_index: int, reason: str, pid: int) -> str:
+    """File name for one dump event; distinct per rank, process and event, so none overwrites another."""
+    return f"flightrec-rank{rank:05d}-{pid}-{dump_index:03d}-{reason.lower()}{SUFFIX}"
+
+
+def write_dump(dump: pb.Dump, directory: str | Path, filename: str) -> Path:
+    """Serialize ``dump`` into ``directory/filename`` atomically.
+
+    The bytes go to a temporary file in the same directory, are flushed to disk, and the file
+    is renamed into place, so a reader (or a kill -9 mid-write) sees the whole dump or none.
+
+    Returns:
+        The final path.
+
+    Raises:
+        OSError: the directory cannot be created or written (full disk, permissions).
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    data = dump.SerializeToString()
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SUFFIX, dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        final = directory / filename
+        os.replace(tmp, final)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return final
+
+
+def has_magic(path: str | Path) -> bool:
+    """True when the file starts with the flightrec magic bytes (cheap: reads 16 bytes)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC_PREFIX)) == MAGIC_PREFIX
+    except OSError:
+        return False
+
+
+def parse_dump(data: bytes, path: str | Path = "<bytes>") -> pb.Dump:
+    """Parse and validate the bytes of one dump file.
+
+    Raises:
+        NotADumpError: the bytes do not start with the flightrec magic.
+        UnsupportedVersionError: written by an incompatible schema major version.
+        CorruptDumpError: truncated, damaged, or with indices that point nowhere.
+    """
+    if not data.startswith(MAGIC_PREFIX):
+        reason = "empty file" if not data else "not a flightrec dump (no flightrec.dump magic)"
+        raise NotADumpError(path, reason)
+    dump = pb.Dump()
+    try:
+        dump.ParseFromString(data)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise CorruptDumpError(path, f"truncated or damaged dump ({exc})") from None
+    if dump.schema_major != SCHEMA_MAJOR:
+        raise UnsupportedVersionError(
+            path,
+            f"written with dump schema {dump.schema_major}.{dump.schema_minor}; "
+            f"this flightrec reads schema {SCHEMA_MAJOR}.x (upgrade torch-flightrec)",
+        )
+    validate(dump, path)
+    return dump
+
+
+def read_dump(path: str | Path, max_bytes: int = MAX_DUMP_BYTES) -> pb.Dump:
+    """Read, parse and validate one dump file.
+
+    Raises:
+        DumpError: (a subclass) with one line naming the file and the problem.
+    """
+    try:
+        size = os.path.getsize(path)
+        if size > max_bytes:
+            raise CorruptDumpError(path, f"{size} bytes is larger than any dump ({max_bytes} max)")
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise NotADumpError(path, f"cannot read: {exc.strerror or exc}") from None
+    return parse_dump(data, path)
+
+
+def _check_index(path: str | Path, what: str, values: object, bound: int) -> None:
+    seq = list(values)  # type: ignore[call-overload]
+    if seq and (max(seq) >= bound or min(seq) < 0):
+        raise CorruptDumpError(path, f"{what} points outside its table (size {bound})")
+
+
+def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
+    """Check the internal consistency a reader relies on: equal column lengths, indices in range.
+
+    Raises:
+        CorruptDumpError: naming the first inconsistency found.
+    """
+    e = dump.entries
+    n = len(e.record_id)
+    for name in ENTRY_COLUMNS:
+        if len(getattr(e, name)) != n:
+            raise CorruptDumpError(path, f"entry column {name} has {len(getattr(e, name))} values, expected {n}")
+    if not dump.strings or dump.strings[0] != "":
+        raise CorruptDumpError(path, "string table lacks its empty first entry")
+    if not dump.stacks or not dump.tensor_specs:
+        raise CorruptDumpError(path, "stack or tensor tables lack their empty first entry")
+    ns = len(dump.strings)
+    for col in ("op", "reduce_op", "thread", "device"):
+        _check_index(path, f"entry column {col}", getattr(e, col), ns)
+    _check_index(path, "entry column group", e.group, len(dump.groups))
+    _check_index(path, "entry column stack", e.stack, len(dump.stacks))
+    _check_index(path, "entry column inputs", e.inputs, len(dump.tensor_specs))
+    _check_index(path, "entry column outputs", e.outputs, len(dump.tensor_specs))
+    nf = len(dump.frames)
+    for frame in dump.frames:
+        if frame.file >= ns or frame.name >= ns:
+            raise CorruptDumpError(path, "a stack frame names a string outside the table")
+    for stack in dump.stacks:
+        _check_index(path, "a stack", stack.frames, nf)
+    for spec in dump.tensor_specs:
+        if len(spec.ndim) != len(spec.dtype) or sum(spec.ndim) != len(spec.dims):
+            raise CorruptDumpError(path, "a tensor signature's dims do not add up")
+        _check_index(path, "a tensor dtype", spec.dtype, ns)
+    for thread in dump.threads:
+        if thread.stack >= len(dump.stacks):
+            raise CorruptDumpError(path, f"thread {thread.name!r} points at a missing stack")
+    h = dump.header
+    if h.world_size < 0 or h.rank < 0 or (h.world_size and h.rank >= h.world_size):
+        raise CorruptDumpError(path, f"rank {h.rank} does not fit world size {h.world_size}")

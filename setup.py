@@ -1,0 +1,29 @@
+"""Ships ``flightrec-autostart.pth`` at the top of site-packages.
+
+Everything else lives in pyproject.toml. The .pth file is how ``FLIGHTREC=1`` traces a
+training script that never imports flightrec (plain python, spawn children, torchrun workers):
+Python executes its single line at interpreter start-up, and that line does nothing but read
+one environment variable unless tracing is asked for.
+"""
+
+from __future__ import annotations
+
+import os
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+
+PTH = "flightrec-autostart.pth"
+
+
+class BuildWithPth(build_py):
+    def run(self) -> None:
+        super().run()
+        here = os.path.dirname(os.path.abspath(__file__))
+        self.copy_file(os.path.join(here, "flightrec", PTH), os.path.join(self.build_lib, PTH))
+
+    def get_outputs(self, include_bytecode: bool = True) -> list[str]:
+        return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
+
+
+setup(cmdclass={"build_py": BuildWithPth})
