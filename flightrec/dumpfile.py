@@ -7,6 +7,7 @@ string and protobuf serializes fields in number order, every valid file starts w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -66,10 +67,8 @@ def write_dump(dump: pb.Dump, directory: str | Path, filename: str) -> Path:
         final = directory / filename
         os.replace(tmp, final)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
     return final
 
@@ -142,7 +141,9 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
     n = len(e.record_id)
     for name in ENTRY_COLUMNS:
         if len(getattr(e, name)) != n:
-            raise CorruptDumpError(path, f"entry column {name} has {len(getattr(e, name))} values, expected {n}")
+            raise CorruptDumpError(
+                path, f"entry column {name} has {len(getattr(e, name))} values, expected {n}"
+            )
     if not dump.strings or dump.strings[0] != "":
         raise CorruptDumpError(path, "string table lacks its empty first entry")
     if not dump.stacks or not dump.tensor_specs:

@@ -19,7 +19,6 @@ EXIT_OK = 0
 EXIT_FINDINGS = 1
 EXIT_USAGE = 2
 
-# A command function returns its exit status (an int); returning None means EXIT_OK.
 
 # Subcommand modules under flightrec_cli.commands; each exposes `register(app)`.
 COMMANDS: tuple[str, ...] = ()
@@ -53,22 +52,13 @@ for _name in COMMANDS:
 
 
 def main() -> None:
-    """Console entry point: run the app, mapping flightrec errors to one line and exit 2."""
+    """Console entry point: run the app, mapping flightrec errors to one line and exit 2.
+
+    Typer's standalone mode already turns usage errors into exit 2 and ``typer.Exit(code)``
+    into that code; commands end with ``raise typer.Exit(status)``.
+    """
     try:
-        status = app(standalone_mode=False)
+        app()
     except FlightrecError as exc:
         typer.echo(f"flightrec: error: {exc}", err=True)
         sys.exit(EXIT_USAGE)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        typer.echo("flightrec: aborted", err=True)
-        sys.exit(130)
-    except Exception as exc:  # click usage errors and the like
-        import click
-
-        if isinstance(exc, click.exceptions.ClickException):
-            exc.show()
-            sys.exit(EXIT_USAGE)
-        raise
-    sys.exit(status if isinstance(status, int) else EXIT_OK)

@@ -1,0 +1,203 @@
+"""Build a ``flightrec.v1.Dump`` column by column, interning what repeats.
+
+Every producer of dumps goes through ``DumpBuilder``: the recorder at dump time, the native
+dump converter, ``flightrec simulate``, and the test factories. Callers hand over plain Python
+values; the builder interns strings, frames, stacks and tensor signatures and fills the packed
+columns in one pass at ``build()``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from flightrec.dumpfile import new_dump
+from flightrec.proto import flightrec_pb2 as pb
+
+# Entries.flags bits, mirrored from the EntryFlag enum for use without the protobuf types.
+ASYNC_OP = pb.ASYNC_OP
+OBJECT_API = pb.OBJECT_API
+COALESCED = pb.COALESCED
+IS_P2P = pb.IS_P2P
+SEND = pb.SEND
+
+FrameTuple = tuple[str, str, int]
+"""(file, function, line)"""
+TensorTuple = tuple[tuple[int, ...], str]
+"""(shape, dtype name)"""
+
+
+@dataclass(frozen=True, slots=True)
+class EntryValues:
+    """One ring entry in plain Python values, before interning. Times are monotonic ns."""
+
+    record_id: int
+    group: int
+    op: str
+    seq: int = 0
+    p2p_seq: int = 0
+    reduce_op: str = ""
+    peer: int = -1
+    state: int = pb.ENQUEUED
+    enqueue_ns: int = 0
+    start_ns: int = 0
+    complete_ns: int = 0
+    thread: str = ""
+    stack: Sequence[FrameTuple] = ()
+    inputs: Sequence[TensorTuple] = ()
+    outputs: Sequence[TensorTuple] = ()
+    flags: int = 0
+    device: str = ""
+
+
+class DumpBuilder:
+    """Accumulates one dump. Not thread-safe: build each dump in one thread."""
+
+    def __init__(self) -> None:
+        self._dump = new_dump()
+        self._strings: dict[str, int] = {"": 0}
+        self._frames: dict[tuple[int, int, int], int] = {}
+        self._stacks: dict[tuple[int, ...], int] = {(): 0}
+        self._specs: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], int] = {
+            ((), (), ()): 0
+        }
+        self._cols: dict[str, list[int]] = {
+            field.name: [] for field in pb.Entries.DESCRIPTOR.fields
+        }
+
+    @property
+    def header(self) -> pb.Header:
+        """The dump's header, to be filled in place."""
+        return self._dump.header
+
+    def string(self, value: str) -> int:
+        """Index of ``value`` in the string table, adding it if new."""
+        index = self._strings.get(value)
+        if index is None:
+            index = len(self._dump.strings)
+            self._strings[value] = index
+            self._dump.strings.append(value)
+        return index
+
+    def frame(self, file: str, name: str, line: int) -> int:
+        """Index of the frame (file, function, line), adding it if new."""
+        key = (self.string(file), self.string(name), max(0, line))
+        index = self._frames.get(key)
+        if index is None:
+            index = len(self._dump.frames)
+            self._frames[key] = index
+            self._dump.frames.add(file=key[0], name=key[1], line=key[2])
+        return index
+
+    def stack(self, frames: Iterable[FrameTuple]) -> int:
+        """Index of a stack given innermost frame first; 0 for an empty stack."""
+        key = tuple(self.frame(f, n, ln) for f, n, ln in frames)
+        index = self._stacks.get(key)
+        if index is None:
+            index = len(self._dump.stacks)
+            self._stacks[key] = index
+            self._dump.stacks.add(frames=key)
+        return index
+
+    def tensors(self, tensors: Iterable[TensorTuple]) -> int:
+        """Index of a tensor signature (list of (shape, dtype)); 0 for no tensors."""
+        ndim: list[int] = []
+        dims: list[int] = []
+        dtypes: list[int] = []
+        for shape, dtype in tensors:
+            ndim.append(len(shape))
+            dims.extend(shape)
+            dtypes.append(self.string(dtype))
+        key = (tuple(ndim), tuple(dims), tuple(dtypes))
+        index = self._specs.get(key)
+        if index is None:
+            index = len(self._dump.tensor_specs)
+            self._specs[key] = index
+            self._dump.tensor_specs.add(ndim=key[0], dims=key[1], dtype=key[2])
+        return index
+
+    def group(
+        self,
+        name: str,
+        ranks: Sequence[int],
+        *,
+        desc: str = "",
+        backend: str = "",
+        last_seq: int = 0,
+        dropped: int = 0,
+        p2p: Iterable[tuple[int, int, int]] = (),
+        members_known: bool = True,
+    ) -> int:
+        """Add a process group; returns its index for ``EntryValues.group``.
+
+        ``p2p`` holds (peer, sends, recvs) counters.
+        """
+        g = self._dump.groups.add(
+            name=name,
+            desc=desc,
+            ranks=list(ranks),
+            backend=backend,
+            last_seq=last_seq,
+            dropped=dropped,
+            members_known=members_known,
+        )
+        for peer, sends, recvs in p2p:
+            g.p2p.add(peer=peer, sends=sends, recvs=recvs)
+        return len(self._dump.groups) - 1
+
+    def entry(self, e: EntryValues) -> None:
+        """Append one ring entry (oldest first)."""
+        self.entry_raw(
+            record_id=e.record_id,
+            group=e.group,
+            seq=e.seq,
+            p2p_seq=e.p2p_seq,
+            op=self.string(e.op),
+            reduce_op=self.string(e.reduce_op),
+            peer=e.peer,
+            state=e.state,
+            enqueue_ns=e.enqueue_ns,
+            start_ns=e.start_ns,
+            complete_ns=e.complete_ns,
+            thread=self.string(e.thread),
+            stack=self.stack(e.stack),
+            inputs=self.tensors(e.inputs),
+            outputs=self.tensors(e.outputs),
+            flags=e.flags,
+            device=self.string(e.device),
+        )
+
+    def entry_raw(self, **columns: int) -> None:
+        """Append one entry whose table references are already interned indices.
+
+        Every column of ``Entries`` must be given; this is the fast path for producers that
+        intern on their own (the recorder caches stack indices across entries).
+        """
+        cols = self._cols
+        for name, column in cols.items():
+            column.append(columns[name])
+
+    def thread(
+        self,
+        ident: int,
+        name: str,
+        frames: Iterable[FrameTuple],
+        *,
+        is_main: bool = False,
+        holds_recorder: bool = False,
+    ) -> None:
+        """Record one thread's stack at dump time (innermost frame first)."""
+        self._dump.threads.add(
+            ident=ident,
+            name=name,
+            stack=self.stack(frames),
+            is_main=is_main,
+            holds_recorder=holds_recorder,
+        )
+
+    def build(self) -> pb.Dump:
+        """The finished dump. The builder must not be used afterwards."""
+        entries = self._dump.entries
+        for name, column in self._cols.items():
+            getattr(entries, name).extend(column)
+        return self._dump
