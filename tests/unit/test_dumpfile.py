@@ -1,0 +1,147 @@
+"""Dump files: magic, versions, atomic writes, and one clear error per bad file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from flightrec.builder import DumpBuilder, EntryValues
+from flightrec.dumpfile import (
+    MAGIC_PREFIX,
+    dump_filename,
+    has_magic,
+    parse_dump,
+    read_dump,
+    write_dump,
+)
+from flightrec.errors import (
+    CorruptDumpError,
+    DumpError,
+    NotADumpError,
+    UnsupportedVersionError,
+)
+from flightrec.proto import flightrec_pb2 as pb
+
+
+def small_dump(rank: int = 1, entries: int = 3) -> pb.Dump:
+    b = DumpBuilder()
+    b.header.rank = rank
+    b.header.world_size = 4
+    g = b.group("0", [0, 1, 2, 3], desc="default_pg", backend="gloo", last_seq=entries)
+    for i in range(entries):
+        b.entry(
+            EntryValues(
+                record_id=i,
+                group=g,
+                op="all_reduce",
+                seq=i + 1,
+                reduce_op="SUM",
+                state=pb.COMPLETED,
+                enqueue_ns=1000 * i,
+                complete_ns=1000 * i + 500,
+                stack=[("train.py", "step", 22), ("train.py", "main", 40)],
+                inputs=[((4, 4), "float32")],
+                outputs=[((4, 4), "float32")],
+            )
+        )
+    b.thread(7, "MainThread", [("train.py", "load_batch", 18)], is_main=True)
+    return b.build()
+
+
+def test_round_trip_keeps_interned_tables(tmp_path: Path) -> None:
+    path = write_dump(small_dump(), tmp_path, dump_filename(1, 0, "api_call", 42))
+    dump = read_dump(path)
+    assert path.name == "flightrec-rank00001-42-000-api_call.frdump"
+    assert list(dump.entries.seq) == [1, 2, 3]
+    # three entries share one stack and one tensor signature
+    # (stacks: the empty sentinel, the entries' stack, the thread's stack at dump time)
+    assert len(set(dump.entries.stack)) == 1 and len(dump.stacks) == 3
+    assert len(set(dump.entries.inputs)) == 1 and len(dump.tensor_specs) == 2
+    frame = dump.frames[dump.stacks[dump.entries.stack[0]].frames[0]]
+    assert (dump.strings[frame.file], dump.strings[frame.name], frame.line) == (
+        "train.py",
+        "step",
+        22,
+    )
+
+
+def test_file_starts_with_magic(tmp_path: Path) -> None:
+    path = write_dump(small_dump(), tmp_path, "x.frdump")
+    assert path.read_bytes().startswith(MAGIC_PREFIX)
+    assert has_magic(path)
+    (tmp_path / "notes.txt").write_text("hello")
+    assert not has_magic(tmp_path / "notes.txt")
+
+
+def test_write_is_atomic_and_leaves_no_temporary(tmp_path: Path) -> None:
+    write_dump(small_dump(), tmp_path, "a.frdump")
+    write_dump(small_dump(rank=2), tmp_path, "b.frdump")
+    assert sorted(os.listdir(tmp_path)) == ["a.frdump", "b.frdump"]
+
+
+def test_unwritable_directory_raises_oserror(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(OSError):
+        write_dump(small_dump(), blocker / "sub", "a.frdump")
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "words"),
+    [
+        (b"", NotADumpError, "empty file"),
+        (b"hello world", NotADumpError, "not a flightrec dump"),
+        (None, CorruptDumpError, "truncated"),
+    ],
+)
+def test_bad_bytes_get_one_clear_line(
+    tmp_path: Path, data: bytes | None, error: type[DumpError], words: str
+) -> None:
+    if data is None:
+        data = small_dump().SerializeToString()[:-7]
+    path = tmp_path / "bad.frdump"
+    path.write_bytes(data)
+    with pytest.raises(error) as info:
+        read_dump(path)
+    message = str(info.value)
+    assert str(path) in message and words in message and "\n" not in message
+
+
+def test_unknown_major_version_is_refused_in_plain_words() -> None:
+    dump = small_dump()
+    dump.schema_major = 2
+    with pytest.raises(UnsupportedVersionError, match=r"schema 2\.0.*reads schema 1\.x"):
+        parse_dump(dump.SerializeToString(), "future.frdump")
+
+
+def test_newer_minor_version_is_accepted() -> None:
+    dump = small_dump()
+    dump.schema_minor = 9
+    assert parse_dump(dump.SerializeToString()).schema_minor == 9
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda d: d.entries.seq.append(9), "column seq has 4 values"),
+        (lambda d: d.entries.op.__setitem__(0, 999), "column op points outside"),
+        (lambda d: d.entries.group.__setitem__(1, 5), "column group points outside"),
+        (lambda d: d.stacks[1].frames.append(77), "a stack points outside"),
+        (lambda d: d.threads[0].__setattr__("stack", 50), "missing stack"),
+        (lambda d: d.header.__setattr__("rank", 9), "does not fit world size"),
+    ],
+)
+def test_inconsistent_dump_is_corrupt(damage: object, words: str) -> None:
+    dump = small_dump()
+    damage(dump)  # type: ignore[operator]
+    with pytest.raises(CorruptDumpError, match=words):
+        parse_dump(dump.SerializeToString(), "damaged.frdump")
+
+
+def test_oversized_file_is_refused_without_reading(tmp_path: Path) -> None:
+    path = tmp_path / "huge.frdump"
+    path.write_bytes(MAGIC_PREFIX + b"\0" * 4096)
+    with pytest.raises(CorruptDumpError, match="larger than any dump"):
+        read_dump(path, max_bytes=1024)
