@@ -177,6 +177,23 @@ class DumpBuilder:
         for name, column in cols.items():
             column.append(columns[name])
 
+    def entry_columns(self, columns: dict[str, list[int]]) -> None:
+        """Append many entries at once, one list per ``Entries`` column, all of one length.
+
+        Table references must already be interned indices. This is the bulk path for
+        producers that build whole columns (the simulator, the native converter).
+
+        Raises:
+            ValueError: a column is missing or the lengths differ.
+        """
+        lengths = {len(columns.get(name, ())) for name in self._cols}
+        if len(lengths) != 1:
+            raise ValueError(
+                f"entry columns must all be given, with one length (got {sorted(lengths)})"
+            )
+        for name, column in self._cols.items():
+            column.extend(columns[name])
+
     def thread(
         self,
         ident: int,

@@ -21,7 +21,7 @@ EXIT_USAGE = 2
 
 
 # Subcommand modules under flightrec_cli.commands; each exposes `register(app)`.
-COMMANDS: tuple[str, ...] = ()
+COMMANDS: tuple[str, ...] = ("simulate",)
 
 app = typer.Typer(
     name="flightrec",

@@ -1,0 +1,52 @@
+"""`flightrec simulate`: write the dumps of a simulated job with one injected fault."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from flightrec.errors import UsageError
+from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
+
+
+def register(app: typer.Typer) -> None:
+    app.command("simulate")(simulate_command)
+
+
+def simulate_command(
+    out: Annotated[
+        Path, typer.Option("--out", help="Folder to write the dumps (and expected.json) into.")
+    ],
+    ranks: Annotated[int, typer.Option("--ranks", min=1, help="World size.")] = 64,
+    entries: Annotated[int, typer.Option("--entries", min=1, help="Ring entries per rank.")] = 2000,
+    layout: Annotated[
+        str, typer.Option("--layout", help="Parallel layout, e.g. tp=8,pp=4; dp is the rest.")
+    ] = "tp=8,pp=4",
+    fault: Annotated[Fault, typer.Option("--fault", help="Fault to inject.")] = Fault.STALL,
+    fault_rank: Annotated[
+        int, typer.Option("--fault-rank", min=0, help="Rank the fault hits.")
+    ] = 0,
+    seed: Annotated[int, typer.Option("--seed", help="Seed for jitter, clocks and delays.")] = 0,
+    processes: Annotated[int, typer.Option("--processes", min=1, help="Writer processes.")] = min(
+        4, os.cpu_count() or 1
+    ),
+) -> None:
+    """Write realistic flightrec dumps of a tp/pp/dp job with one fault; print the expected verdict."""
+    try:
+        config = SimConfig(parse_layout(layout, ranks), entries, fault, fault_rank, seed=seed)
+        expected = simulate(config, out, processes=processes)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    verdict = {
+        "scenario": f"simulate-{fault.value}",
+        "description": f"{ranks} ranks, {layout}, {entries} entries, {fault.value} on rank {fault_rank}",
+        "world_size": ranks,
+        "exit_status": 1 if expected else 0,
+        "first_finding": expected or None,
+    }
+    (out / "expected.json").write_text(json.dumps(verdict, indent=2) + "\n")
+    typer.echo(json.dumps(verdict["first_finding"]))

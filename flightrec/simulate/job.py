@@ -1,0 +1,375 @@
+"""Write the flightrec dumps of a simulated 3D-parallel job with one injected fault.
+
+The job ran ``history`` healthy steps (enough that every ring has wrapped), then one step in
+which the fault happened; every rank's ring holds its last ``entries`` operations. Hosts have
+their own monotonic clock origin and a few milliseconds of wall-clock skew, as real ones do.
+The expected verdict is derived from the fault, not from any analysis.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import multiprocessing
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from flightrec.builder import IS_P2P, SEND, DumpBuilder
+from flightrec.dumpfile import dump_filename, write_dump
+from flightrec.proto import flightrec_pb2 as pb
+from flightrec.simulate.faults import Fault, Outcome, mismatched, op_keys, play_out
+from flightrec.simulate.layout import GroupKind, Layout
+from flightrec.simulate.schedule import MS, OpTemplate, step_length, step_template
+
+EPOCH_NS = 1_790_000_000 * 10**9  # wall clock of the job's start (late 2026)
+TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """What to simulate."""
+
+    layout: Layout
+    entries: int = 2000
+    fault: Fault = Fault.STALL
+    fault_rank: int = 0
+    microbatches: int = 4
+    seed: int = 0
+    straggler_delay_ms: tuple[float, float] = (30.0, 50.0)
+
+
+@dataclass
+class _Plan:
+    """Everything the dump writers share: programs, play-out, expected verdict."""
+
+    config: SimConfig
+    templates: list[list[OpTemplate]]
+    culprit_program: list[OpTemplate] | None
+    outcomes: list[Outcome]
+    stalled: set[int]
+    dead: set[int]
+    history: int
+    expected: dict[str, Any] = field(default_factory=dict)
+
+    def program(self, rank: int) -> list[OpTemplate]:
+        if self.culprit_program is not None and rank == self.config.fault_rank:
+            return self.culprit_program
+        return self.templates[self.config.layout.coords(rank)[1]]
+
+
+def _first_collective_from(program: Sequence[OpTemplate], start: int) -> int:
+    for i in range(start, len(program)):
+        if not program[i].is_p2p:
+            return i
+    return len(program) - 1
+
+
+def plan(config: SimConfig) -> _Plan:
+    """Build the step programs, inject the fault, and play the fault step out.
+
+    Raises:
+        ValueError: the fault cannot be injected in this layout (P2P deadlock without stages).
+    """
+    layout, fault = config.layout, config.fault
+    if not 0 <= config.fault_rank < layout.world:
+        raise ValueError(f"fault rank {config.fault_rank} is outside world size {layout.world}")
+    templates = [step_template(layout, s, config.microbatches) for s in range(layout.pp)]
+    culprit = config.fault_rank
+    program = list(templates[layout.coords(culprit)[1]])
+    history = config.entries // min(len(t) for t in templates) + 2
+    stop_at: dict[int, int] = {}
+    broken_key: tuple[object, ...] | None = None
+    expected: dict[str, Any]
+    group_kind = GroupKind.WORLD
+    at = _first_collective_from(program, len(program) // 2)
+
+    if fault is Fault.P2P_DEADLOCK:
+        if layout.pp < 2:
+            raise ValueError("a P2P deadlock needs pipeline stages: use a layout with pp >= 2")
+        if layout.coords(culprit)[1] == layout.pp - 1:
+            culprit -= layout.tp  # the last stage sends nothing forward: use its predecessor
+            config = replace(config, fault_rank=culprit)
+            program = list(templates[layout.coords(culprit)[1]])
+        send_fwd = next(i for i, op in enumerate(program) if op.send and op.peer_stage_delta == 1)
+        recv_bwd = next(
+            i for i, op in enumerate(program) if not op.send and op.peer_stage_delta == 1
+        )
+        program.insert(send_fwd, program.pop(recv_bwd))
+        partner = culprit + layout.tp
+        expected = {"kind": "p2p_deadlock", "ranks": sorted([culprit, partner])}
+    elif fault in (Fault.OP_MISMATCH, Fault.SIZE_MISMATCH, Fault.DTYPE_MISMATCH):
+        kinds = [op.kind for op in program]
+        at = kinds.index(GroupKind.DP) if layout.dp >= 3 else len(program) - 1
+        group_kind = program[at].kind
+        program[at] = mismatched(program[at], fault)
+        ordinal = op_keys(program)[at][1]
+        broken_key = (layout.group_of(culprit, group_kind).name, ordinal)
+        field_name = {
+            Fault.OP_MISMATCH: "op",
+            Fault.SIZE_MISMATCH: "shape",
+            Fault.DTYPE_MISMATCH: "dtype",
+        }[fault]
+        expected = {"kind": "mismatch", "ranks": [culprit], "field": field_name}
+    elif fault in (Fault.STALL, Fault.CRASH):
+        stop_at[culprit] = at
+        group_kind = program[at].kind
+        expected = {
+            "kind": "not_arrived" if fault is Fault.STALL else "missing_dump",
+            "ranks": [culprit],
+        }
+    elif fault is Fault.STRAGGLER:
+        expected = {"kind": "straggler", "ranks": [culprit]}
+    else:
+        expected = {}
+
+    if fault in (Fault.NONE, Fault.STRAGGLER):
+        outcomes = [
+            Outcome(len(templates[layout.coords(r)[1]]), False) for r in range(layout.world)
+        ]
+        culprit_program = None
+    else:
+        culprit_program = program
+        keys = [op_keys(t) for t in templates]
+        culprit_keys = op_keys(program)
+        outcomes = play_out(
+            layout,
+            lambda r: program if r == culprit else templates[layout.coords(r)[1]],
+            lambda r: culprit_keys if r == culprit else keys[layout.coords(r)[1]],
+            stop_at,
+            lambda key: key == broken_key,
+        )
+    if expected and fault not in (Fault.P2P_DEADLOCK, Fault.STRAGGLER):
+        g = layout.group_of(culprit, group_kind)
+        expected.update(
+            process_group=g.name,
+            seq=history * sum(1 for op in program if op.kind is group_kind and not op.is_p2p)
+            + 1
+            + sum(1 for op in program[:at] if op.kind is group_kind and not op.is_p2p),
+            op=templates[layout.coords(culprit)[1]][at].op,
+        )
+    return _Plan(
+        config,
+        templates,
+        culprit_program,
+        outcomes,
+        stalled={culprit} if fault is Fault.STALL else set(),
+        dead={culprit} if fault is Fault.CRASH else set(),
+        history=history,
+        expected=expected,
+    )
+
+
+def _host_clock(seed: int, host: int) -> tuple[int, int]:
+    """(monotonic origin, wall-clock skew) of a host, both in ns."""
+    rng = random.Random(f"{seed}/host/{host}")
+    return rng.randrange(10**12, 10**15), rng.randrange(-5 * MS, 5 * MS)
+
+
+def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
+    """The dump that ``rank`` writes at the hang (or on request, for healthy jobs)."""
+    cfg, layout = p.config, p.config.layout
+    rng = random.Random(f"{cfg.seed}/rank/{rank}")
+    program = p.program(rank)
+    step_ops = len(program)
+    outcome = p.outcomes[rank]
+    entered = outcome.completed + (1 if outcome.blocked else 0)
+    total = p.history * step_ops + entered
+    start = max(0, total - cfg.entries)
+    period = step_length(layout, cfg.microbatches)
+    boot, skew = _host_clock(cfg.seed, layout.host(rank))
+    t0 = 10**12  # true time of the first step, ns
+    straggler = cfg.fault_rank if cfg.fault is Fault.STRAGGLER else -1
+
+    b = DumpBuilder()
+    groups = layout.groups_of(rank)
+    gindex = {g.kind: i for i, g in enumerate(groups)}
+    keys = op_keys(program)
+    per_step: dict[tuple[GroupKind, int, bool], int] = {}
+    for kind, _, delta, send in keys:
+        per_step[(kind, delta, send)] = per_step.get((kind, delta, send), 0) + 1
+
+    cols: dict[str, list[int]] = {f.name: [] for f in pb.Entries.DESCRIPTOR.fields}
+    interned = [
+        (
+            b.string(op.op),
+            b.string(op.reduce_op),
+            b.stack(op.stack),
+            b.tensors([(op.shape, op.dtype)]),
+            (IS_P2P | (SEND if op.send else 0)) if op.is_p2p else 0,
+        )
+        for op in program
+    ]
+    thread, device = b.string("MainThread"), b.string(f"cuda:{rank % 8}")
+    in_ring = [0] * len(groups)
+    for index in range(start, total):
+        step, k = divmod(index, step_ops)
+        op = program[k]
+        kind, ordinal, delta, send = keys[k]
+        opi, redi, stacki, speci, flags = interned[k]
+        g = gindex[kind]
+        in_ring[g] += 1
+        count = step * per_step[(kind, delta, send)] + ordinal + 1
+        complete = t0 + step * period + op.complete_off
+        members = layout.group_of(rank, kind).ranks if not delta else ()
+        if rank == straggler:
+            wait = rng.randrange(0, MS // 20)
+        else:
+            wait = rng.randrange(MS // 20, MS)
+            if straggler in members:
+                lo, hi = cfg.straggler_delay_ms
+                wait += int(random.Random(f"{cfg.seed}/delay/{step}/{k}").uniform(lo, hi) * MS)
+        arrive = complete - op.duration - wait
+        done = index < total - 1 or not outcome.blocked
+        cols["record_id"].append(index)
+        cols["group"].append(g)
+        cols["seq"].append(0 if delta else count)
+        cols["p2p_seq"].append(count if delta else 0)
+        cols["op"].append(opi)
+        cols["reduce_op"].append(redi)
+        cols["peer"].append(rank + delta * layout.tp if delta else -1)
+        cols["state"].append(pb.COMPLETED if done else pb.STARTED)
+        cols["enqueue_ns"].append(arrive - boot)
+        cols["start_ns"].append(0)
+        cols["complete_ns"].append(complete - boot if done else 0)
+        cols["thread"].append(thread)
+        cols["stack"].append(stacki)
+        cols["inputs"].append(speci)
+        cols["outputs"].append(speci)
+        cols["flags"].append(flags)
+        cols["device"].append(device)
+
+    entered_keys = keys[:entered]
+    for i, grp in enumerate(groups):
+        if grp.kind is GroupKind.PP:
+            stage = layout.coords(rank)[1]
+            peers = []
+            for dl in (-1, 1):
+                if not 0 <= stage + dl < layout.pp:
+                    continue
+                sends, recvs = (
+                    p.history * per_step.get((grp.kind, dl, sd), 0)
+                    + sum(
+                        1
+                        for kd, _, d2, s2 in entered_keys
+                        if kd is grp.kind and d2 == dl and s2 == sd
+                    )
+                    for sd in (True, False)
+                )
+                peers.append((rank + dl * layout.tp, sends, recvs))
+            issued = sum(s + r for _, s, r in peers)
+            b.group(
+                grp.name,
+                grp.ranks,
+                desc=grp.kind.value,
+                backend="nccl",
+                dropped=issued - in_ring[i],
+                p2p=peers,
+            )
+        else:
+            issued = p.history * per_step[(grp.kind, 0, False)] + sum(
+                1 for kd, *_ in entered_keys if kd is grp.kind
+            )
+            b.group(
+                grp.name,
+                grp.ranks,
+                desc=grp.kind.value,
+                backend="nccl",
+                last_seq=issued,
+                dropped=issued - in_ring[i],
+            )
+    b.entry_columns(cols)
+
+    dump_true = t0 + (p.history + 1) * period + int(TIMEOUT_S * 1e9)
+    h = b.header
+    h.rank, h.world_size = rank, layout.world
+    h.hostname = f"node{layout.host(rank):05d}"
+    h.pid = 10000 + rank
+    h.local_rank = rank % layout.ranks_per_host
+    h.device = f"cuda:{h.local_rank}"
+    h.device_name = "NVIDIA H100 80GB HBM3"
+    h.device_uuid = "GPU-" + hashlib.sha1(f"{cfg.seed}/{rank}".encode()).hexdigest()[:32]
+    h.job_id = f"sim-{cfg.seed}"
+    h.backend = "nccl"
+    h.torch_version = "2.13.0"
+    h.flightrec_version = "simulated"
+    h.wall_time_ns = EPOCH_NS + dump_true + skew
+    h.mono_time_ns = dump_true - boot
+    h.buffer_capacity = cfg.entries
+    h.entries_recorded = total
+    h.stack_depth = 16
+    h.timeout_s = TIMEOUT_S
+    h.source = "flightrec-simulate"
+    if cfg.fault in (Fault.NONE, Fault.STRAGGLER):
+        h.reason, h.reason_detail = pb.CLI_TRIGGER, "flightrec trigger"
+        main: list[tuple[str, str, int]] = [
+            ("model/transformer.py", "mlp_forward", 188),
+            ("train.py", "forward_step", 97),
+            *program[0].stack[-2:],
+        ]
+    elif rank in p.stalled:
+        h.reason, h.requested_by = pb.PEER_REQUEST, _first_waiter(p)
+        main = [
+            ("data/loader.py", "__next__", 88),
+            ("train.py", "next_batch", 64),
+            *program[0].stack[-2:],
+        ]
+    else:
+        first = _first_waiter(p)
+        h.reason = pb.WATCHDOG_TIMEOUT if rank == first else pb.PEER_REQUEST
+        h.requested_by = -1 if rank == first else first
+        current = program[min(outcome.completed, step_ops - 1)]
+        main = [("torch/distributed/distributed_c10d.py", current.op, 2950), *current.stack]
+    b.thread(1, "MainThread", main, is_main=True, holds_recorder=outcome.blocked)
+    b.thread(2, "flightrec-watchdog", [("flightrec/recorder/watchdog.py", "_loop", 71)])
+    return b.build()
+
+
+def _first_waiter(p: _Plan) -> int:
+    for r, o in enumerate(p.outcomes):
+        if o.blocked and r not in p.dead:
+            return r
+    return 0
+
+
+_PLAN: _Plan | None = None
+
+
+def _write_range(args: tuple[str, int, int]) -> None:
+    out, lo, hi = args
+    assert _PLAN is not None
+    for rank in range(lo, hi):
+        if rank in _PLAN.dead:
+            continue
+        dump = build_rank_dump(_PLAN, rank)
+        reason = pb.DumpReason.Name(dump.header.reason)
+        write_dump(dump, out, dump_filename(rank, 0, reason, dump.header.pid))
+
+
+def _init(p: _Plan) -> None:
+    global _PLAN
+    _PLAN = p
+
+
+def simulate(config: SimConfig, out: str | Path, processes: int = 1) -> dict[str, Any]:
+    """Write one dump per live rank into ``out``; return the expected first finding (empty for healthy).
+
+    Raises:
+        ValueError: the fault cannot be injected in this layout.
+        OSError: ``out`` cannot be written.
+    """
+    p = plan(config)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    world = config.layout.world
+    chunk = max(1, world // (processes * 8))
+    ranges = [(str(out), lo, min(world, lo + chunk)) for lo in range(0, world, chunk)]
+    if processes > 1 and world > 64:
+        ctx = multiprocessing.get_context("fork")
+        with ctx.Pool(processes, initializer=_init, initargs=(p,)) as pool:
+            pool.map(_write_range, ranges)
+    else:
+        _init(p)
+        for r in ranges:
+            _write_range(r)
+    return p.expected

@@ -1,0 +1,171 @@
+"""One training step of a simulated 3D-parallel job, as the ordered operations of one rank.
+
+The step is a GPipe-style schedule with ``microbatches`` micro-batches: forward (receive
+activations from the previous stage, two tensor-parallel all-reduces, send to the next stage),
+backward (the mirror image), then a data-parallel gradient reduce-scatter and parameter
+all-gather, then a world all-reduce of the loss.
+
+Times are offsets within the step, chosen so that the operations every rank sees as one
+collective (or one send/receive pair) complete at the same offset on every participant: a
+pipeline slot of micro-batch ``m`` on stage ``p`` is ``m + p`` forward, ``m + (pp - 1 - p)``
+backward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flightrec.simulate.layout import GroupKind, Layout
+
+MS = 1_000_000
+SLOT_NS = 50 * MS
+"""Length of one pipeline slot."""
+
+FrameTuple = tuple[str, str, int]
+
+_MODEL = "model/transformer.py"
+_TRAIN = "train.py"
+_OUTER: tuple[FrameTuple, ...] = ((_TRAIN, "train_step", 141), (_TRAIN, "main", 212))
+
+
+@dataclass(frozen=True, slots=True)
+class OpTemplate:
+    """One operation of a step, the same on every rank of a stage."""
+
+    kind: GroupKind
+    op: str
+    reduce_op: str
+    shape: tuple[int, ...]
+    dtype: str
+    peer_stage_delta: int  # P2P: +1 next stage, -1 previous stage; 0 for collectives
+    send: bool
+    complete_off: int  # ns from the step start
+    duration: int  # ns the operation runs once every participant has arrived
+    stack: tuple[FrameTuple, ...]
+
+    @property
+    def is_p2p(self) -> bool:
+        return self.peer_stage_delta != 0
+
+
+def _stack(*inner: FrameTuple) -> tuple[FrameTuple, ...]:
+    return (*inner, *_OUTER)
+
+
+def step_template(
+    layout: Layout, stage: int, microbatches: int, hidden: int = 4096
+) -> list[OpTemplate]:
+    """The ordered operations of one step on a rank of pipeline ``stage``."""
+    pp, tp, dp = layout.pp, layout.tp, layout.dp
+    act = (1, 2048, hidden)
+    ops: list[OpTemplate] = []
+
+    def tp_pair(base: int, phase: str, line: int) -> None:
+        if tp == 1:
+            return
+        for i, (fn, ln) in enumerate((("attention", line), ("mlp", line + 40))):
+            ops.append(
+                OpTemplate(
+                    GroupKind.TP,
+                    "all_reduce",
+                    "SUM",
+                    act,
+                    "bfloat16",
+                    0,
+                    False,
+                    base + (3 + 3 * i) * SLOT_NS // 10,
+                    2 * MS,
+                    _stack(
+                        ("megatron/tensor_parallel.py", "reduce_from_tp_region", 33),
+                        (_MODEL, f"{fn}_{phase}", ln),
+                        (_TRAIN, f"{phase}_step", 97),
+                    ),
+                )
+            )
+
+    def p2p(delta: int, send: bool, at: int, what: str) -> None:
+        verb = "send" if send else "recv"
+        ops.append(
+            OpTemplate(
+                GroupKind.PP,
+                verb,
+                "",
+                act,
+                "bfloat16",
+                delta,
+                send,
+                at,
+                1 * MS,
+                _stack(
+                    ("pipeline/p2p.py", f"{verb}_{what}", 58 if send else 71),
+                    (_TRAIN, "pipeline_schedule", 120),
+                ),
+            )
+        )
+
+    for m in range(microbatches):  # forward
+        slot = (m + stage) * SLOT_NS
+        if stage > 0:
+            p2p(-1, False, slot, "activations")
+        tp_pair(slot, "forward", 210)
+        if stage < pp - 1:
+            p2p(+1, True, slot + SLOT_NS, "activations")
+    back = (microbatches + pp - 1) * SLOT_NS
+    for m in range(microbatches):  # backward
+        slot = back + (m + pp - 1 - stage) * SLOT_NS
+        if stage < pp - 1:
+            p2p(+1, False, slot, "gradients")
+        tp_pair(slot, "backward", 230)
+        if stage > 0:
+            p2p(-1, True, slot + SLOT_NS, "gradients")
+    tail = back + (microbatches + pp - 1) * SLOT_NS
+    if dp > 1:
+        shard = (hidden * hidden // max(tp, 1),)
+        ops.append(
+            OpTemplate(
+                GroupKind.DP,
+                "reduce_scatter_tensor",
+                "AVG",
+                shard,
+                "float32",
+                0,
+                False,
+                tail + 3 * SLOT_NS // 10,
+                8 * MS,
+                _stack(("fsdp/reduce.py", "reduce_gradients", 44), (_TRAIN, "optimizer_step", 131)),
+            )
+        )
+        ops.append(
+            OpTemplate(
+                GroupKind.DP,
+                "all_gather_into_tensor",
+                "",
+                shard,
+                "bfloat16",
+                0,
+                False,
+                tail + 6 * SLOT_NS // 10,
+                6 * MS,
+                _stack(("fsdp/gather.py", "gather_params", 29), (_TRAIN, "optimizer_step", 133)),
+            )
+        )
+    ops.append(
+        OpTemplate(
+            GroupKind.WORLD,
+            "all_reduce",
+            "AVG",
+            (1,),
+            "float32",
+            0,
+            False,
+            tail + 9 * SLOT_NS // 10,
+            1 * MS,
+            _stack((_TRAIN, "reduce_loss", 76), (_TRAIN, "log_metrics", 150)),
+        )
+    )
+    return ops
+
+
+def step_length(layout: Layout, microbatches: int) -> int:
+    """Nanoseconds from one step's start to the next's."""
+    return (2 * (microbatches + layout.pp - 1) + 1) * SLOT_NS
