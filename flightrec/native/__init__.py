@@ -1,0 +1,192 @@
+"""Read PyTorch's native Flight Recorder dumps (pickle and JSON) without executing them.
+
+PyTorch's recorder (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE``) writes one file
+per rank named with a prefix and the rank: ``rank_3``, ``nccl_trace_rank_3``,
+``comm_lib_trace_rank_3``, possibly with a host name in front. Its analyzer loads them with
+``pickle.load`` and ``eval``; here the pickle form goes through an unpickler that refuses every
+global (``unpickle``), the JSON form through strict JSON (``jsonform``), and the data through
+a typed validator (``model``) before anything is converted into flightrec's schema
+(``convert``). Because gloo dumps lack group membership, it is rebuilt from all the ranks'
+dumps of a folder (``groups``).
+
+Public API: ``sniff(path)``, ``read_native(path)``, ``convert_paths(paths)``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+from flightrec.errors import DumpError, NotADumpError
+from flightrec.native.convert import to_pb
+from flightrec.native.groups import JobGroups, rebuild_groups
+from flightrec.native.jsonform import load_json
+from flightrec.native.model import NativeDump, normalize
+from flightrec.native.unpickle import load_plain_pickle
+from flightrec.proto import flightrec_pb2 as pb
+
+__all__ = ["MAX_NATIVE_BYTES", "NativeName", "convert_paths", "parse_name", "read_native", "sniff"]
+
+# A 20,000-entry NCCL ring with C++ and Python stacks is tens of MB; refuse what no recorder
+# writes before reading it into memory.
+MAX_NATIVE_BYTES = 512 * 1024 * 1024
+
+# <host?><prefix?>rank<_?><digits><.json|.pkl|.pickle?>; the prefix is whatever the job set in
+# TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE (default "nccl_trace_rank_").
+_NAME = re.compile(r"(?P<head>.*?)rank[_-]?(?P<rank>\d{1,7})(?P<ext>\.(?:json|pkl|pickle))?", re.IGNORECASE)
+_PREFIXES = ("comm_lib_trace_", "nccl_trace_", "fr_trace_", "gloo_trace_", "xccl_trace_", "trace_")
+
+
+class NativeName:
+    """What a native dump's file name says: the rank and, when present, the host."""
+
+    __slots__ = ("host", "rank")
+
+    def __init__(self, rank: int, host: str) -> None:
+        self.rank = rank
+        self.host = host
+
+
+def parse_name(path: str | Path) -> NativeName | None:
+    """The rank and host encoded in a native dump's file name, or None if it has none."""
+    m = _NAME.fullmatch(Path(path).name)
+    if m is None:
+        return None
+    head = m["head"]
+    for prefix in _PREFIXES:
+        if head.lower().endswith(prefix):
+            head = head[: -len(prefix)]
+            break
+    return NativeName(int(m["rank"]), head.strip("_-. "))
+
+
+def _form(first: bytes) -> str | None:
+    # Pickle protocol 2+ starts with PROTO (0x80) then the protocol number; torch uses 2.
+    if len(first) >= 2 and first[0] == 0x80 and 2 <= first[1] <= 5:
+        return "pickle"
+    if first.lstrip()[:1] == b"{":
+        return "json"
+    return None
+
+
+def sniff(path: str | Path) -> bool:
+    """True when ``path`` looks like a native dump: its name and its first bytes (cheap).
+
+    Never raises; an unreadable file is simply not a native dump.
+    """
+    if parse_name(path) is None:
+        return False
+    try:
+        with open(path, "rb") as f:
+            return _form(f.read(16)) is not None
+    except OSError:
+        return False
+
+
+def load_native(path: str | Path) -> NativeDump:
+    """Read and validate one native dump file (no conversion, no group reconstruction).
+
+    Raises:
+        NotADumpError: unreadable, badly named, or neither pickle nor JSON.
+        UnsafeDumpError: the file asks for code (a pickle global, a rank list that is not data).
+        CorruptDumpError: too large, truncated, or with fields of the wrong shape.
+    """
+    p = str(path)
+    name = parse_name(p)
+    if name is None:
+        raise NotADumpError(p, "file name carries no rank (expected e.g. nccl_trace_rank_3)")
+    try:
+        st = os.stat(p)
+        if st.st_size > MAX_NATIVE_BYTES:
+            raise NotADumpError(p, f"{st.st_size} bytes is larger than any Flight Recorder dump")
+        with open(p, "rb") as f:
+            data = f.read(MAX_NATIVE_BYTES + 1)
+    except OSError as exc:
+        raise NotADumpError(p, f"cannot read: {exc.strerror or exc}") from None
+    form = _form(data[:16])
+    if form is None:
+        raise NotADumpError(p, "empty file" if not data else "neither a pickle nor a JSON Flight Recorder dump")
+    obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
+    del data
+    return normalize(obj, path=p, rank=name.rank, host=name.host, form=form, mtime_ns=st.st_mtime_ns)
+
+
+def convert_paths(paths: Sequence[str | Path]) -> tuple[list[pb.Dump], list[DumpError], JobGroups]:
+    """Convert the native dumps of one job together, rebuilding group membership across ranks.
+
+    Args:
+        paths: native dump files of one job (typically one per rank).
+
+    Returns:
+        The converted dumps (in the order of ``paths``, unreadable ones left out), one error
+        per file that could not be read (its one-line ``str()`` names the file), and the
+        rebuilt groups with notes on what could not be reconstructed.
+    """
+    natives: list[NativeDump] = []
+    errors: list[DumpError] = []
+    for path in paths:
+        try:
+            natives.append(load_native(path))
+        except DumpError as exc:
+            errors.append(exc)
+    job = rebuild_groups(natives)
+    return [to_pb(d, job) for d in natives], errors, job
+
+
+# Reading a folder file by file (the analyzer's read_any) would rebuild groups from the
+# siblings once per file; the siblings' validated dumps are cached by (path, mtime, size).
+_cache_lock = threading.Lock()
+_cache: dict[str, tuple[tuple[int, int], NativeDump | None]] = {}
+
+
+def _sibling(path: str) -> NativeDump | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    key = (st.st_mtime_ns, st.st_size)
+    with _cache_lock:
+        hit = _cache.get(path)
+    if hit is not None and hit[0] == key:
+        return hit[1]
+    try:
+        d: NativeDump | None = load_native(path)
+    except DumpError:
+        d = None  # a bad sibling is reported when it is read itself
+    with _cache_lock:
+        _cache[path] = (key, d)
+    return d
+
+
+def read_native(path: str | Path) -> pb.Dump | list[pb.Dump]:
+    """Convert a native dump file, or every native dump in a folder, to flightrec dumps.
+
+    For a file, group membership that the file lacks (gloo) is rebuilt from the native dumps
+    beside it in the same folder, read once and cached.
+
+    Args:
+        path: a native dump file, or a folder of them.
+
+    Returns:
+        One ``pb.Dump`` for a file; a list for a folder (unreadable files left out; use
+        ``convert_paths`` to get their errors too).
+
+    Raises:
+        DumpError: (a subclass) naming the file, when the file itself cannot be read; for
+            ``UnsafeDumpError`` nothing from the file was executed.
+    """
+    p = Path(path)
+    if p.is_dir():
+        files = sorted(str(f) for f in p.iterdir() if f.is_file() and sniff(f))
+        return convert_paths(files)[0]
+    own = load_native(p)
+    siblings = [own]
+    for f in sorted(p.parent.iterdir()):
+        if f.name != p.name and f.is_file() and sniff(f):
+            d = _sibling(str(f))
+            if d is not None:
+                siblings.append(d)
+    return to_pb(own, rebuild_groups(siblings))

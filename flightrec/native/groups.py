@@ -1,0 +1,131 @@
+"""Rebuild process-group membership from every rank's native dump.
+
+Native dumps describe groups in ``pg_config`` (name -> description and a rank list). Gloo dumps
+from torch 2.13 break that table: every group is filed under the empty name, so each new group
+overwrites the previous one, and subgroups carry an empty rank list. What survives is
+evidence spread over the ranks:
+
+* ``pg_config`` lists that do name their group (NCCL, older torch) are taken as given;
+* the default group (description ``default_pg``) holds every rank of the job;
+* a rank whose ring holds an entry of group G is a member of G (only members record);
+* an unnamed, complete list ``[0, ..., n-1]`` fixes the world size.
+
+Groups rebuilt from participation are marked ``members_known=False`` and come with a note
+saying what could not be established (a member whose ring never used the group, or whose
+dump is missing, cannot be seen).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from flightrec.native.model import NativeDump
+
+
+@dataclass(frozen=True, slots=True)
+class GroupInfo:
+    """One process group as seen across the whole job."""
+
+    name: str
+    desc: str
+    ranks: tuple[int, ...]  # global ranks in group-rank order (torch sorts them)
+    backend: str
+    members_known: bool
+
+
+@dataclass(frozen=True, slots=True)
+class JobGroups:
+    """Every group of the job, the world size, and what could not be reconstructed."""
+
+    world_size: int
+    groups: dict[str, GroupInfo]
+    notes: tuple[str, ...]
+
+
+def _name_key(name: str) -> tuple[int, int | str]:
+    # torch names groups "0", "1", ... in creation order; hashed names sort after them.
+    return (0, int(name)) if name.isdigit() else (1, name)
+
+
+def rebuild_groups(dumps: Sequence[NativeDump]) -> JobGroups:
+    """Reconstruct group membership and world size from the native dumps of one job.
+
+    Args:
+        dumps: every readable native dump of the job (one per rank; more is better).
+
+    Returns:
+        The groups keyed by name, the world size, and notes on what had to be guessed.
+    """
+    notes: list[str] = []
+    explicit: dict[str, tuple[int, ...]] = {}
+    descs: dict[str, str] = {}
+    backends: dict[str, str] = {}
+    participants: dict[str, set[int]] = defaultdict(set)
+    world_hint = 0
+    for d in dumps:
+        for cfg in d.pg_config:
+            if cfg.ranks is None:
+                continue
+            if cfg.name:
+                if cfg.name in explicit and explicit[cfg.name] != cfg.ranks:
+                    notes.append(
+                        f"group {cfg.name!r}: ranks disagree on its members "
+                        f"({list(explicit[cfg.name])} vs {list(cfg.ranks)}); using the first"
+                    )
+                    continue
+                explicit.setdefault(cfg.name, cfg.ranks)
+                if cfg.desc:
+                    descs.setdefault(cfg.name, cfg.desc)
+            elif cfg.ranks == tuple(range(len(cfg.ranks))):
+                # An unnamed complete list can only be the default group: it fixes the world.
+                world_hint = max(world_hint, len(cfg.ranks))
+        for e in d.entries:
+            if not e.pg_name:
+                continue
+            participants[e.pg_name].add(d.rank)
+            if e.pg_desc and e.pg_desc != "undefined":
+                descs.setdefault(e.pg_name, e.pg_desc)
+            if e.backend:
+                backends.setdefault(e.pg_name, e.backend)
+    file_ranks = {d.rank for d in dumps}
+    world_size = max(
+        [world_hint, *(r + 1 for r in file_ranks), *(max(v) + 1 for v in explicit.values())]
+    )
+    missing = sorted(set(range(world_size)) - file_ranks)
+
+    groups: dict[str, GroupInfo] = {}
+    for name in sorted(set(explicit) | set(participants), key=_name_key):
+        desc = descs.get(name, "")
+        backend = backends.get(name, "")
+        if name in explicit:
+            groups[name] = GroupInfo(name, desc, explicit[name], backend, True)
+        elif desc == "default_pg":
+            known = world_hint == world_size
+            if not known:
+                notes.append(
+                    f"default group {name!r}: world size {world_size} inferred from the dump "
+                    "files present; a missing highest rank would not be seen"
+                )
+            groups[name] = GroupInfo(name, desc, tuple(range(world_size)), backend, known)
+        else:
+            ranks = tuple(sorted(participants[name]))
+            groups[name] = GroupInfo(name, desc, ranks, backend, False)
+            unseen = f"; ranks without a dump ({missing}) may belong too" if missing else ""
+            notes.append(
+                f"group {name!r}: the dumps do not list its members; reconstructed as "
+                f"{list(ranks)} from the ranks whose rings use it (a member that never used "
+                f"it within its ring is not seen{unseen})"
+            )
+    for d in dumps:
+        # pg_status lists one counter per group the rank belongs to, keyed by a per-process
+        # id; more counters than groups named in the ring means memberships we cannot name.
+        named = {e.pg_id for e in d.entries}
+        unnamed = [uid for uid, last in d.pg_status.items() if uid not in named and last > 0]
+        if unnamed:
+            notes.append(
+                f"rank {d.rank} used {len(unnamed)} group(s) that its ring no longer names; "
+                "their membership could not be reconstructed"
+            )
+    return JobGroups(world_size=world_size, groups=groups, notes=tuple(notes))
