@@ -1,0 +1,60 @@
+"""Desync: members of a group issued different numbers of collectives and nobody waits.
+
+A hang shows up in the wait-for graph; this pass covers what remains, such as a rank that ran
+fewer iterations and exited cleanly, or a rank that ran ahead with asynchronous collectives.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Set
+
+from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import Finding, FindingKind
+from flightrec.report.ranges import compress, ranks_phrase
+
+
+def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
+    """Groups whose members' counters disagree, other than the groups in ``explained``.
+
+    Args:
+        m: the lined-up histories.
+        explained: group keys already covered by a wait or mismatch finding.
+
+    Returns:
+        ``desync`` findings blaming the ranks off the most common counter.
+    """
+    findings: list[Finding] = []
+    for key, info in m.groups.items():
+        if key in explained:
+            continue
+        counters = {r: p.last_seq for r, p in info.progress.items() if r in info.ranks}
+        if len(set(counters.values())) < 2:
+            continue
+        counts = Counter(counters.values())
+        common, n = counts.most_common(1)[0]
+        if n * 2 <= len(counters):
+            blamed = tuple(sorted(counters))
+        else:
+            blamed = tuple(sorted(r for r, c in counters.items() if c != common))
+        by_count: dict[int, list[int]] = {}
+        for r, c in sorted(counters.items()):
+            by_count.setdefault(c, []).append(r)
+        spread = "; ".join(
+            f"{ranks_phrase(rs)} issued {c}" for c, rs in sorted(by_count.items(), reverse=True)
+        )
+        findings.append(
+            Finding(
+                kind=FindingKind.DESYNC.value,
+                ranks=blamed,
+                summary=(
+                    f"{info.label()} [ranks {compress(info.ranks)}] is out of step: {spread} "
+                    "collective(s), and nobody is blocked"
+                ),
+                process_group=key,
+                pg_ranks=info.ranks,
+                seq=min(counters.values()) + 1,
+                evidence={"issued": {str(r): c for r, c in sorted(counters.items())}},
+            )
+        )
+    return findings

@@ -1,0 +1,230 @@
+"""Mismatches: the same (group, seq) issued with a different op, shape, dtype, reduce op, root.
+
+Each rank's entries are reduced to a signature id per seq through a per-dump cache of the
+interned columns, so comparing thousands of ranks costs integer comparisons; records are only
+materialised at the first seq where ranks disagree. The minority is blamed by majority vote;
+with no strict majority (two ranks, or an even split) the finding says so instead of guessing.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+
+from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import (
+    CollectiveRecord,
+    Finding,
+    FindingKind,
+    ProcessGroupInfo,
+    TensorInfo,
+    user_frame,
+)
+from flightrec.proto import flightrec_pb2 as pb
+from flightrec.report.ranges import compress, ranks_phrase
+
+# Ops whose tensor sizes legitimately differ between ranks.
+_SIZES_MAY_DIFFER = ("all_to_all", "alltoall")
+
+
+def _compared_tensors(r: CollectiveRecord) -> tuple[TensorInfo, ...]:
+    # scatter: only the root passes the input list; every rank receives the same-shaped output.
+    if "scatter" in r.op and "reduce" not in r.op:
+        return r.outputs
+    return r.inputs
+
+
+def _shape(r: CollectiveRecord) -> Hashable:
+    if r.flags & pb.OBJECT_API or any(k in r.op for k in _SIZES_MAY_DIFFER):
+        return None  # pickled payload sizes and split sizes differ by design
+    return tuple(t.shape for t in _compared_tensors(r))
+
+
+def _numel(r: CollectiveRecord) -> Hashable:
+    shape = _shape(r)
+    return None if shape is None else sum(t.numel for t in _compared_tensors(r))
+
+
+# Checked in this order; the first field that differs is the one reported.
+FIELDS: tuple[tuple[str, Callable[[CollectiveRecord], Hashable]], ...] = (
+    ("op", lambda r: r.op),
+    ("reduce_op", lambda r: r.reduce_op),
+    ("root", lambda r: r.peer),
+    ("dtype", lambda r: tuple(t.dtype for t in _compared_tensors(r))),
+    ("numel", _numel),
+    ("shape", _shape),
+)
+
+
+def _show(field: str, value: Hashable) -> str:
+    if field == "shape" and isinstance(value, tuple):
+        return ", ".join("[" + "x".join(map(str, s)) + "]" for s in value) or "no tensor"
+    if field == "dtype" and isinstance(value, tuple):
+        return ", ".join(map(str, value)) or "no tensor"
+    if field == "root":
+        return f"root {value}"
+    return str(value) if value not in ("", None) else "none"
+
+
+def _signatures(
+    m: Matched, rank: int, group: str, canon: dict[Hashable, int], cache: dict[tuple[int, ...], int]
+) -> dict[int, int]:
+    """seq -> signature id. ``cache`` maps this dump's raw interned columns to ids."""
+    gi = m.index[rank][group]
+    d = m.dump(rank)
+    e = d.dump.entries
+    op, red, peer, inp, out, flags = e.op, e.reduce_op, e.peer, e.inputs, e.outputs, e.flags
+    table: dict[int, int] = {}
+    for seq, pos in zip(gi.seqs, gi.positions, strict=True):
+        raw = (op[pos], red[pos], peer[pos], inp[pos], out[pos], flags[pos] & pb.OBJECT_API)
+        sig = cache.get(raw)
+        if sig is None:
+            key = (
+                d.string(raw[0]),
+                d.string(raw[1]),
+                raw[2],
+                d.tensors(raw[3]),
+                d.tensors(raw[4]),
+                raw[5],
+            )
+            sig = canon.setdefault(key, len(canon))
+            cache[raw] = sig
+        table[seq] = sig
+    return table
+
+
+def _vote(values: dict[int, Hashable]) -> tuple[Hashable | None, tuple[int, ...]]:
+    """(majority value or None, blamed ranks). Strict majority only; else every rank."""
+    counts = Counter(values.values())
+    value, n = counts.most_common(1)[0]
+    if n * 2 > len(values):
+        return value, tuple(sorted(r for r, v in values.items() if v != value))
+    return None, tuple(sorted(values))
+
+
+def _value_groups(field: str, values: dict[int, Hashable]) -> list[dict[str, object]]:
+    by_value: dict[Hashable, list[int]] = {}
+    for r, v in sorted(values.items()):
+        by_value.setdefault(v, []).append(r)
+    return [
+        {"value": _show(field, v), "ranks": rs}
+        for v, rs in sorted(by_value.items(), key=lambda kv: -len(kv[1]))
+    ]
+
+
+def _ranks(group: dict[str, object]) -> list[int]:
+    ranks = group["ranks"]
+    assert isinstance(ranks, list)
+    return ranks
+
+
+def _collective_mismatch(
+    m: Matched, info: ProcessGroupInfo, seq: int, ranks: Sequence[int], later: int
+) -> Finding:
+    records = {r: rec for r in ranks if (rec := m.record(r, info.key, seq)) is not None}
+    field = "op"
+    values: dict[int, Hashable] = {r: rec.op for r, rec in records.items()}
+    for name, getter in FIELDS:
+        vals = {r: getter(rec) for r, rec in records.items()}
+        if len(set(vals.values())) > 1:
+            field, values = name, vals
+            break
+    majority, blamed = _vote(values)
+    groups = _value_groups(field, values)
+    where = f"collective #{seq} on {info.label()} [ranks {compress(info.ranks)}]"
+    first = records[blamed[0]]
+    frame = user_frame(first.stack)
+    at = f" at {frame.where()}" if frame else ""
+    ops = {rec.op for rec in records.values()}
+    op = first.op if len(ops) > 1 else next(iter(ops))
+    verb = {"op": "called", "reduce_op": "reduced with", "root": "named"}.get(field, "passed")
+    if majority is not None:
+        odd = "; ".join(f"{ranks_phrase(_ranks(g))} {verb} {g['value']}" for g in groups[1:])
+        summary = (
+            f"{odd}{at} where {ranks_phrase(_ranks(groups[0]))} {verb} {groups[0]['value']}: "
+            f"{field} mismatch in {op} {where}"
+        )
+    else:
+        split = " vs ".join(f"{ranks_phrase(_ranks(g))}: {g['value']}" for g in groups)
+        summary = (
+            f"{field} mismatch in {op} {where} with no majority ({split}); "
+            "cannot tell which side is wrong"
+        )
+    callsites = {
+        r: (f.where() if (f := user_frame(rec.stack)) else "") for r, rec in records.items()
+    }
+    return Finding(
+        kind=FindingKind.MISMATCH.value,
+        ranks=blamed,
+        summary=summary,
+        process_group=info.key,
+        pg_ranks=info.ranks,
+        seq=seq,
+        op=op,
+        field=field,
+        evidence={
+            "values": groups,
+            "majority": majority is not None,
+            "callsites": {str(r): c for r, c in sorted(callsites.items())},
+            "later_mismatches": later,
+            "states": {str(r): rec.state_name for r, rec in sorted(records.items())},
+        },
+    )
+
+
+def _membership_mismatch(m: Matched, info: ProcessGroupInfo) -> Finding | None:
+    views = m.memberships.get(info.key, {})
+    if len(views) < 2:
+        return None
+    values: dict[int, Hashable] = {r: members for members, rs in views.items() for r in rs}
+    majority, blamed = _vote(values)
+    listing = "; ".join(
+        f"{ranks_phrase(rs)} list members [{compress(members)}]" for members, rs in views.items()
+    )
+    verdict = "" if majority is not None else " with no majority"
+    return Finding(
+        kind=FindingKind.MISMATCH.value,
+        ranks=blamed,
+        summary=f"group membership mismatch on {info.label()}{verdict}: {listing}",
+        process_group=info.key,
+        pg_ranks=info.ranks,
+        field="group",
+        evidence={
+            "values": [{"value": list(k), "ranks": list(v)} for k, v in views.items()],
+            "majority": majority is not None,
+        },
+    )
+
+
+def find_mismatches(m: Matched) -> list[Finding]:
+    """Every group's first disagreement (later ones on that group are usually its echo).
+
+    Args:
+        m: the lined-up histories.
+
+    Returns:
+        ``mismatch`` findings, one per group at most plus membership disagreements.
+    """
+    canon: dict[Hashable, int] = {}
+    findings: list[Finding] = []
+    for info in m.groups.values():
+        member = _membership_mismatch(m, info)
+        if member is not None:
+            findings.append(member)
+        holders = [r for r in info.ranks if r in m.index and info.key in m.index[r]]
+        if len(holders) < 2:
+            continue
+        caches: dict[int, dict[tuple[int, ...], int]] = {}
+        sigs = {r: _signatures(m, r, info.key, canon, caches.setdefault(r, {})) for r in holders}
+        all_seqs = sorted({s for table in sigs.values() for s in table})
+        bad: list[int] = []
+        for seq in all_seqs:
+            seen = {table[seq] for table in sigs.values() if seq in table}
+            if len(seen) > 1:
+                bad.append(seq)
+        if not bad:
+            continue
+        seq = bad[0]
+        ranks = [r for r, table in sigs.items() if seq in table]
+        findings.append(_collective_mismatch(m, info, seq, ranks, len(bad) - 1))
+    return findings

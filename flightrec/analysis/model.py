@@ -1,0 +1,354 @@
+"""The analysis model: nouns that every pass and renderer shares.
+
+Per-rank data stays columnar: a ``RankDump`` keeps the packed protobuf columns as they were
+parsed and materialises a ``CollectiveRecord`` only for the few entries a pass looks at closely
+(a group's frontier, a disagreement). Findings are frozen data; renderers format them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+
+from flightrec.proto import flightrec_pb2 as pb
+
+
+class FindingKind(enum.StrEnum):
+    """What a finding says went wrong. The value is the JSON ``kind``."""
+
+    NOT_ARRIVED = "not_arrived"
+    """Ranks never entered a collective that other ranks are blocked in."""
+    DEAD_RANK = "dead_rank"
+    """A rank's process exited (its own exit dump says so) while peers wait for it."""
+    MISSING_DUMP = "missing_dump"
+    """A rank left no dump; what its peers waited for from it is the evidence."""
+    MISMATCH = "mismatch"
+    """Ranks called the same (group, seq) with a different op, shape, dtype, reduce op, root..."""
+    P2P_DEADLOCK = "p2p_deadlock"
+    """A cycle of ranks waiting on each other through point-to-point operations."""
+    DEADLOCK = "deadlock"
+    """A cycle of ranks waiting on each other through collectives on different groups."""
+    P2P_UNMATCHED = "p2p_unmatched"
+    """Sends without the matching receive (or the reverse), nobody blocked in a cycle."""
+    STUCK = "stuck"
+    """Every member entered a collective and none completed it, with no disagreement seen."""
+    DESYNC = "desync"
+    """Ranks of one group issued different numbers of collectives, and nobody waits."""
+
+
+class Culprit(enum.StrEnum):
+    """Why a rank is the end of a wait-for chain."""
+
+    OUTSIDE = "outside"
+    """Alive and not inside any collective the others wait on (stalled, or elsewhere)."""
+    EXITED = "exited"
+    """Its process ended (exit dump) without entering what peers wait in."""
+    NO_DUMP = "no_dump"
+    """No dump from this rank: its state is only known from its peers."""
+
+
+@dataclass(frozen=True, slots=True)
+class FrameInfo:
+    """One Python frame: file, function, line."""
+
+    file: str
+    function: str
+    line: int
+
+    def where(self) -> str:
+        """``file:line`` with the file shortened to its last two path components."""
+        parts = self.file.replace("\\", "/").split("/")
+        return f"{'/'.join(parts[-2:]) if len(parts) > 2 else self.file}:{self.line}"
+
+
+# Frames inside these are not "the line of code" a user wants: torch's own Python,
+# flightrec's hooks, the standard library (queue.get, threading waits) and import machinery.
+_LIBRARY_FRAME = re.compile(
+    r"(^<)|(/|^)(torch|flightrec)/|/lib/python3\.\d+/(?!site-packages/|dist-packages/)"
+    r"|/(site|dist)-packages/(torch|flightrec|typer|click|rich)/"
+)
+
+
+def is_library_frame(frame: FrameInfo) -> bool:
+    """True for frames of torch, flightrec or the standard library rather than user code."""
+    return bool(_LIBRARY_FRAME.search(frame.file.replace("\\", "/")))
+
+
+def user_frame(stack: Sequence[FrameInfo]) -> FrameInfo | None:
+    """The innermost frame that is user code; the innermost frame when all are library code."""
+    for frame in stack:
+        if not is_library_frame(frame):
+            return frame
+    return stack[0] if stack else None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorInfo:
+    """Shape and dtype of one tensor argument."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def numel(self) -> int:
+        """Number of elements."""
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveRecord:
+    """One ring entry of one rank, materialised for close inspection."""
+
+    rank: int
+    group: str
+    """Group key (the group's name, identical on every member)."""
+    seq: int
+    p2p_seq: int
+    op: str
+    reduce_op: str
+    peer: int
+    state: int
+    flags: int
+    enqueue_ns: int
+    complete_ns: int
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]
+    stack: tuple[FrameInfo, ...]
+
+    @property
+    def completed(self) -> bool:
+        """True when the entry completed successfully."""
+        return self.state == pb.COMPLETED
+
+    @property
+    def is_p2p(self) -> bool:
+        """True for point-to-point sends and receives."""
+        return bool(self.flags & pb.IS_P2P)
+
+    @property
+    def state_name(self) -> str:
+        """``ENQUEUED``, ``STARTED``, ``COMPLETED``, ``FAILED`` or ``STATE_UNKNOWN``."""
+        return pb.State.Name(self.state) if self.state in pb.State.values() else str(self.state)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    """A thread's Python stack when the rank dumped."""
+
+    name: str
+    is_main: bool
+    holds_recorder: bool
+    stack: tuple[FrameInfo, ...]
+
+
+class RankDump:
+    """One rank's chosen dump, columns kept as parsed.
+
+    Attributes:
+        path: the file it came from.
+        dump: the parsed protobuf message.
+    """
+
+    def __init__(self, path: str, dump: pb.Dump) -> None:
+        self.path = path
+        self.dump = dump
+        self._frame_cache: dict[int, FrameInfo] = {}
+        self._stack_cache: dict[int, tuple[FrameInfo, ...]] = {}
+        self._spec_cache: dict[int, tuple[TensorInfo, ...]] = {}
+
+    @property
+    def header(self) -> pb.Header:
+        """The dump header."""
+        return self.dump.header
+
+    @property
+    def rank(self) -> int:
+        """Global rank."""
+        return self.dump.header.rank
+
+    def describe(self) -> str:
+        """``host, pid 123, cuda:2`` for verdicts."""
+        h = self.header
+        parts = [h.hostname or "unknown host", f"pid {h.pid}"]
+        if h.device:
+            parts.append(h.device + (f" {h.device_name}" if h.device_name else ""))
+        return ", ".join(parts)
+
+    @cached_property
+    def group_keys(self) -> tuple[str, ...]:
+        """Group key per local group index (the group's name, else its ranks)."""
+        return tuple(g.name or ",".join(map(str, g.ranks)) for g in self.dump.groups)
+
+    @cached_property
+    def columns(self) -> Mapping[str, Sequence[int]]:
+        """The entry columns as Python lists (one C-speed copy each)."""
+        e = self.dump.entries
+        return {
+            name: list(getattr(e, name))
+            for name in ("group", "seq", "p2p_seq", "op", "peer", "state", "flags")
+        }
+
+    def __len__(self) -> int:
+        return len(self.dump.entries.record_id)
+
+    def string(self, index: int) -> str:
+        """String table lookup."""
+        return self.dump.strings[index]
+
+    def frame(self, index: int) -> FrameInfo:
+        """Frame table lookup (cached)."""
+        f = self._frame_cache.get(index)
+        if f is None:
+            raw = self.dump.frames[index]
+            f = FrameInfo(self.dump.strings[raw.file], self.dump.strings[raw.name], raw.line)
+            self._frame_cache[index] = f
+        return f
+
+    def stack(self, index: int) -> tuple[FrameInfo, ...]:
+        """Stack table lookup, innermost frame first (cached)."""
+        s = self._stack_cache.get(index)
+        if s is None:
+            s = tuple(self.frame(i) for i in self.dump.stacks[index].frames)
+            self._stack_cache[index] = s
+        return s
+
+    def tensors(self, index: int) -> tuple[TensorInfo, ...]:
+        """Tensor signature lookup (cached)."""
+        t = self._spec_cache.get(index)
+        if t is None:
+            spec = self.dump.tensor_specs[index]
+            out: list[TensorInfo] = []
+            pos = 0
+            for nd, dt in zip(spec.ndim, spec.dtype, strict=True):
+                out.append(TensorInfo(tuple(spec.dims[pos : pos + nd]), self.dump.strings[dt]))
+                pos += nd
+            t = tuple(out)
+            self._spec_cache[index] = t
+        return t
+
+    def record(self, i: int) -> CollectiveRecord:
+        """Materialise entry ``i``."""
+        e = self.dump.entries
+        return CollectiveRecord(
+            rank=self.rank,
+            group=self.group_keys[e.group[i]],
+            seq=e.seq[i],
+            p2p_seq=e.p2p_seq[i],
+            op=self.dump.strings[e.op[i]],
+            reduce_op=self.dump.strings[e.reduce_op[i]],
+            peer=e.peer[i],
+            state=e.state[i],
+            flags=e.flags[i],
+            enqueue_ns=e.enqueue_ns[i],
+            complete_ns=e.complete_ns[i],
+            inputs=self.tensors(e.inputs[i]),
+            outputs=self.tensors(e.outputs[i]),
+            stack=self.stack(e.stack[i]),
+        )
+
+    def threads(self) -> tuple[ThreadInfo, ...]:
+        """Every thread's stack at dump time, main thread first."""
+        out = [
+            ThreadInfo(t.name, t.is_main, t.holds_recorder, self.stack(t.stack))
+            for t in self.dump.threads
+        ]
+        out.sort(key=lambda t: (not t.is_main, not t.holds_recorder))
+        return tuple(out)
+
+    def current_stack(self) -> tuple[FrameInfo, ...]:
+        """Where the rank was at dump time: the main thread, else a thread in a collective."""
+        threads = self.threads()
+        for t in threads:
+            if t.is_main and t.stack:
+                return t.stack
+        for t in threads:
+            if t.holds_recorder and t.stack:
+                return t.stack
+        return threads[0].stack if threads else ()
+
+    def wall_ns(self, mono_ns: int) -> int:
+        """Convert this rank's monotonic ns to wall-clock ns using the header's anchor."""
+        h = self.header
+        return mono_ns + (h.wall_time_ns - h.mono_time_ns)
+
+    def age_s(self, mono_ns: int) -> float:
+        """Seconds between ``mono_ns`` and this rank's dump."""
+        return max(0.0, (self.header.mono_time_ns - mono_ns) / 1e9) if mono_ns else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class GroupProgress:
+    """One rank's progress on one group at dump time."""
+
+    last_seq: int
+    """Collectives issued (the counter at dump time)."""
+    last_completed: int
+    """Highest seq such that every collective up to it completed (overwritten ones count)."""
+    first_in_ring: int
+    """Lowest seq of this group still in the ring; 0 when none is."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessGroupInfo:
+    """A process group merged over the ranks that know it."""
+
+    key: str
+    desc: str
+    ranks: tuple[int, ...]
+    backend: str
+    progress: Mapping[int, GroupProgress]
+    """Per global rank with a dump that holds this group."""
+
+    def label(self) -> str:
+        """``group 0`` or ``group 3 (tp)``."""
+        return f"group {self.key}" + (f" ({self.desc})" if self.desc else "")
+
+
+@dataclass(frozen=True, slots=True)
+class Consequence:
+    """Ranks waiting, directly or through a chain, on a root cause."""
+
+    process_group: str
+    pg_ranks: tuple[int, ...]
+    seq: int
+    op: str
+    waiting: tuple[int, ...]
+    waited_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """One diagnosis with the evidence a person needs.
+
+    ``kind``, ``ranks`` (global ranks blamed) and ``summary`` are always set; the other fields
+    are set where they apply. ``evidence`` holds extra JSON-ready facts per kind.
+    """
+
+    kind: str
+    ranks: tuple[int, ...]
+    summary: str
+    process_group: str | None = None
+    pg_ranks: tuple[int, ...] = ()
+    seq: int | None = None
+    op: str | None = None
+    field: str | None = None
+    consequences: tuple[Consequence, ...] = ()
+    evidence: Mapping[str, object] = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class FileProblem:
+    """A file that could not be used, with one line saying why."""
+
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.reason}"

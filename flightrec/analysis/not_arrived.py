@@ -1,0 +1,147 @@
+"""Findings about ranks at the end of a wait chain: they never arrived, exited, or left no dump.
+
+For a rank with a dump, the evidence is what it was doing instead: its last completed
+operation and its threads' stacks at dump time, reduced to the line of user code. For a rank
+without one, the evidence is what its peers were waiting for from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import (
+    Consequence,
+    Culprit,
+    Finding,
+    FindingKind,
+    FrameInfo,
+    user_frame,
+)
+from flightrec.proto import flightrec_pb2 as pb
+from flightrec.report.ranges import compress, ranks_phrase
+
+
+def frame_json(frame: FrameInfo) -> dict[str, object]:
+    """A frame as JSON."""
+    return {"file": frame.file, "function": frame.function, "line": frame.line}
+
+
+def culprit_state(m: Matched, rank: int) -> Culprit:
+    """Why nothing else explains this rank: alive elsewhere, exited, or no dump."""
+    d = m.run.dumps.get(rank)
+    if d is None:
+        return Culprit.NO_DUMP
+    if d.header.reason == pb.PROCESS_EXIT:
+        return Culprit.EXITED
+    return Culprit.OUTSIDE
+
+
+def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
+    """One phrase saying where ``rank`` was at dump time, and the evidence behind it."""
+    d = m.dump(rank)
+    stack = d.current_stack()
+    frame = user_frame(stack)
+    last = m.last_completed_entry(rank)
+    evidence: dict[str, object] = {
+        "host": d.header.hostname,
+        "pid": d.header.pid,
+        "device": d.header.device,
+        "dump": d.path,
+        "dump_reason": pb.DumpReason.Name(d.header.reason),
+        "stack": [frame_json(f) for f in stack],
+    }
+    if d.header.reason_detail:
+        evidence["reason_detail"] = d.header.reason_detail
+    if frame is not None:
+        evidence["location"] = frame_json(frame)
+    if last is not None:
+        lf = user_frame(last.stack)
+        evidence["last_completed"] = {
+            "op": last.op,
+            "process_group": last.group,
+            "seq": last.seq,
+            "location": frame_json(lf) if lf else None,
+            "seconds_before_dump": round(d.age_s(last.complete_ns), 3),
+        }
+    if frame is not None:
+        phrase = f"it was in {frame.function} at {frame.where()}"
+    elif last is not None:
+        phrase = f"its last completed call was {last.op} #{last.seq} on group {last.group}"
+    else:
+        phrase = "it recorded no completed call"
+    return phrase, evidence
+
+
+def rank_finding(
+    m: Matched,
+    ranks: Sequence[int],
+    state: Culprit,
+    primary: Consequence | None,
+    consequences: Sequence[Consequence],
+) -> Finding:
+    """The finding for culprit ``ranks`` that share one state and one primary wait.
+
+    Args:
+        m: the lined-up histories.
+        ranks: the culprits (global ranks).
+        state: why they are at the end of the chain.
+        primary: the operation their peers wait in most directly; None when nobody waits.
+        consequences: every wait that leads to them.
+
+    Returns:
+        A ``not_arrived``, ``dead_rank`` or ``missing_dump`` finding.
+    """
+    ranks = tuple(sorted(ranks))
+    who = ranks_phrase(ranks)
+    who = who[0].upper() + who[1:]
+    waiting = sorted({r for c in consequences for r in c.waiting})
+    what = ""
+    if primary is not None:
+        what = (
+            f"{primary.op} #{primary.seq} on group {primary.process_group} "
+            f"[ranks {compress(primary.pg_ranks)}]"
+        )
+    evidence: dict[str, object] = {"waiting_ranks": waiting}
+    if primary is not None:
+        evidence["waited_s"] = round(max(c.waited_s for c in consequences), 3)
+    if state is Culprit.NO_DUMP:
+        kind = FindingKind.MISSING_DUMP
+        if primary is not None:
+            summary = (
+                f"{who} left no dump; {ranks_phrase(primary.waiting)} wait for "
+                f"{'it' if len(ranks) == 1 else 'them'} in {what}"
+            )
+        else:
+            summary = (
+                f"{who} left no dump; no peer was waiting on {'it' if len(ranks) == 1 else 'them'}"
+            )
+    else:
+        phrases: list[str] = []
+        per_rank: dict[str, object] = {}
+        for r in ranks:
+            phrase, ev = doing(m, r)
+            per_rank[str(r)] = ev
+            if len(ranks) == 1:
+                phrases.append(phrase)
+            else:
+                phrases.append(f"rank {r}: {phrase.removeprefix('it ')}")
+        evidence["culprits"] = per_rank
+        d = m.dump(ranks[0])
+        ident = f" ({d.describe()})" if len(ranks) == 1 else ""
+        kind = FindingKind.DEAD_RANK if state is Culprit.EXITED else FindingKind.NOT_ARRIVED
+        verb = "exited without entering" if state is Culprit.EXITED else "never entered"
+        summary = f"{who}{ident} {verb} {what or 'the operation its peers wait in'}; " + "; ".join(
+            phrases
+        )
+    return Finding(
+        kind=kind.value,
+        ranks=ranks,
+        summary=summary,
+        process_group=primary.process_group if primary else None,
+        pg_ranks=primary.pg_ranks if primary else (),
+        seq=primary.seq if primary else None,
+        op=primary.op if primary else None,
+        consequences=tuple(consequences),
+        evidence=evidence,
+    )

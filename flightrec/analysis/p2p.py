@@ -1,0 +1,131 @@
+"""P2P: wait cycles (deadlocks) and sends or receives that were never matched.
+
+Sends and receives match by (group, sender, receiver, n): the n-th send from sender to
+receiver on a group pairs with the n-th receive there. The per-peer counters in each dump's
+group table say how many each side issued even when the ring overwrote the entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import networkx as nx
+
+from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import Consequence, Finding, FindingKind
+from flightrec.analysis.waits import Node
+from flightrec.report.ranges import ranks_phrase
+
+
+def cycle_finding(graph: nx.DiGraph, members: Sequence[Node], waits: dict[Node, float]) -> Finding:
+    """A deadlock finding for one strongly connected set of the wait-for graph.
+
+    Args:
+        graph: the wait-for graph.
+        members: the nodes of one cycle component (ranks and operations).
+        waits: longest wait per operation node.
+
+    Returns:
+        ``p2p_deadlock`` when a P2P operation is on the cycle, else ``deadlock``.
+    """
+    sub = graph.subgraph(members)
+    ranks = tuple(sorted(int(n[1]) for n in members if n[0] == "rank"))  # type: ignore[call-overload]
+    # Spell one actual cycle in order: rank -> op -> rank -> ...
+    try:
+        cycle = [u for u, _ in nx.find_cycle(sub)]
+    except nx.NetworkXNoCycle:  # pragma: no cover - a component of size > 1 has a cycle
+        cycle = list(members)
+    steps: list[str] = []
+    consequences: list[Consequence] = []
+    is_p2p = False
+    for node in cycle:
+        if node[0] == "rank":
+            continue
+        attrs = graph.nodes[node]
+        waiters = tuple(sorted(int(p[1]) for p in graph.predecessors(node) if p[0] == "rank"))  # type: ignore[call-overload]
+        if node[0] == "p2p":
+            is_p2p = True
+            steps.append(
+                f"rank {waiters[0] if waiters else '?'} in {attrs['op']} "
+                f"(rank {attrs['sender']} -> rank {attrs['receiver']} #{attrs['seq']}, group {attrs['group']}) "
+                f"waits on rank {attrs['receiver'] if waiters and waiters[0] == attrs['sender'] else attrs['sender']}"
+            )
+            pg: tuple[int, ...] = (int(attrs["sender"]), int(attrs["receiver"]))
+        else:
+            missing = sorted(int(s[1]) for s in graph.successors(node))
+            steps.append(
+                f"{ranks_phrase(waiters)} in {attrs['op']} #{attrs['seq']} on group {attrs['group']} "
+                f"wait on {ranks_phrase(missing)}"
+            )
+            pg = tuple(attrs["pg_ranks"])
+        consequences.append(
+            Consequence(
+                str(attrs["group"]),
+                pg,
+                int(attrs["seq"]),
+                str(attrs["op"]),
+                waiters,
+                waits.get(node, 0.0),
+            )
+        )
+    kind = FindingKind.P2P_DEADLOCK if is_p2p else FindingKind.DEADLOCK
+    first = consequences[0] if consequences else None
+    return Finding(
+        kind=kind.value,
+        ranks=ranks,
+        summary=f"{'P2P ' if is_p2p else ''}deadlock: {ranks_phrase(ranks)} wait on each other: "
+        + "; ".join(steps),
+        process_group=first.process_group if first else None,
+        pg_ranks=first.pg_ranks if first else (),
+        seq=first.seq if first else None,
+        op=first.op if first else None,
+        consequences=tuple(consequences),
+        evidence={"cycle": [list(n) for n in cycle]},
+    )
+
+
+def find_unmatched(m: Matched, graph: nx.DiGraph) -> list[Finding]:
+    """Sends without receives and receives without sends, where nobody is blocked on them.
+
+    Blocked transfers are already in the wait-for graph and explained through it; this pass
+    reports what the counters show once no wait explains the difference.
+
+    Args:
+        m: the lined-up histories.
+        graph: the wait-for graph (transfers in it are skipped).
+
+    Returns:
+        ``p2p_unmatched`` findings blaming the side that issued fewer operations.
+    """
+    blocked = {(n[1], n[2], n[3]) for n in graph.nodes if n[0] == "p2p"}
+    findings: list[Finding] = []
+    for (group, rank, peer), (sends, _) in sorted(m.p2p_counts.items()):
+        if peer not in m.run.dumps or (group, rank, peer) in blocked:
+            continue
+        recvs = m.p2p_counts.get((group, peer, rank), (0, 0))[1]
+        if sends == recvs:
+            continue
+        short, extra = (peer, rank) if sends > recvs else (rank, peer)
+        summary = (
+            f"rank {rank} issued {sends} send(s) to rank {peer} on group {group} and rank {peer} "
+            f"issued {recvs} matching receive(s): rank {short} is short of "
+            f"{abs(sends - recvs)} {'receive' if sends > recvs else 'send'}(s)"
+        )
+        findings.append(
+            Finding(
+                kind=FindingKind.P2P_UNMATCHED.value,
+                ranks=(short,),
+                summary=summary,
+                process_group=group,
+                pg_ranks=tuple(sorted((rank, peer))),
+                op="send" if sends < recvs else "recv",
+                evidence={
+                    "sender": rank,
+                    "receiver": peer,
+                    "sends": sends,
+                    "recvs": recvs,
+                    "extra_side": extra,
+                },
+            )
+        )
+    return findings

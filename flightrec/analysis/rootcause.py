@@ -1,0 +1,169 @@
+"""Root cause first: follow the wait-for graph to its ends and collapse consequences under them.
+
+A rank that did not arrive on one group may itself be blocked in another group's collective,
+waiting for a third rank. Condensing the graph's cycles and taking the components nobody in
+them waits beyond gives the root causes; every wait that leads to a root is listed under it
+as a consequence rather than reported on its own. One stalled rank in a job with tensor-,
+pipeline- and data-parallel groups therefore yields one finding.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable
+
+import networkx as nx
+
+from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import Consequence, Culprit, Finding, FindingKind
+from flightrec.analysis.not_arrived import culprit_state, rank_finding
+from flightrec.analysis.p2p import cycle_finding
+from flightrec.analysis.waits import Node, Wait
+from flightrec.report.ranges import compress, ranks_phrase
+
+
+def _consequence(graph: nx.DiGraph, node: Node, longest: dict[Node, float]) -> Consequence:
+    attrs = graph.nodes[node]
+    waiters = tuple(sorted(int(p[1]) for p in graph.predecessors(node) if p[0] == "rank"))  # type: ignore[call-overload]
+    if attrs["kind"] == "p2p":
+        pg: tuple[int, ...] = tuple(sorted((int(attrs["sender"]), int(attrs["receiver"]))))
+    else:
+        pg = tuple(attrs["pg_ranks"])
+    return Consequence(
+        str(attrs["group"]),
+        pg,
+        int(attrs["seq"]),
+        str(attrs["op"]),
+        waiters,
+        longest.get(node, 0.0),
+    )
+
+
+def _op_nodes(nodes: Iterable[Node]) -> list[Node]:
+    return sorted((n for n in nodes if n[0] != "rank"), key=repr)
+
+
+def _stuck_finding(graph: nx.DiGraph, node: Node, consequences: list[Consequence]) -> Finding:
+    attrs = graph.nodes[node]
+    members = tuple(attrs["pg_ranks"])
+    return Finding(
+        kind=FindingKind.STUCK.value,
+        ranks=members,
+        summary=(
+            f"every member of group {attrs['group']} [ranks {compress(members)}] entered "
+            f"{attrs['op']} #{attrs['seq']} and none completed it, with no disagreement in what "
+            "they passed (a transport failure or a collective issued from outside the recorder)"
+        ),
+        process_group=str(attrs["group"]),
+        pg_ranks=members,
+        seq=int(attrs["seq"]),
+        op=str(attrs["op"]),
+        consequences=tuple(consequences),
+    )
+
+
+def root_causes(
+    m: Matched, graph: nx.DiGraph, waits: list[Wait], mismatches: list[Finding]
+) -> tuple[list[Finding], set[str]]:
+    """Findings for the ends of the wait-for graph, most explanatory first.
+
+    Args:
+        m: the lined-up histories.
+        graph: the wait-for graph.
+        waits: every blocked entry.
+        mismatches: findings of the mismatch pass; one at a stuck collective becomes its root.
+
+    Returns:
+        The ordered root findings (with consequences), and the group keys they explain.
+    """
+    longest: dict[Node, float] = defaultdict(float)
+    for w in waits:
+        longest[w.node] = max(longest[w.node], w.waited_s)
+    cond = nx.condensation(graph)
+    members_of = {c: list(cond.nodes[c]["members"]) for c in cond.nodes}
+    mismatch_at = {(f.process_group, f.seq): f for f in mismatches if f.seq is not None}
+
+    scored: list[tuple[int, int, Finding]] = []
+    used_mismatches: set[int] = set()
+    rank_roots: dict[tuple[Culprit, Node | None], list[int]] = defaultdict(list)
+    explained: set[str] = set()
+    ancestors_of: dict[int, set[Node]] = {}
+
+    def ancestors(c: int) -> set[Node]:
+        if c not in ancestors_of:
+            ancestors_of[c] = {n for a in nx.ancestors(cond, c) for n in members_of[a]}
+        return ancestors_of[c]
+
+    for c in cond.nodes:
+        members = members_of[c]
+        is_cycle = len(members) > 1
+        if not is_cycle and (cond.out_degree(c) > 0 or cond.in_degree(c) == 0):
+            continue
+        above = ancestors(c)
+        ops = _op_nodes(list(above) + (members if is_cycle else []))
+        explained.update(str(graph.nodes[n]["group"]) for n in ops)
+        consequences = [_consequence(graph, n, longest) for n in ops]
+        weight = len({n for n in above if n[0] == "rank"} | {n for n in members if n[0] == "rank"})
+        if is_cycle:
+            scored.append((weight, 1, cycle_finding(graph, members, longest)))
+            continue
+        node = members[0]
+        if node[0] == "rank":
+            rank = int(node[1])  # type: ignore[call-overload]
+            # The wait that points at this rank most directly: an operation waiting on nobody
+            # else that is itself waiting, else the longest-standing one.
+            preds = list(graph.predecessors(node))
+
+            def directness(op: Node, node: Node = node) -> tuple[bool, int, float]:
+                others = [s for s in graph.successors(op) if s != node]
+                direct = all(graph.out_degree(s) == 0 for s in others)
+                return (direct, graph.in_degree(op), longest.get(op, 0.0))
+
+            primary = max(preds, key=directness) if preds else None
+            rank_roots[(culprit_state(m, rank), primary)].append(rank)
+            continue
+        mismatch = mismatch_at.get((str(graph.nodes[node]["group"]), int(graph.nodes[node]["seq"])))
+        if mismatch is not None:
+            used_mismatches.add(id(mismatch))
+            scored.append((weight, 0, _with_consequences(mismatch, consequences)))
+        else:
+            scored.append((weight, 4, _stuck_finding(graph, node, consequences)))
+
+    for (state, primary), ranks in rank_roots.items():
+        nodes = [n for r in ranks for n in ancestors(_component(cond, ("rank", r)))]
+        ops = _op_nodes(set(nodes))
+        consequences = [_consequence(graph, n, longest) for n in ops]
+        waiting = {n for n in nodes if n[0] == "rank"}
+        prim = _consequence(graph, primary, longest) if primary is not None else None
+        finding = rank_finding(m, ranks, state, prim, consequences)
+        order = 3 if state is Culprit.NO_DUMP else 2
+        scored.append((len(waiting) + len(ranks), order, finding))
+
+    scored.sort(key=lambda t: (-t[0], t[1]))
+    roots = [f for _, _, f in scored]
+    # A mismatch elsewhere in the history that blames a root's culprit most likely caused the
+    # hang (a skipped or extra call shifts every later collective): it goes first.
+    rest = [f for f in mismatches if id(f) not in used_mismatches]
+    leading = [f for f in rest if roots and set(f.ranks) & set(roots[0].ranks)]
+    trailing = [f for f in rest if f not in leading]
+    return leading + roots + trailing, explained
+
+
+def _component(cond: nx.DiGraph, node: Node) -> int:
+    return int(cond.graph["mapping"][node])
+
+
+def _with_consequences(f: Finding, consequences: list[Consequence]) -> Finding:
+    from dataclasses import replace
+
+    return replace(f, consequences=tuple(consequences))
+
+
+def describe_consequences(f: Finding) -> list[str]:
+    """One line per consequence: ``ranks 0-1,3 wait in all_reduce #7 on group 0 (12.0 s)``."""
+    return [
+        f"{ranks_phrase(c.waiting)} wait in {c.op} #{c.seq} on group {c.process_group} "
+        f"[ranks {compress(c.pg_ranks)}]" + (f" for {c.waited_s:.1f} s" if c.waited_s else "")
+        for c in f.consequences
+        if c.waiting
+    ]

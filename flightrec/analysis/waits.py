@@ -1,0 +1,111 @@
+"""The wait-for graph: who is blocked, in what, waiting on whom.
+
+Nodes are ranks (``("rank", r)``) and the operations they are blocked in: a collective
+(``("coll", group, seq)``) or one P2P transfer (``("p2p", group, sender, receiver, n)``). A
+blocked rank points at its operation; the operation points at the ranks that have not issued
+their part of it. Operation nodes keep the graph linear in the number of ranks even when
+thousands wait on thousands.
+
+End points of the graph are root causes: a rank waiting on nobody (stalled outside
+collectives, exited, or without a dump), or a collective every member entered yet nobody
+completed (mismatch, or stuck). Cycles are deadlocks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from flightrec.analysis.matching import Matched
+from flightrec.proto import flightrec_pb2 as pb
+
+Node = tuple[object, ...]
+
+
+def rank_node(rank: int) -> Node:
+    """Graph node of a rank."""
+    return ("rank", rank)
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    """One rank blocked in one operation."""
+
+    rank: int
+    position: int
+    """Entry position in the rank's ring."""
+    node: Node
+    """The operation node it waits in."""
+    waited_s: float
+    """How long the entry had been outstanding when the rank dumped."""
+
+
+def _current_incomplete(m: Matched, rank: int) -> list[int]:
+    """Incomplete entries that still hold the rank.
+
+    In-flight entries (enqueued, started) always count. A failed entry counts only when
+    nothing completed after it: a rank whose collective raised and then went on is not blocked.
+    """
+    d = m.dump(rank)
+    states = d.columns["state"]
+    positions = m.incomplete[rank]
+    if not positions:
+        return []
+    last_completed = max((i for i in range(len(states)) if states[i] == pb.COMPLETED), default=-1)
+    return [p for p in positions if states[p] != pb.FAILED or p > last_completed]
+
+
+def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
+    """Build the wait-for graph of the run.
+
+    Args:
+        m: the lined-up histories.
+
+    Returns:
+        The graph (node attributes: ``kind``, ``group``, ``seq``, ``op``...) and every wait.
+    """
+    graph = nx.DiGraph()
+    waits: list[Wait] = []
+    present = m.run.dumps
+    for rank in range(m.run.world_size):
+        graph.add_node(rank_node(rank), kind="rank", rank=rank, present=rank in present)
+    for rank in present:
+        d = m.dump(rank)
+        cols = d.columns
+        for pos in _current_incomplete(m, rank):
+            group = d.group_keys[cols["group"][pos]]
+            info = m.groups.get(group)
+            op = d.string(cols["op"][pos])
+            enq = d.dump.entries.enqueue_ns[pos]
+            waited = d.age_s(enq)
+            if cols["flags"][pos] & pb.IS_P2P:
+                peer, n = cols["peer"][pos], cols["p2p_seq"][pos]
+                sending = bool(cols["flags"][pos] & pb.SEND)
+                sender, receiver = (rank, peer) if sending else (peer, rank)
+                node: Node = ("p2p", group, sender, receiver, n)
+                if peer in present:
+                    sends, recvs = m.p2p_counts.get((group, peer, rank), (0, 0))
+                    issued = recvs if sending else sends
+                    if issued >= n:
+                        # The peer issued its side: the transfer is in progress, not a wait on
+                        # a person.
+                        continue
+                graph.add_node(
+                    node, kind="p2p", group=group, seq=n, op=op, sender=sender, receiver=receiver
+                )
+                graph.add_edge(rank_node(rank), node)
+                graph.add_edge(node, rank_node(peer))
+            else:
+                seq = cols["seq"][pos]
+                node = ("coll", group, seq)
+                if node not in graph:
+                    members = info.ranks if info else ()
+                    graph.add_node(node, kind="coll", group=group, seq=seq, op=op, pg_ranks=members)
+                    for q in members:
+                        last = m.last_seq(q, group) if q in present else None
+                        if q not in present or last is None or last < seq:
+                            graph.add_edge(node, rank_node(q))
+                graph.add_edge(rank_node(rank), node)
+            waits.append(Wait(rank, pos, node, waited))
+    return graph, waits

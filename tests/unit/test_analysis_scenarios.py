@@ -1,0 +1,218 @@
+"""The analyzer on scripted jobs: the right culprit first, consequences collapsed under it."""
+
+from __future__ import annotations
+
+from flightrec.analysis import analyze
+from flightrec.analysis.model import FindingKind
+from tests.unit.factories import Job, healthy
+
+
+def test_healthy_job_has_no_finding() -> None:
+    report = analyze(healthy(Job()).run())
+    assert report.findings == []
+    assert report.ranks_with_dump == (0, 1, 2, 3)
+
+
+def test_stalled_rank_is_named_with_where_it_was() -> None:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.stall(2, "load_batch", 18)
+    report = analyze(job.run())
+    first = report.findings[0]
+    assert first.kind == FindingKind.NOT_ARRIVED
+    assert first.ranks == (2,)
+    assert (first.process_group, first.seq, first.op) == ("0", 4, "all_reduce")
+    assert first.pg_ranks == (0, 1, 2, 3)
+    assert "load_batch at job/train.py:18" in first.summary
+    assert "Rank 2 (node1, pid 1002, cpu) never entered all_reduce #4" in first.summary
+    assert len(report.findings) == 1
+
+
+def test_verdict_does_not_depend_on_which_dump_is_read_first() -> None:
+    job = healthy(Job())
+    job.collective(ranks=[1, 2, 3], complete=False)
+    job.stall(0)
+    assert analyze(job.run()).findings[0].ranks == (0,)
+    assert analyze(job.run(ranks=[3, 2, 1, 0])).findings[0].ranks == (0,)
+
+
+def test_one_stalled_rank_in_tp_pp_dp_job_is_one_root_finding() -> None:
+    # 8 ranks: tp pairs (0,1)(2,3)(4,5)(6,7); dp groups (0,2,4,6)(1,3,5,7); pp (0,4)...
+    job = Job(world_size=8)
+    tp = [job.group(f"tp{i}", [2 * i, 2 * i + 1], "tp") for i in range(4)]
+    dp = [job.group(f"dp{i}", [i, i + 2, i + 4, i + 6], "dp") for i in range(2)]
+    for i in range(4):
+        job.collective(group=tp[i])
+    for i in range(2):
+        job.collective(group=dp[i])
+    # Rank 5 stalls. Its tp peer 4 blocks in tp2; rank 4's dp peers block in dp0 waiting on 4;
+    # rank 5's dp peers block in dp1 waiting on 5; tp peers of those block in their tp groups.
+    job.collective(group=tp[2], ranks=[4], complete=False)
+    job.collective(group=dp[0], ranks=[0, 2, 6], complete=False)
+    job.collective(group=dp[1], ranks=[1, 3, 7], complete=False)
+    job.stall(5)
+    report = analyze(job.run())
+    first = report.findings[0]
+    assert first.kind == FindingKind.NOT_ARRIVED and first.ranks == (5,)
+    # The wait that points at rank 5 most directly: rank 4 in tp2 waits on rank 5 alone.
+    assert first.process_group in {"tp2", "dp1"}
+    waiting = {r for c in first.consequences for r in c.waiting}
+    assert waiting == {0, 1, 2, 3, 4, 6, 7}
+    assert {c.process_group for c in first.consequences} == {"tp2", "dp0", "dp1"}
+    assert [f.kind for f in report.findings] == [FindingKind.NOT_ARRIVED]
+
+
+def test_subgroup_hang_names_the_subgroup() -> None:
+    job = healthy(Job())
+    sub = job.group("1", [0, 1], "pair")
+    job.collective(group=sub)
+    job.collective(group=sub, ranks=[0], complete=False)
+    job.collective(ranks=[2, 3], complete=False)  # the others wait in a global barrier
+    job.stall(1)
+    first = analyze(job.run()).findings[0]
+    assert first.kind == FindingKind.NOT_ARRIVED and first.ranks == (1,)
+    assert first.process_group == "1" and first.pg_ranks == (0, 1) and first.seq == 2
+
+
+def test_missing_dump_with_peers_waiting_is_the_culprit() -> None:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    report = analyze(job.run(ranks=[0, 1, 3]))
+    first = report.findings[0]
+    assert first.kind == FindingKind.MISSING_DUMP and first.ranks == (2,)
+    assert first.seq == 4 and "ranks 0-1,3 wait for it in all_reduce #4" in first.summary
+    assert report.ranks_with_dump == (0, 1, 3)
+
+
+def test_missing_dump_nobody_waits_on_is_still_reported_last() -> None:
+    report = analyze(healthy(Job()).run(ranks=[0, 1, 2]))
+    assert [(f.kind, f.ranks) for f in report.findings] == [(FindingKind.MISSING_DUMP, (3,))]
+    assert "no peer was waiting" in report.findings[0].summary
+
+
+def test_rank_that_exited_is_a_dead_rank() -> None:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.exited(2)
+    first = analyze(job.run()).findings[0]
+    assert first.kind == FindingKind.DEAD_RANK and first.ranks == (2,)
+    assert "exited without entering all_reduce #4" in first.summary
+
+
+def test_op_mismatch_blames_the_minority() -> None:
+    job = healthy(Job())
+    job.collective(complete=False, override={3: {"op": "broadcast", "root": 0}})
+    report = analyze(job.run())
+    first = report.findings[0]
+    assert first.kind == FindingKind.MISMATCH and first.field == "op"
+    assert first.ranks == (3,) and first.seq == 4
+    assert "rank 3 called broadcast" in first.summary
+    assert len(report.findings) == 1  # the stuck collective is its consequence
+
+
+def test_size_and_dtype_mismatches_name_the_field() -> None:
+    job = healthy(Job())
+    job.collective(override={1: {"shape": (4, 8)}})
+    job.collective(group="0", override={2: {"dtype": "float16"}})
+    findings = analyze(job.run()).findings
+    # One group: its first disagreement is reported (later ones are usually its echo).
+    assert [(f.kind, f.field, f.ranks, f.seq) for f in findings] == [
+        (FindingKind.MISMATCH, "numel", (1,), 4)
+    ]
+    assert findings[0].evidence["later_mismatches"] == 1
+
+
+def test_dtype_mismatch() -> None:
+    job = healthy(Job())
+    job.collective(complete=False, override={0: {"dtype": "bfloat16"}})
+    first = analyze(job.run()).findings[0]
+    assert (first.kind, first.field, first.ranks) == (FindingKind.MISMATCH, "dtype", (0,))
+
+
+def test_shape_mismatch_with_equal_numel() -> None:
+    job = healthy(Job())
+    job.collective(complete=False, override={0: {"shape": (2, 8)}})
+    first = analyze(job.run()).findings[0]
+    assert (first.field, first.ranks) == ("shape", (0,))
+
+
+def test_two_rank_mismatch_says_there_is_no_majority() -> None:
+    job = healthy(Job(world_size=2))
+    job.collective(complete=False, override={1: {"reduce_op": "MAX"}})
+    first = analyze(job.run()).findings[0]
+    assert first.kind == FindingKind.MISMATCH and first.field == "reduce_op"
+    assert first.ranks == (0, 1)
+    assert "no majority" in first.summary and first.evidence["majority"] is False
+
+
+def test_p2p_deadlock_names_every_rank_on_the_cycle() -> None:
+    job = healthy(Job())
+    # ranks 0 and 1 both receive first: each waits for the other's send.
+    job.p2p(None, 0, peer_of=(1, 0), complete=False)
+    job.p2p(None, 1, peer_of=(0, 1), complete=False)
+    job.collective(ranks=[2, 3], complete=False)
+    report = analyze(job.run())
+    first = report.findings[0]
+    assert first.kind == FindingKind.P2P_DEADLOCK
+    assert first.ranks == (0, 1)
+    assert "P2P deadlock" in first.summary
+
+
+def test_matched_p2p_is_healthy_and_unmatched_is_reported() -> None:
+    job = healthy(Job())
+    job.p2p(0, 1)
+    job.p2p(2, 3)
+    assert analyze(job.run()).findings == []
+    job.p2p(0, None, peer_of=(0, 1), complete=True)  # a send nobody received, nobody waits
+    findings = analyze(job.run()).findings
+    assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.P2P_UNMATCHED, (1,))]
+
+
+def test_blocked_p2p_on_a_stalled_peer_collapses_under_it() -> None:
+    job = healthy(Job())
+    job.p2p(None, 0, peer_of=(1, 0), complete=False)  # rank 0 waits to receive from rank 1
+    job.stall(1)
+    first = analyze(job.run(ranks=[0, 1])).findings[0]
+    assert first.kind == FindingKind.NOT_ARRIVED and first.ranks == (1,)
+    assert first.op == "recv"
+
+
+def test_collective_order_inversion_is_a_deadlock() -> None:
+    job = healthy(Job(world_size=2))
+    a = job.group("a", [0, 1])
+    b = job.group("b", [0, 1])
+    job.collective(group=a, ranks=[0], complete=False)
+    job.collective(group=b, ranks=[1], complete=False)
+    first = analyze(job.run()).findings[0]
+    assert first.kind == FindingKind.DEADLOCK and first.ranks == (0, 1)
+
+
+def test_overwritten_history_is_not_missing() -> None:
+    job = healthy(Job(), steps=5)
+    for r in job.ranks.values():  # the ring kept only the last two entries on every rank
+        r.entries = r.entries[-2:]
+    assert analyze(job.run()).findings == []
+
+
+def test_stuck_collective_everyone_entered() -> None:
+    job = healthy(Job())
+    job.collective(complete=False)
+    first = analyze(job.run()).findings[0]
+    assert first.kind == FindingKind.STUCK and first.seq == 4
+
+
+def test_desync_without_waits() -> None:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 2])  # a completed collective rank 3 never issued
+    first = analyze(job.run()).findings[0]
+    assert first.kind == FindingKind.DESYNC and first.ranks == (3,)
+
+
+def test_two_stalled_ranks_share_one_finding() -> None:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1], complete=False)
+    job.stall(2)
+    job.stall(3, "save_checkpoint", 77)
+    findings = analyze(job.run()).findings
+    assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.NOT_ARRIVED, (2, 3))]
+    assert "save_checkpoint" in findings[0].summary
