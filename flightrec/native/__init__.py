@@ -17,10 +17,13 @@ from __future__ import annotations
 import os
 import re
 import threading
+from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from flightrec.errors import DumpError, NotADumpError
+from flightrec.dumpfile import dump_filename, write_dump
+from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.native.convert import to_pb
 from flightrec.native.groups import JobGroups, rebuild_groups
 from flightrec.native.jsonform import load_json
@@ -28,7 +31,16 @@ from flightrec.native.model import NativeDump, normalize
 from flightrec.native.unpickle import load_plain_pickle
 from flightrec.proto import flightrec_pb2 as pb
 
-__all__ = ["MAX_NATIVE_BYTES", "NativeName", "convert_paths", "parse_name", "read_native", "sniff"]
+__all__ = [
+    "MAX_NATIVE_BYTES",
+    "ConvertResult",
+    "NativeName",
+    "convert_dir",
+    "convert_paths",
+    "parse_name",
+    "read_native",
+    "sniff",
+]
 
 # A 20,000-entry NCCL ring with C++ and Python stacks is tens of MB; refuse what no recorder
 # writes before reading it into memory.
@@ -190,3 +202,49 @@ def read_native(path: str | Path) -> pb.Dump | list[pb.Dump]:
             if d is not None:
                 siblings.append(d)
     return to_pb(own, rebuild_groups(siblings))
+
+
+@dataclass(frozen=True, slots=True)
+class ConvertResult:
+    """What ``convert_dir`` did: files written, files refused, and reconstruction notes."""
+
+    written: tuple[Path, ...]
+    errors: tuple[DumpError, ...]
+    notes: tuple[str, ...]
+
+
+def convert_dir(src: str | Path, out: str | Path) -> ConvertResult:
+    """Write a flightrec dump for every native dump found under ``src`` into ``out``.
+
+    Each folder holding native dumps is taken as one job (groups are rebuilt across its
+    files) and is mirrored under ``out`` at the same relative path, so the output of several
+    jobs never mixes.
+
+    Raises:
+        UsageError: ``src`` is not a folder.
+        NoDumpsError: no native dump under ``src`` could be converted.
+        OSError: ``out`` cannot be written.
+    """
+    src_p, out_p = Path(src), Path(out)
+    if not src_p.is_dir():
+        raise UsageError(f"{src_p}: not a folder")
+    by_folder: dict[Path, list[str]] = defaultdict(list)
+    for root, _dirs, files in os.walk(src_p):
+        for name in sorted(files):
+            if sniff(os.path.join(root, name)):
+                by_folder[Path(root)].append(os.path.join(root, name))
+    written: list[Path] = []
+    errors: list[DumpError] = []
+    notes: list[str] = []
+    for folder, paths in sorted(by_folder.items()):
+        dumps, errs, job = convert_paths(paths)
+        errors.extend(errs)
+        notes.extend(f"{folder}: {n}" for n in job.notes)
+        target = out_p / folder.relative_to(src_p)
+        for dump in dumps:
+            name = dump_filename(dump.header.rank, 0, "converted", dump.header.pid)
+            written.append(write_dump(dump, target, name))
+    if not written:
+        found = f"; {len(errors)} refused" if errors else ""
+        raise NoDumpsError(f"{src_p}: no convertible PyTorch Flight Recorder dump found{found}")
+    return ConvertResult(tuple(written), tuple(errors), tuple(notes))

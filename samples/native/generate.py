@@ -31,7 +31,7 @@ SCENARIOS: dict[str, dict[str, object]] = {
         "first_finding": {"kind": "not_arrived", "ranks": [2], "process_group": "0", "seq": 5, "op": "all_reduce"},
     },
     "op_mismatch": {
-        "description": "rank 0 calls broadcast where ranks 1-3 call all_reduce (seq 5); fr_trace blames rank 1",
+        "description": "rank 0 calls broadcast where ranks 1-3 call all_reduce (seq 5); fr_trace (given repaired group names) blames ranks 1, 2 and 3",
         "first_finding": {"kind": "mismatch", "ranks": [0], "process_group": "0", "seq": 5, "field": "op"},
     },
     "size_mismatch": {
