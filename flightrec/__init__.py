@@ -7,10 +7,46 @@ Importing this package never imports torch. The recorder (``flightrec.enable()``
 from __future__ import annotations
 
 from importlib import metadata as _metadata
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 try:
     __version__ = _metadata.version("torch-flightrec")
 except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+source"
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "disable", "dump", "enable"]
+
+
+def enable() -> None:
+    """Trace every torch.distributed collective and P2P call of this process.
+
+    Same as starting the process with ``FLIGHTREC=1``; settings come from the FLIGHTREC_*
+    environment variables. Idempotent.
+
+    Raises:
+        flightrec.errors.TorchMissingError: torch is not installed.
+    """
+    from flightrec import recorder
+
+    recorder.enable()
+
+
+def disable() -> None:
+    """Stop tracing and put torch.distributed's functions back (the ring is kept)."""
+    from flightrec import recorder
+
+    recorder.disable()
+
+
+def dump(reason: str = "") -> Path | None:
+    """Write this process's dump now; returns the file, or None if it could not be written.
+
+    Raises:
+        flightrec.errors.TorchMissingError: torch is not installed.
+    """
+    from flightrec import recorder
+
+    return recorder.dump(reason)

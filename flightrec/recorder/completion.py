@@ -1,0 +1,112 @@
+"""Completion of work the caller did not wait for, tracked without blocking anyone.
+
+gloo (and other CPU backends): the Work's future calls back when the operation ends, on
+torch's own thread. NCCL: a future callback would fire at enqueue time, not at GPU completion,
+so the watchdog thread polls ``Work.is_completed()`` (backed by CUDA events) instead; a
+synchronous NCCL call gets a CUDA event recorded on the current stream and polled the same way.
+Nothing here synchronizes a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from flightrec.recorder.ring import COMPLETED, FAILED
+
+if TYPE_CHECKING:
+    from flightrec.recorder.recorder import Recorder
+
+log = logging.getLogger("flightrec")
+
+
+def _is_gpu(backend: str) -> bool:
+    return backend == "nccl" or "cuda" in backend or "xccl" in backend
+
+
+class Tracker:
+    """Marks ring entries COMPLETED or FAILED when their work ends."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        self._recorder = recorder
+        self._polled: list[tuple[tuple[int, ...], Any, bool]] = []
+        """(record ids, Work or CUDA event, is_event) waiting for the watchdog's next poll."""
+        self._lock = threading.Lock()
+
+    def _done(self, rids: tuple[int, ...], ok: bool, exc: BaseException | None = None) -> None:
+        now = time.monotonic_ns()
+        for rid in rids:
+            self._recorder.ring.finish(rid, COMPLETED if ok else FAILED, now)
+        if not ok:
+            self._recorder.on_error(rids[0], exc or RuntimeError("work failed"))
+
+    def track(self, rid: int, work: Any, backend: str) -> None:
+        """Follow one async Work to completion."""
+        self.track_many((rid,), work, backend)
+
+    def track_many(self, rids: tuple[int, ...] | list[int], work: Any, backend: str) -> None:
+        """Follow one Work that completes several entries (a coalesced batch)."""
+        key = tuple(rids)
+        if not _is_gpu(backend):
+            try:
+                fut = work.get_future()
+            except Exception:  # backends without futures: poll instead
+                fut = None
+            if fut is not None:
+                fut.add_done_callback(lambda f: self._settle(key, f))
+                return
+        with self._lock:
+            self._polled.append((key, work, False))
+
+    def _settle(self, rids: tuple[int, ...], fut: Any) -> None:
+        # Runs on torch's callback thread: no blocking, no exceptions out.
+        try:
+            fut.value()
+        except Exception as exc:
+            self._done(rids, False, exc)
+            return
+        self._done(rids, True)
+
+    def track_stream(self, rid: int) -> None:
+        """A synchronous GPU call returned: completion is when the current stream passes here."""
+        try:
+            import torch
+
+            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            event.record()
+        except Exception:
+            return  # the entry stays ENQUEUED; better than blocking
+        with self._lock:
+            self._polled.append(((rid,), event, True))
+
+    def poll(self) -> None:
+        """Settle whatever finished since the last poll (watchdog thread)."""
+        with self._lock:
+            polled = self._polled
+            self._polled = []
+        keep: list[tuple[tuple[int, ...], Any, bool]] = []
+        for rids, obj, is_event in polled:
+            try:
+                done = obj.query() if is_event else obj.is_completed()
+            except Exception as exc:
+                self._done(rids, False, exc)
+                continue
+            if not done:
+                keep.append((rids, obj, is_event))
+                continue
+            ok = True
+            if not is_event:
+                try:
+                    ok = bool(obj.is_success())
+                except Exception:
+                    ok = True  # is_success is deprecated on some backends; completion is what we know
+            self._done(rids, ok)
+        if keep:
+            with self._lock:
+                self._polled[:0] = keep
+
+    def pending(self) -> int:
+        """Works still waiting to be polled."""
+        return len(self._polled)

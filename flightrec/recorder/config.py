@@ -1,0 +1,116 @@
+"""Recorder settings, read once from the environment (DESIGN.md "Turning it on").
+
+A bad value never stops the job: it costs one warning on the ``flightrec`` logger and the
+default is used instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+log = logging.getLogger("flightrec")
+
+TRUE_VALUES = ("1", "true", "yes")
+
+DEFAULT_DIR = "./flightrec_dumps"
+DEFAULT_TIMEOUT_S = 60.0
+DEFAULT_BUFFER = 2000
+DEFAULT_STACK_DEPTH = 16
+# Bounds that keep a typo from allocating gigabytes or walking absurd stacks.
+MAX_BUFFER = 1 << 20
+MAX_STACK_DEPTH = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """Everything the recorder reads from the environment."""
+
+    enabled: bool = False
+    """FLIGHTREC: trace torch.distributed."""
+    directory: str = DEFAULT_DIR
+    """FLIGHTREC_DIR: where dump files go (created if missing)."""
+    timeout_s: float = DEFAULT_TIMEOUT_S
+    """FLIGHTREC_TIMEOUT: seconds an operation may stay incomplete before the watchdog fires."""
+    buffer: int = DEFAULT_BUFFER
+    """FLIGHTREC_BUFFER: ring capacity in entries."""
+    stack_depth: int = DEFAULT_STACK_DEPTH
+    """FLIGHTREC_STACK_DEPTH: Python frames kept per entry; 0 turns stacks off."""
+    dump_on_exit: bool = False
+    """FLIGHTREC_DUMP_ON_EXIT: dump at normal exit too."""
+    job_id: str = ""
+    """FLIGHTREC_JOB_ID or TORCHELASTIC_RUN_ID: namespaces store keys; empty when unknown."""
+
+
+def is_true(value: str | None) -> bool:
+    """True for the values DESIGN.md lists as "on" (1/true/yes, any case, spaces ignored)."""
+    return (value or "").strip().lower() in TRUE_VALUES
+
+
+def _number(env: Mapping[str, str], name: str, default: float, lo: float, hi: float) -> float:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not lo <= value <= hi:  # also rejects NaN
+        log.warning(
+            "flightrec: ignoring %s=%r (expected %g..%g); using %g", name, raw, lo, hi, default
+        )
+        return default
+    return value
+
+
+def _integer(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) -> int:
+    raw = env.get(name)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        value = lo - 1
+    if not lo <= value <= hi:
+        log.warning(
+            "flightrec: ignoring %s=%r (expected an integer %d..%d); using %d",
+            name,
+            raw,
+            lo,
+            hi,
+            default,
+        )
+        return default
+    return value
+
+
+def job_id_from_env(env: Mapping[str, str]) -> str:
+    """The job id the user or the launcher named, or "" (torchrun's placeholder "none" counts as unset)."""
+    for name in ("FLIGHTREC_JOB_ID", "TORCHELASTIC_RUN_ID"):
+        value = env.get(name, "").strip()
+        if value and value != "none":
+            return value
+    return ""
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Config:
+    """Parse the FLIGHTREC_* variables.
+
+    Args:
+        env: the environment to read; ``os.environ`` when omitted.
+
+    Returns:
+        The settings, with defaults where a variable is unset or invalid.
+    """
+    env = os.environ if env is None else env
+    return Config(
+        enabled=is_true(env.get("FLIGHTREC")),
+        directory=env.get("FLIGHTREC_DIR", "").strip() or DEFAULT_DIR,
+        timeout_s=_number(env, "FLIGHTREC_TIMEOUT", DEFAULT_TIMEOUT_S, 0.001, 1e7),
+        buffer=_integer(env, "FLIGHTREC_BUFFER", DEFAULT_BUFFER, 1, MAX_BUFFER),
+        stack_depth=_integer(env, "FLIGHTREC_STACK_DEPTH", DEFAULT_STACK_DEPTH, 0, MAX_STACK_DEPTH),
+        dump_on_exit=is_true(env.get("FLIGHTREC_DUMP_ON_EXIT")),
+        job_id=job_id_from_env(env),
+    )

@@ -1,0 +1,219 @@
+"""Dumps: copy the recorder's state under a short lock, build the protobuf and write it outside.
+
+A dump never waits on a hung collective (nothing here calls into a process group), never
+raises into the job (any failure is one warning on the ``flightrec`` logger), and never
+overwrites an earlier dump (every file name carries the process's dump index).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flightrec.builder import DumpBuilder
+from flightrec.dumpfile import dump_filename, write_dump
+from flightrec.proto import flightrec_pb2 as pb
+from flightrec.recorder.ring import decode
+from flightrec.recorder.stacks import frames_of
+
+if TYPE_CHECKING:
+    from flightrec.recorder.recorder import Recorder
+
+log = logging.getLogger("flightrec")
+THREAD_STACK_DEPTH = 128
+"""Frames kept per thread at dump time: deep enough to reach the training loop from anywhere."""
+
+
+def _version() -> str:
+    from flightrec import __version__
+
+    return __version__
+
+
+def _dist_info() -> tuple[int, int, str, str]:
+    """(rank, world size, default backend, store address) without any communication."""
+    import torch.distributed as dist
+
+    rank = int(os.environ.get("RANK", "0") or 0)
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    backend = ""
+    store = ""
+    try:
+        if dist.is_initialized():
+            rank, world = dist.get_rank(), dist.get_world_size()
+            backend = str(dist.get_backend())
+            from flightrec.recorder.store import store_address
+
+            store = store_address()
+    except Exception:
+        pass
+    return rank, world, backend, store
+
+
+def _device_identity(backend: str) -> tuple[str, str, str]:
+    """(device, name, uuid) of this rank's accelerator; ("cpu", "", "") without one.
+
+    Only asks CUDA when the process already initialized it: a dump must not create a context.
+    """
+    try:
+        import torch
+
+        cuda_up = torch.cuda.is_available() and torch.cuda.is_initialized()  # type: ignore[no-untyped-call]
+        if "nccl" in backend or cuda_up:
+            index = torch.cuda.current_device()
+            props = torch.cuda.get_device_properties(index)
+            uuid = str(getattr(props, "uuid", "") or "")
+            if uuid and not uuid.startswith("GPU-"):
+                uuid = f"GPU-{uuid}"
+            return f"cuda:{index}", str(props.name), uuid
+    except Exception:
+        pass
+    return "cpu", "", ""
+
+
+class Dumper:
+    """Writes this process's dumps; safe to call from any thread, including signal watchers."""
+
+    def __init__(self, recorder: Recorder, job_id: str = "") -> None:
+        self.recorder = recorder
+        self.job_id = job_id
+        self._index = itertools.count()
+        self._lock = threading.Lock()  # one dump at a time; never held by the hot path
+        self._warned = False
+        self.last_path: Path | None = None
+
+    def dump(self, reason: int, detail: str = "", requested_by: int = -1) -> Path | None:
+        """Write one dump now.
+
+        Returns:
+            The file written, or None when writing failed (after one warning).
+        """
+        try:
+            with self._lock:
+                return self._dump(reason, detail, requested_by)
+        except Exception as exc:
+            if not self._warned:
+                self._warned = True
+                log.warning(
+                    "flightrec: could not write a dump to %s: %s",
+                    self.recorder.config.directory,
+                    exc,
+                )
+            return None
+
+    def _dump(self, reason: int, detail: str, requested_by: int) -> Path:
+        rec = self.recorder
+        # The only moment that must be consistent: ring, tables and counters, taken together.
+        frames = sys._current_frames()
+        active = dict(rec.active)
+        snap = rec.ring.snapshot()
+        strings = list(rec.strings.values)
+        specs = list(rec.tensors.values)
+        groups = list(rec.groups.groups)
+        counters = [(g.seq, g.recorded, g.p2p_counters()) for g in groups]
+        wall, mono = time.time_ns(), time.monotonic_ns()
+        rec.forget_thread_names()
+
+        entries = decode(snap)
+        b = DumpBuilder()
+        rank, world, backend, store = _dist_info()
+        device, device_name, device_uuid = _device_identity(backend)
+        h = b.header
+        h.rank, h.world_size = rank, world
+        h.hostname = socket.gethostname()
+        h.pid = os.getpid()
+        h.local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
+        h.device, h.device_name, h.device_uuid = device, device_name, device_uuid
+        h.job_id = self.job_id or store
+        h.backend = backend
+        h.torch_version = _torch_version()
+        h.flightrec_version = _version()
+        h.reason = reason  # type: ignore[assignment]
+        h.reason_detail = detail
+        h.wall_time_ns, h.mono_time_ns = wall, mono
+        h.buffer_capacity = rec.ring.capacity
+        h.entries_recorded = max((e.record_id for e in entries), default=0)
+        h.stack_depth = rec.config.stack_depth
+        h.timeout_s = rec.config.timeout_s
+        h.dump_index = next(self._index)
+        h.requested_by = requested_by
+        h.source = "flightrec"
+
+        present: dict[int, int] = {}
+        for e in entries:
+            present[e.group] = present.get(e.group, 0) + 1
+        for g, (seq, recorded, p2p) in zip(groups, counters, strict=True):
+            b.group(
+                g.name, g.ranks, desc=g.desc, backend=g.backend, last_seq=seq,
+                dropped=max(0, recorded - present.get(g.index, 0)), p2p=p2p,
+            )  # fmt: skip
+
+        s_map = [b.string(s) for s in strings]
+        t_map: dict[int, int] = {0: 0}
+        k_map: dict[int, int] = {0: 0}
+        for e in entries:
+            if e.stack not in k_map:
+                k_map[e.stack] = b.stack(rec.stacks.symbolize(e.stack))
+            for t in (e.inputs, e.outputs):
+                if t not in t_map:
+                    t_map[t] = b.tensors(specs[t])
+            b.entry_raw(
+                record_id=e.record_id, group=e.group, seq=e.seq, p2p_seq=e.p2p_seq,
+                op=s_map[e.op], reduce_op=s_map[e.reduce_op], peer=e.peer, state=e.state,
+                enqueue_ns=e.enqueue_ns, start_ns=0, complete_ns=e.complete_ns,
+                thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
+                outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
+            )  # fmt: skip
+
+        names = {t.ident: t.name for t in threading.enumerate()}
+        main = threading.main_thread().ident
+        for ident, frame in frames.items():
+            b.thread(
+                ident, names.get(ident, f"thread-{ident}"), frames_of(frame, THREAD_STACK_DEPTH),
+                is_main=ident == main, holds_recorder=ident in active,
+            )  # fmt: skip
+        del frames
+        dump = b.build()
+        reason_name = pb.DumpReason.Name(reason)  # type: ignore[arg-type]
+        name = dump_filename(rank, h.dump_index, reason_name, os.getpid())
+        path = write_dump(dump, rec.config.directory, name)
+        self.last_path = path
+        log.info("flightrec: wrote %s", path)
+        return path
+
+
+def _torch_version() -> str:
+    try:
+        import torch
+
+        return str(torch.__version__)
+    except Exception:
+        return ""
+
+
+def in_thread(
+    dumper: Dumper, reason: int, detail: str = "", requested_by: int = -1
+) -> threading.Thread:
+    """Dump on a fresh daemon thread (from signal handlers and torch callbacks)."""
+    t = threading.Thread(
+        target=dumper.dump, args=(reason, detail, requested_by), name="flightrec-dump", daemon=True
+    )
+    t.start()
+    return t
+
+
+def describe_entry(recorder: Recorder, slot: Any) -> str:
+    """One line naming a ring entry, for ``reason_detail``."""
+    strings = recorder.strings.values
+    groups = recorder.groups.groups
+    g = groups[slot.group] if slot.group < len(groups) else None
+    where = f"group {g.name}" if g else "group ?"
+    seq = f"seq {slot.seq}" if slot.seq else f"p2p #{slot.p2p_seq} peer {slot.peer}"
+    return f"{strings[slot.op]} on {where} {seq} (record {slot.record_id})"

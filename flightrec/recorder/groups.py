@@ -1,0 +1,108 @@
+"""Process-group identity and the sequence counters that let the analyzer match ranks.
+
+Identity must be the same on every rank of a group: torch's group name, its description and
+its global ranks. Collective sequence numbers count per group from 1; P2P operations count per
+(group, peer, direction), so send #k from A to B matches receive #k on B from A. Counters live
+here, outside the ring, so they survive the ring overwriting old entries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from typing import Any
+
+
+class GroupInfo:
+    """Live state of one process group as this rank sees it (mutable: counters advance)."""
+
+    __slots__ = (
+        "_counter",
+        "_lock",
+        "backend",
+        "desc",
+        "index",
+        "name",
+        "p2p",
+        "ranks",
+        "recorded",
+        "seq",
+    )
+
+    def __init__(self, index: int, name: str, desc: str, ranks: tuple[int, ...], backend: str):
+        self.index = index
+        self.name = name
+        self.desc = desc
+        self.ranks = ranks
+        self.backend = backend
+        self.seq = 0
+        """Collectives issued on the group so far (the last sequence number used)."""
+        # itertools.count hands out numbers atomically under the GIL: two threads issuing
+        # collectives on one group never get the same sequence number.
+        self._counter = itertools.count(1)
+        self._lock = threading.Lock()
+        self.recorded = 0
+        """Ring entries ever written for this group; minus those still in the ring = dropped."""
+        self.p2p: dict[tuple[int, bool], int] = {}
+        """(peer global rank, is_send) -> operations issued so far."""
+
+    def next_seq(self) -> int:
+        """The sequence number of a new collective on this group (1, 2, ...)."""
+        seq = next(self._counter)
+        if seq > self.seq:
+            self.seq = seq
+        return seq
+
+    def next_p2p(self, peer: int, send: bool) -> int:
+        """The 1-based ordinal of a new send to (or receive from) ``peer``."""
+        key = (peer, send)
+        with self._lock:
+            n = self.p2p.get(key, 0) + 1
+            self.p2p[key] = n
+        return n
+
+    def p2p_counters(self) -> list[tuple[int, int, int]]:
+        """(peer, sends, recvs) per peer, sorted by peer."""
+        peers = sorted({peer for peer, _ in self.p2p})
+        return [(p, self.p2p.get((p, True), 0), self.p2p.get((p, False), 0)) for p in peers]
+
+
+def _describe(pg: Any, index: int) -> GroupInfo:
+    import torch.distributed as dist
+
+    try:
+        ranks = tuple(dist.get_process_group_ranks(pg))
+    except Exception:  # a group this rank is not part of, or an exotic PG object
+        ranks = ()
+    name = str(getattr(pg, "group_name", "") or "")
+    desc = str(getattr(pg, "group_desc", "") or "")
+    try:
+        backend = str(dist.get_backend(pg))
+    except Exception:
+        backend = ""
+    return GroupInfo(index, name or f"unnamed-{index}", desc, ranks, backend)
+
+
+class GroupRegistry:
+    """Per-group info keyed by the ProcessGroup object, so the hot path does one dict lookup.
+
+    The registry keeps the PG objects alive; jobs create a handful of groups, and a destroyed
+    group's counters are still wanted in dumps.
+    """
+
+    def __init__(self) -> None:
+        self.by_pg: dict[Any, GroupInfo] = {}
+        self.groups: list[GroupInfo] = []
+        self._lock = threading.Lock()
+
+    def get(self, pg: Any) -> GroupInfo:
+        """The info of ``pg``, created on first sight."""
+        info = self.by_pg.get(pg)
+        if info is None:
+            with self._lock:
+                info = self.by_pg.get(pg)
+                if info is None:
+                    info = _describe(pg, len(self.groups))
+                    self.groups.append(info)
+                    self.by_pg[pg] = info
+        return info

@@ -1,0 +1,150 @@
+"""Wrapping torch.distributed's collective and P2P functions, and putting them back.
+
+Every traced function of ``torch.distributed.distributed_c10d`` is replaced by a wrapper
+wherever the original is referenced as a module global: ``torch.distributed``,
+``distributed_c10d`` itself, and every module in ``sys.modules`` holding the original by
+identity. That last part is what traces ``from torch.distributed import all_reduce`` done
+before tracing began. ``uninstall`` reverses exactly what ``install`` did.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from flightrec.recorder.specs import BATCH, TRACED, OpSpec, spec_for
+
+ORIGINAL_ATTR = "__flightrec_original__"
+
+
+class _P2PWrapper:
+    """isend/irecv wrapper that compares equal to the function it wraps.
+
+    torch checks ``P2POp.op`` against its module globals (``op in [isend, irecv]``); with
+    equality both a P2POp built from the original (captured before tracing) and one built from
+    the wrapper pass that check. ``batch_isend_irecv``'s identity test is handled by
+    normalizing ``P2POp.op`` to the current global before the call.
+    """
+
+    def __init__(self, spec: OpSpec, orig: Callable[..., Any], call: Callable[..., Any]) -> None:
+        self._spec, self._orig, self._call = spec, orig, call
+        functools.update_wrapper(self, orig)
+        setattr(self, ORIGINAL_ATTR, orig)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(self._spec, self._orig, args, kwargs)
+
+    def __eq__(self, other: object) -> bool:
+        return other is self or other is self._orig
+
+    def __hash__(self) -> int:
+        return hash(self._orig)
+
+
+def _wrap(spec: OpSpec, orig: Callable[..., Any], call: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(orig)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        return call(spec, orig, args, kwargs)
+
+    setattr(wrapper, ORIGINAL_ATTR, orig)
+    return wrapper
+
+
+def _rebind(mapping: dict[int, tuple[Any, Any]]) -> None:
+    """In every loaded module's globals, replace each ``old`` (by identity) with its ``new``."""
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for key, value in list(namespace.items()):
+            pair = mapping.get(id(value))
+            if pair is not None and pair[0] is value:
+                namespace[key] = pair[1]
+
+
+class Hooks:
+    """The installed wrappers and the originals they replace."""
+
+    def __init__(self) -> None:
+        self.originals: dict[str, Callable[..., Any]] = {}
+        self.wrappers: dict[str, Callable[..., Any]] = {}
+
+    @property
+    def installed(self) -> bool:
+        return bool(self.wrappers)
+
+    def install(
+        self,
+        call: Callable[[OpSpec, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+        call_batch: Callable[..., Any],
+        after_init: Callable[[], None],
+    ) -> None:
+        """Wrap every traced function the installed torch has.
+
+        Args:
+            call: the recorder's hot path, ``call(spec, original, args, kwargs)``.
+            call_batch: the recorder's ``batch_isend_irecv`` path.
+            after_init: run after ``init_process_group`` returns (starts the watchdog).
+        """
+        import torch.distributed.distributed_c10d as c10d
+
+        if self.installed:
+            return
+        for name in TRACED:
+            orig = getattr(c10d, name, None)
+            if orig is None or not callable(orig):
+                continue
+            orig = getattr(orig, ORIGINAL_ATTR, orig)
+            spec = spec_for(name, orig)
+            if name == BATCH:
+                self.wrappers[name] = self._wrap_batch(orig, call_batch, c10d)
+            elif name in ("isend", "irecv"):
+                self.wrappers[name] = _P2PWrapper(spec, orig, call)
+            else:
+                self.wrappers[name] = _wrap(spec, orig, call)
+            self.originals[name] = orig
+        init = getattr(c10d, "init_process_group", None)
+        if init is not None:
+            self.originals["init_process_group"] = init
+            self.wrappers["init_process_group"] = self._wrap_init(init, after_init)
+        _rebind({id(o): (o, self.wrappers[n]) for n, o in self.originals.items()})
+
+    def uninstall(self) -> None:
+        """Put every original back wherever one of our wrappers is referenced."""
+        if not self.installed:
+            return
+        _rebind({id(w): (w, self.originals[n]) for n, w in self.wrappers.items()})
+        self.wrappers.clear()
+        self.originals.clear()
+
+    @staticmethod
+    def _wrap_batch(
+        orig: Callable[..., Any], call_batch: Callable[..., Any], c10d: Any
+    ) -> Callable[..., Any]:
+        def canon(op: Any) -> None:
+            # torch tests ``op.op is isend``: make a P2POp built from either the original or
+            # the wrapper point at the current module global.
+            for name in ("isend", "irecv"):
+                current = getattr(c10d, name)
+                if op.op is not current and op.op == current:
+                    op.op = current
+
+        @functools.wraps(orig)
+        def batch_isend_irecv(*args: Any, **kwargs: Any) -> Any:
+            return call_batch(orig, args, kwargs, canon)
+
+        setattr(batch_isend_irecv, ORIGINAL_ATTR, orig)
+        return batch_isend_irecv
+
+    @staticmethod
+    def _wrap_init(orig: Callable[..., Any], after: Callable[[], None]) -> Callable[..., Any]:
+        @functools.wraps(orig)
+        def init_process_group(*args: Any, **kwargs: Any) -> Any:
+            result = orig(*args, **kwargs)
+            after()
+            return result
+
+        setattr(init_process_group, ORIGINAL_ATTR, orig)
+        return init_process_group

@@ -1,0 +1,131 @@
+"""The ring: fixed-capacity, fixed-size binary slots in one preallocated buffer.
+
+Each entry is one ``SLOT`` record written with ``struct.pack_into``: no Python object is
+created per entry beyond the argument tuple, a slot's layout is the same in memory and on disk
+(a later step backs the buffer with a memory-mapped file so that a rank killed with SIGKILL
+still leaves its ring behind), and a dump copies the whole ring with one ``bytes()`` call.
+
+Writers do not lock: record ids come from ``itertools.count`` (atomic under the GIL) and each
+``pack_into`` is a single C call, so a reader copying the buffer sees every slot either before
+or after a write, never half of one. Columns that hold table indices (op, thread, stack, ...)
+refer to the recorder's intern tables, which only ever grow.
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import struct
+from collections.abc import Iterator
+from typing import NamedTuple
+
+# Little-endian, no implicit padding: the layout is a file format, not a C struct.
+SLOT = struct.Struct("<QqqB3xQQIIIiIIIIII")
+SLOT_SIZE = SLOT.size
+# Offsets used for in-place updates; they must follow the format above.
+OFF_COMPLETE = 16  # complete_ns (q) then state (B)
+OFF_STATE = 24
+_RID = struct.Struct("<Q")
+_DONE = struct.Struct("<qB")
+
+# Slot states, equal to the protobuf ``State`` values so no mapping is needed at dump time.
+EMPTY = 0
+ENQUEUED = 1
+STARTED = 2
+COMPLETED = 3
+FAILED = 4
+_PENDING = re.compile(b"[\x01\x02]")
+
+
+class Slot(NamedTuple):
+    """One decoded ring entry; index columns point into the recorder's intern tables."""
+
+    record_id: int
+    enqueue_ns: int
+    complete_ns: int
+    state: int
+    seq: int
+    p2p_seq: int
+    group: int
+    op: int
+    reduce_op: int
+    peer: int
+    thread: int
+    stack: int
+    inputs: int
+    outputs: int
+    device: int
+    flags: int
+
+
+class Ring:
+    """A ring of ``capacity`` binary slots; the newest entry overwrites the oldest."""
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError("ring capacity must be at least 1")
+        self.capacity = capacity
+        self.buffer = bytearray(capacity * SLOT_SIZE)
+        self._ids = itertools.count(1)
+
+    def append(
+        self,
+        enqueue_ns: int,
+        state: int,
+        seq: int,
+        p2p_seq: int,
+        group: int,
+        op: int,
+        reduce_op: int,
+        peer: int,
+        thread: int,
+        stack: int,
+        inputs: int,
+        outputs: int,
+        device: int,
+        flags: int,
+    ) -> int:
+        """Write one entry into the next slot; returns its record id (1, 2, ...)."""
+        rid = next(self._ids)
+        SLOT.pack_into(
+            self.buffer,
+            ((rid - 1) % self.capacity) * SLOT_SIZE,
+            rid, enqueue_ns, 0, state, seq, p2p_seq, group, op, reduce_op, peer,
+            thread, stack, inputs, outputs, device, flags,
+        )  # fmt: skip
+        return rid
+
+    def finish(self, rid: int, state: int, complete_ns: int) -> bool:
+        """Set an entry's final state; False when the ring already overwrote it."""
+        off = ((rid - 1) % self.capacity) * SLOT_SIZE
+        if _RID.unpack_from(self.buffer, off)[0] != rid:
+            return False
+        _DONE.pack_into(self.buffer, off + OFF_COMPLETE, complete_ns, state)
+        return True
+
+    def snapshot(self) -> bytes:
+        """A copy of the whole buffer (one memcpy; safe against concurrent writers)."""
+        return bytes(self.buffer)
+
+    def pending_slots(self) -> list[int]:
+        """Slot indices whose entry is still enqueued or started (a cheap C-speed scan)."""
+        states = self.buffer[OFF_STATE::SLOT_SIZE]
+        return [m.start() for m in _PENDING.finditer(states)]
+
+    def read(self, slot: int) -> Slot:
+        """Decode one slot in place."""
+        return Slot._make(SLOT.unpack_from(self.buffer, slot * SLOT_SIZE))
+
+
+def decode(snapshot: bytes) -> list[Slot]:
+    """The entries of a ring snapshot, oldest first (empty slots left out)."""
+    slots = [Slot._make(values) for values in SLOT.iter_unpack(snapshot) if values[0]]
+    slots.sort(key=lambda s: s.record_id)
+    return slots
+
+
+def iter_pending(snapshot: bytes) -> Iterator[Slot]:
+    """Entries of a snapshot that are not finished."""
+    for values in SLOT.iter_unpack(snapshot):
+        if values[0] and values[3] in (ENQUEUED, STARTED):
+            yield Slot._make(values)

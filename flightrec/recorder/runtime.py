@@ -1,0 +1,186 @@
+"""One recorder per process: turning tracing on and off, and wiring the dump triggers.
+
+Background machinery (watchdog, dump-request poller, signal handlers) starts lazily, when the
+process creates its default process group or records its first call, never in a process
+that only imports torch.distributed (the torchrun launcher, a data-loading helper).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from flightrec.proto import flightrec_pb2 as pb
+from flightrec.recorder.config import Config, from_env
+from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
+from flightrec.recorder.hooks import Hooks
+from flightrec.recorder.recorder import Recorder
+from flightrec.recorder.signals import SignalHandlers
+from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store
+from flightrec.recorder.watchdog import Watchdog
+
+log = logging.getLogger("flightrec")
+ERROR_DUMP_INTERVAL_NS = 5_000_000_000
+"""A dead peer makes every later call fail; one error dump per interval is enough."""
+
+
+class Runtime:
+    """The process's recorder with its triggers."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.recorder = Recorder(config)
+        self.dumper = Dumper(self.recorder, config.job_id)
+        self.hooks = Hooks()
+        self.namespace = os.environ.get("FLIGHTREC_JOB_ID", "").strip() or DEFAULT_NAMESPACE
+        self.watchdog: Watchdog | None = None
+        self.poller: Poller | None = None
+        self.signals = SignalHandlers(self._on_signal)
+        self._lock = threading.Lock()
+        self._last_error_dump = 0
+        self.recorder.on_first_use = self.start_background
+        self.recorder.on_error = self._on_error
+        if config.dump_on_exit:
+            atexit.register(self._at_exit)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def enable(self) -> None:
+        self.recorder.enabled = True
+        self.hooks.install(self.recorder.call, self.recorder.call_batch, self.start_background)
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self.start_background()
+
+    def disable(self) -> None:
+        self.recorder.enabled = False
+        self.hooks.uninstall()
+        self.signals.uninstall()
+        with self._lock:
+            if self.watchdog is not None:
+                self.watchdog.stop()
+                self.watchdog = None
+            if self.poller is not None:
+                self.poller.stop()
+                self.poller = None
+
+    def start_background(self) -> None:
+        """Start the watchdog, the request poller and the signal handlers (idempotent)."""
+        if not self.recorder.enabled:
+            return
+        with self._lock:
+            if self.watchdog is None:
+                self.watchdog = Watchdog(self.recorder, self._on_hang)
+            if self.poller is None:
+                store = default_store()
+                if store is not None:
+                    try:
+                        self.poller = Poller(store, self.namespace, self._on_request)
+                    except Exception as exc:
+                        log.warning("flightrec: dump requests through the store are off: %s", exc)
+            if not self.signals.installed:
+                self.signals.install()
+
+    # -- triggers -------------------------------------------------------------------------
+    def dump(self, reason: int, detail: str = "", requested_by: int = -1) -> Path | None:
+        return self.dumper.dump(reason, detail, requested_by)
+
+    def _on_hang(self, slot: Any) -> None:
+        detail = (
+            f"incomplete for over {self.config.timeout_s:g}s: {describe_entry(self.recorder, slot)}"
+        )
+        self.dump(pb.WATCHDOG_TIMEOUT, detail)
+        poller = self.poller
+        if poller is not None:
+            rank = _rank()
+            # Posting may block on a slow store: never on the watchdog thread.
+            threading.Thread(
+                target=_post, args=(poller, rank), name="flightrec-post", daemon=True
+            ).start()
+
+    def _on_request(self, n: int, requester: int, reason: str) -> None:
+        if reason == "CLI_TRIGGER":
+            self.dump(pb.CLI_TRIGGER, f"request {n}: flightrec trigger", -1)
+        else:
+            who = f"rank {requester}" if requester >= 0 else "another process"
+            self.dump(pb.PEER_REQUEST, f"request {n} from {who} ({reason or 'unknown'})", requester)
+
+    def _on_error(self, rid: int, exc: BaseException) -> None:
+        now = time.monotonic_ns()
+        if self._last_error_dump and now - self._last_error_dump < ERROR_DUMP_INTERVAL_NS:
+            return
+        self._last_error_dump = now
+        slot = self.recorder.ring.read((rid - 1) % self.recorder.ring.capacity)
+        what = describe_entry(self.recorder, slot) if slot.record_id == rid else f"record {rid}"
+        detail = f"{what} raised {type(exc).__name__}: {exc}"[:4000]
+        if threading.current_thread().name == "flightrec-dump":
+            self.dump(pb.COLLECTIVE_ERROR, detail)
+        elif _on_torch_thread():
+            in_thread(self.dumper, pb.COLLECTIVE_ERROR, detail)
+        else:
+            self.dump(pb.COLLECTIVE_ERROR, detail)
+
+    def _on_signal(self, signum: int) -> None:
+        import signal
+
+        reason = pb.SIGNAL_TERM if signum == signal.SIGTERM else pb.SIGNAL_USR1
+        self.dump(reason, f"signal {signal.Signals(signum).name}")
+
+    def _at_exit(self) -> None:
+        if not self.recorder.enabled:
+            return
+        try:
+            import torch.distributed as dist
+
+            used = dist.is_available() and dist.is_initialized()
+        except Exception:
+            used = False
+        if used or self.recorder.ring.pending_slots() or self.recorder.groups.groups:
+            self.dump(pb.PROCESS_EXIT, "process exit")
+
+
+def _on_torch_thread() -> bool:
+    # Future callbacks run on threads torch creates (no Python name of ours); dumping there
+    # would hold up torch's completion machinery, so those dumps go to a helper thread.
+    return threading.current_thread().name.startswith("Dummy")
+
+
+def _post(poller: Poller, rank: int) -> None:
+    try:
+        poller.post(rank, "WATCHDOG_TIMEOUT")
+    except Exception as exc:
+        log.warning("flightrec: could not ask other ranks to dump: %s", exc)
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    return int(os.environ.get("RANK", "-1") or -1)
+
+
+_runtime: Runtime | None = None
+_runtime_lock = threading.Lock()
+
+
+def get(config: Config | None = None) -> Runtime:
+    """The process's runtime, created on first use (hooks not installed by this)."""
+    global _runtime
+    with _runtime_lock:
+        if _runtime is None:
+            _runtime = Runtime(config or from_env())
+        return _runtime
+
+
+def current() -> Runtime | None:
+    """The runtime if one was created."""
+    return _runtime

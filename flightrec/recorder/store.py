@@ -1,0 +1,149 @@
+"""Dump requests through the job's rendezvous store.
+
+A rank that sees a hang (or ``flightrec trigger`` from outside) bumps one counter with the
+store's atomic ``add``: ``flightrec/<namespace>/dump_request``. Request number ``n`` is
+described by ``flightrec/<namespace>/dump_request/<n>`` = ``"<rank> <REASON>"``. Every rank runs
+a poller thread with its own store connection (so blocking on the store never touches the
+connection torch uses) and dumps when the counter moves past what it has seen.
+
+Keys are absolute on the underlying TCPStore (torch's prefix stores are unwrapped), so an
+outside client connected to MASTER_ADDR:MASTER_PORT sees the same keys as the workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+log = logging.getLogger("flightrec")
+POLL_S = 0.25
+"""Seconds between polls: every rank dumps well within a second of a request."""
+DEFAULT_NAMESPACE = "default"
+
+
+def request_key(namespace: str) -> str:
+    """The counter every rank polls."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/dump_request"
+
+
+def _raw_store(store: Any) -> Any:
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store
+
+
+def default_store() -> Any:
+    """The default process group's store, prefixes unwrapped; None when there is none."""
+    import torch.distributed.distributed_c10d as c10d
+
+    try:
+        return _raw_store(c10d._get_default_store())
+    except Exception:
+        return None
+
+
+def store_address() -> str:
+    """ "host:port" of the default group's TCPStore, or "" for other stores."""
+    store = default_store()
+    host, port = getattr(store, "host", ""), getattr(store, "port", 0)
+    return f"{host}:{port}" if host else ""
+
+
+def connect(host: str, port: int, timeout_s: float = 5.0) -> Any:
+    """A new client connection to a running job's TCPStore."""
+    from torch.distributed import TCPStore  # type: ignore[attr-defined]
+
+    return TCPStore(
+        host, port, is_master=False, timeout=timedelta(seconds=timeout_s), wait_for_workers=False
+    )
+
+
+def own_connection(store: Any) -> Any:
+    """A connection of our own to ``store``, so a blocked request never stalls torch's client."""
+    try:
+        return store.clone()
+    except Exception:
+        host, port = getattr(store, "host", ""), getattr(store, "port", 0)
+        return connect(host, port) if host else store
+
+
+def post_request(store: Any, namespace: str, rank: int, reason: str) -> int:
+    """Ask every rank to dump. Returns the request number."""
+    key = request_key(namespace)
+    n = int(store.add(key, 1))
+    store.set(f"{key}/{n}", f"{rank} {reason}")
+    return n
+
+
+def read_request(store: Any, namespace: str, n: int) -> tuple[int, str]:
+    """(requesting rank, reason name) of request ``n``; (-1, "") when not (yet) described."""
+    key = f"{request_key(namespace)}/{n}"
+    for _ in range(3):  # the poster sets the description just after bumping the counter
+        if store.check([key]):
+            rank, _, reason = bytes(store.get(key)).decode().partition(" ")
+            try:
+                return int(rank), reason
+            except ValueError:
+                return -1, reason
+        time.sleep(0.05)
+    return -1, ""
+
+
+class Poller:
+    """Watches the request counter and calls ``on_request(n, requester, reason)`` for new ones."""
+
+    def __init__(
+        self, store: Any, namespace: str, on_request: Callable[[int, int, str], None]
+    ) -> None:
+        self._store = own_connection(store)
+        self._namespace = namespace
+        self._on_request = on_request
+        self.own: set[int] = set()
+        """Request numbers this process posted itself (it already dumped for them)."""
+        self._seen = int(self._store.add(request_key(namespace), 0))
+        self._post_store: Any = None
+        self._post_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flightrec-requests", daemon=True)
+        self._thread.start()
+
+    def post(self, rank: int, reason: str) -> None:
+        """Ask every other rank to dump (this one already did)."""
+        with self._post_lock:
+            # A second connection: a TCPStore client is not meant to be shared between
+            # threads, and the poller thread owns the first one.
+            if self._post_store is None:
+                self._post_store = own_connection(self._store)
+            n = post_request(self._post_store, self._namespace, rank, reason)
+            self.own.add(n)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        failures = 0
+        key = request_key(self._namespace)
+        while not self._stop.wait(POLL_S):
+            try:
+                current = int(self._store.add(key, 0))
+                failures = 0
+            except Exception:
+                # The store lives in rank 0's process (or the agent's); when it goes away
+                # the job is ending. Give up quietly after a few tries.
+                failures += 1
+                if failures >= 8:
+                    return
+                continue
+            while self._seen < current:
+                self._seen += 1
+                if self._seen in self.own:
+                    continue
+                try:
+                    requester, reason = read_request(self._store, self._namespace, self._seen)
+                except Exception:
+                    requester, reason = -1, ""
+                self._on_request(self._seen, requester, reason)

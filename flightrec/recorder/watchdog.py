@@ -1,0 +1,72 @@
+"""The hang detector: a daemon thread that settles polled work and spots overdue entries.
+
+It wakes every ``PERIOD_S``, lets the completion tracker poll GPU work, and scans the ring's
+state column (one C-speed slice) for entries still incomplete after ``FLIGHTREC_TIMEOUT``.
+For the first such entry it dumps (WATCHDOG_TIMEOUT) and asks every rank to dump through the
+store. It never blocks on a process group; posting to the store happens on another thread so a
+slow store cannot delay the next scan.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flightrec.recorder.ring import ENQUEUED, STARTED
+
+if TYPE_CHECKING:
+    from flightrec.recorder.recorder import Recorder
+    from flightrec.recorder.ring import Slot
+
+log = logging.getLogger("flightrec")
+PERIOD_S = 0.1
+
+
+class Watchdog:
+    """Calls ``on_hang(slot)`` once for each entry that outlives the timeout."""
+
+    def __init__(
+        self, recorder: Recorder, on_hang: Callable[[Slot], None], period_s: float = PERIOD_S
+    ) -> None:
+        self._recorder = recorder
+        self._on_hang = on_hang
+        self._period = period_s
+        self._timeout_ns = int(recorder.config.timeout_s * 1e9)
+        self._reported: set[int] = set()
+        self._last_fire = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="flightrec-watchdog", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._period):
+            try:
+                self.check(time.monotonic_ns())
+            except Exception as exc:  # a bug here must not kill the job; say so once
+                log.warning("flightrec: watchdog check failed: %s", exc)
+
+    def check(self, now_ns: int) -> None:
+        """One scan (the thread calls this; tests call it with a fake clock)."""
+        rec = self._recorder
+        rec.tracker.poll()
+        if self._last_fire and now_ns - self._last_fire < self._timeout_ns:
+            return  # one hang dump per timeout period: a stuck job must not dump in a loop
+        oldest: Slot | None = None
+        for index in rec.ring.pending_slots():
+            slot = rec.ring.read(index)
+            if slot.state not in (ENQUEUED, STARTED) or slot.record_id in self._reported:
+                continue
+            if now_ns - slot.enqueue_ns > self._timeout_ns and (
+                oldest is None or slot.record_id < oldest.record_id
+            ):
+                oldest = slot
+        if oldest is not None:
+            self._reported.add(oldest.record_id)
+            self._last_fire = now_ns
+            self._on_hang(oldest)
