@@ -190,8 +190,12 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     for kind, _, delta, send in keys:
         per_step[(kind, delta, send)] = per_step.get((kind, delta, send), 0) + 1
 
-    cols: dict[str, list[int]] = {f.name: [] for f in pb.Entries.DESCRIPTOR.fields}
-    interned = [
+    # Per template operation: everything that does not change from step to step.
+    k_group = [gindex[kind] for kind, *_ in keys]
+    k_per_step = [per_step[(kind, delta, send)] for kind, _, delta, send in keys]
+    k_peer = [rank + delta * layout.tp if delta else -1 for _, _, delta, _ in keys]
+    k_p2p = [bool(delta) for _, _, delta, _ in keys]
+    k_interned = [
         (
             b.string(op.op),
             b.string(op.reduce_op),
@@ -201,44 +205,60 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
         )
         for op in program
     ]
-    thread, device = b.string("MainThread"), b.string(f"cuda:{rank % 8}")
-    in_ring = [0] * len(groups)
-    for index in range(start, total):
-        step, k = divmod(index, step_ops)
-        op = program[k]
-        kind, ordinal, delta, send = keys[k]
-        opi, redi, stacki, speci, flags = interned[k]
-        g = gindex[kind]
-        in_ring[g] += 1
-        count = step * per_step[(kind, delta, send)] + ordinal + 1
-        complete = t0 + step * period + op.complete_off
-        members = layout.group_of(rank, kind).ranks if not delta else ()
+    # Whether the straggler takes part in op k (its group holds it, or it is the P2P peer).
+    k_waits_for_straggler = [
+        straggler >= 0
+        and rank != straggler
+        and (peer == straggler if p2p else straggler in groups[g].ranks)
+        for g, peer, p2p in zip(k_group, k_peer, k_p2p, strict=True)
+    ]
+    index = range(start, total)
+    ks = [i % step_ops for i in index]
+    steps = [i // step_ops for i in index]
+    counts = [s * k_per_step[k] + keys[k][1] + 1 for s, k in zip(steps, ks, strict=True)]
+    complete = [
+        t0 + s * period + program[k].complete_off - boot for s, k in zip(steps, ks, strict=True)
+    ]
+    lo, hi = cfg.straggler_delay_ms
+    waits = []
+    for s, k in zip(steps, ks, strict=True):
         if rank == straggler:
             wait = rng.randrange(0, MS // 20)
         else:
             wait = rng.randrange(MS // 20, MS)
-            if straggler in members:
-                lo, hi = cfg.straggler_delay_ms
-                wait += int(random.Random(f"{cfg.seed}/delay/{step}/{k}").uniform(lo, hi) * MS)
-        arrive = complete - op.duration - wait
-        done = index < total - 1 or not outcome.blocked
-        cols["record_id"].append(index)
-        cols["group"].append(g)
-        cols["seq"].append(0 if delta else count)
-        cols["p2p_seq"].append(count if delta else 0)
-        cols["op"].append(opi)
-        cols["reduce_op"].append(redi)
-        cols["peer"].append(rank + delta * layout.tp if delta else -1)
-        cols["state"].append(pb.COMPLETED if done else pb.STARTED)
-        cols["enqueue_ns"].append(arrive - boot)
-        cols["start_ns"].append(0)
-        cols["complete_ns"].append(complete - boot if done else 0)
-        cols["thread"].append(thread)
-        cols["stack"].append(stacki)
-        cols["inputs"].append(speci)
-        cols["outputs"].append(speci)
-        cols["flags"].append(flags)
-        cols["device"].append(device)
+            if k_waits_for_straggler[k]:
+                wait += int(random.Random(f"{cfg.seed}/delay/{s}/{k}").uniform(lo, hi) * MS)
+        waits.append(wait)
+    n = len(ks)
+    done: list[int] = [int(pb.COMPLETED)] * n
+    if outcome.blocked and n:
+        done[-1] = int(pb.STARTED)
+    cols: dict[str, list[int]] = {
+        "record_id": list(index),
+        "group": [k_group[k] for k in ks],
+        "seq": [0 if k_p2p[k] else c for k, c in zip(ks, counts, strict=True)],
+        "p2p_seq": [c if k_p2p[k] else 0 for k, c in zip(ks, counts, strict=True)],
+        "op": [k_interned[k][0] for k in ks],
+        "reduce_op": [k_interned[k][1] for k in ks],
+        "peer": [k_peer[k] for k in ks],
+        "state": done,
+        "enqueue_ns": [
+            c - program[k].duration - w for c, k, w in zip(complete, ks, waits, strict=True)
+        ],
+        "start_ns": [0] * n,
+        "complete_ns": complete,
+        "thread": [b.string("MainThread")] * n,
+        "stack": [k_interned[k][2] for k in ks],
+        "inputs": [k_interned[k][3] for k in ks],
+        "outputs": [k_interned[k][3] for k in ks],
+        "flags": [k_interned[k][4] for k in ks],
+        "device": [b.string(f"cuda:{rank % 8}")] * n,
+    }
+    if outcome.blocked and n:
+        complete[-1] = 0
+    in_ring = [0] * len(groups)
+    for k in ks:
+        in_ring[k_group[k]] += 1
 
     entered_keys = keys[:entered]
     for i, grp in enumerate(groups):
