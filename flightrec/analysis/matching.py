@@ -75,8 +75,13 @@ class Matched:
         return None if p is None else p.last_seq
 
     def last_completed_entry(self, rank: int) -> CollectiveRecord | None:
-        """The newest entry of ``rank`` that completed, any group."""
+        """The newest entry of ``rank`` that completed, any group.
+
+        For a dump that does not track completion, the newest entry it issued.
+        """
         d = self.run.dumps[rank]
+        if not d.tracks_completion:
+            return d.record(len(d) - 1) if len(d) else None
         states = d.dump.entries.state
         for i in range(len(d) - 1, -1, -1):
             if states[i] == _COMPLETED:
@@ -92,6 +97,8 @@ def _progress(d: RankDump, local: int, gi: RankGroupIndex) -> GroupProgress:
         (s for s, p in zip(gi.seqs, gi.positions, strict=True) if states[p] != _COMPLETED), None
     )
     last_completed = last_seq if first_incomplete is None else first_incomplete - 1
+    if not d.tracks_completion:
+        last_completed = -1
     return GroupProgress(last_seq, last_completed, gi.seqs[0] if gi.seqs else 0)
 
 

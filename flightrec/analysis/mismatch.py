@@ -40,18 +40,13 @@ def _shape(r: CollectiveRecord) -> Hashable:
     return tuple(t.shape for t in _compared_tensors(r))
 
 
-def _numel(r: CollectiveRecord) -> Hashable:
-    shape = _shape(r)
-    return None if shape is None else sum(t.numel for t in _compared_tensors(r))
-
-
 # Checked in this order; the first field that differs is the one reported.
 FIELDS: tuple[tuple[str, Callable[[CollectiveRecord], Hashable]], ...] = (
     ("op", lambda r: r.op),
     ("reduce_op", lambda r: r.reduce_op),
     ("root", lambda r: r.peer),
     ("dtype", lambda r: tuple(t.dtype for t in _compared_tensors(r))),
-    ("numel", _numel),
+    # Element count and shape are one field for people ("size mismatch"); numel is evidence.
     ("shape", _shape),
 )
 
@@ -135,19 +130,20 @@ def _collective_mismatch(
     first = records[blamed[0]]
     frame = user_frame(first.stack)
     at = f" at {frame.where()}" if frame else ""
-    ops = {rec.op for rec in records.values()}
-    op = first.op if len(ops) > 1 else next(iter(ops))
+    op_votes = Counter(rec.op for rec in records.values())
+    op = op_votes.most_common(1)[0][0]  # the op the group was running, by majority
+    in_op = "" if field == "op" else f"{op} "
     verb = {"op": "called", "reduce_op": "reduced with", "root": "named"}.get(field, "passed")
     if majority is not None:
         odd = "; ".join(f"{ranks_phrase(_ranks(g))} {verb} {g['value']}" for g in groups[1:])
         summary = (
             f"{odd}{at} where {ranks_phrase(_ranks(groups[0]))} {verb} {groups[0]['value']}: "
-            f"{field} mismatch in {op} {where}"
+            f"{field} mismatch in {in_op}{where}"
         )
     else:
         split = " vs ".join(f"{ranks_phrase(_ranks(g))}: {g['value']}" for g in groups)
         summary = (
-            f"{field} mismatch in {op} {where} with no majority ({split}); "
+            f"{field} mismatch in {in_op}{where} with no majority ({split}); "
             "cannot tell which side is wrong"
         )
     callsites = {
@@ -167,6 +163,10 @@ def _collective_mismatch(
             "majority": majority is not None,
             "callsites": {str(r): c for r, c in sorted(callsites.items())},
             "later_mismatches": later,
+            "numel": {
+                str(r): sum(t.numel for t in _compared_tensors(rec))
+                for r, rec in sorted(records.items())
+            },
             "states": {str(r): rec.state_name for r, rec in sorted(records.items())},
         },
     )

@@ -198,6 +198,12 @@ class RankDump:
     def __len__(self) -> int:
         return len(self.dump.entries.record_id)
 
+    @cached_property
+    def tracks_completion(self) -> bool:
+        """Whether entry states are real. Converted gloo dumps leave every entry ``ENQUEUED``."""
+        e = self.dump.entries
+        return any(s != pb.ENQUEUED for s in e.state) or any(e.complete_ns)
+
     def string(self, index: int) -> str:
         """String table lookup."""
         return self.dump.strings[index]
@@ -290,7 +296,8 @@ class GroupProgress:
     last_seq: int
     """Collectives issued (the counter at dump time)."""
     last_completed: int
-    """Highest seq such that every collective up to it completed (overwritten ones count)."""
+    """Highest seq such that every collective up to it completed (overwritten ones count);
+    -1 when the dump does not track completion."""
     first_in_ring: int
     """Lowest seq of this group still in the ring; 0 when none is."""
 

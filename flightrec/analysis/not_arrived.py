@@ -40,9 +40,13 @@ def culprit_state(m: Matched, rank: int) -> Culprit:
 def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
     """One phrase saying where ``rank`` was at dump time, and the evidence behind it."""
     d = m.dump(rank)
-    stack = d.current_stack()
-    frame = user_frame(stack)
     last = m.last_completed_entry(rank)
+    stack = d.current_stack()
+    if not stack and last is not None:
+        # No thread stacks (converted native dumps): the last call's stack is the best clue.
+        stack = last.stack
+    frame = user_frame(stack)
+    last_key = "last_completed" if d.tracks_completion else "last_issued"
     evidence: dict[str, object] = {
         "host": d.header.hostname,
         "pid": d.header.pid,
@@ -57,7 +61,7 @@ def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
         evidence["location"] = frame_json(frame)
     if last is not None:
         lf = user_frame(last.stack)
-        evidence["last_completed"] = {
+        evidence[last_key] = {
             "op": last.op,
             "process_group": last.group,
             "seq": last.seq,
@@ -67,7 +71,8 @@ def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
     if frame is not None:
         phrase = f"it was in {frame.function} at {frame.where()}"
     elif last is not None:
-        phrase = f"its last completed call was {last.op} #{last.seq} on group {last.group}"
+        word = "completed" if d.tracks_completion else "issued"
+        phrase = f"its last {word} call was {last.op} #{last.seq} on group {last.group}"
     else:
         phrase = "it recorded no completed call"
     return phrase, evidence

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import networkx as nx
 
 from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import ProcessGroupInfo
 from flightrec.proto import flightrec_pb2 as pb
 
 Node = tuple[object, ...]
@@ -54,6 +55,16 @@ def _current_incomplete(m: Matched, rank: int) -> list[int]:
         return []
     last_completed = max((i for i in range(len(states)) if states[i] == pb.COMPLETED), default=-1)
     return [p for p in positions if states[p] != pb.FAILED or p > last_completed]
+
+
+def _someone_missing(m: Matched, info: ProcessGroupInfo | None, seq: int) -> bool:
+    if info is None:
+        return False
+    for q in info.ranks:
+        last = m.last_seq(q, info.key) if q in m.run.dumps else None
+        if last is None or last < seq:
+            return True
+    return False
 
 
 def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
@@ -99,6 +110,10 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
             else:
                 seq = cols["seq"][pos]
                 node = ("coll", group, seq)
+                if not d.tracks_completion and not _someone_missing(m, info, seq):
+                    # Without completion tracking, a collective every member entered is taken
+                    # as done: only a member that never arrived proves a wait.
+                    continue
                 if node not in graph:
                     members = info.ranks if info else ()
                     graph.add_node(node, kind="coll", group=group, seq=seq, op=op, pg_ranks=members)

@@ -117,7 +117,7 @@ def test_size_and_dtype_mismatches_name_the_field() -> None:
     findings = analyze(job.run()).findings
     # One group: its first disagreement is reported (later ones are usually its echo).
     assert [(f.kind, f.field, f.ranks, f.seq) for f in findings] == [
-        (FindingKind.MISMATCH, "numel", (1,), 4)
+        (FindingKind.MISMATCH, "shape", (1,), 4)
     ]
     assert findings[0].evidence["later_mismatches"] == 1
 
