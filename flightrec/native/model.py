@@ -19,7 +19,7 @@ from flightrec.errors import CorruptDumpError, UnsafeDumpError, NotADumpError
 
 # Work bound: a dump's containers may share sub-objects (pickle memo), so the size of the
 # file does not bound how much a naive walk visits. Every value read counts against this.
-MAX_CELLS = 40_000_000
+MAX_CELLS = 30_000_000
 MAX_FRAMES_PER_ENTRY = 64
 MAX_TENSORS_PER_ENTRY = 4096
 MAX_DIMS = 64

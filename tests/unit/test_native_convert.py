@@ -1,0 +1,174 @@
+"""Native dumps recorded from real gloo jobs convert into the flightrec schema faithfully."""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+
+from flightrec.builder import IS_P2P, SEND
+from flightrec.dumpfile import validate
+from flightrec.native import convert_paths, parse_name, read_native, sniff
+from flightrec.proto import flightrec_pb2 as pb
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
+FORMS = [("", "torch-native-pickle"), ("-json", "torch-native-json")]
+
+
+def _folder(scenario: str, suffix: str) -> dict[int, pb.Dump]:
+    dumps = read_native(SAMPLES / f"{scenario}{suffix}")
+    assert isinstance(dumps, list)
+    return {d.header.rank: d for d in dumps}
+
+
+def _last(d: pb.Dump) -> tuple[str, int, str, tuple[int, ...], str]:
+    e, i = d.entries, len(d.entries.record_id) - 1
+    spec = d.tensor_specs[e.inputs[i]]
+    return (d.groups[e.group[i]].name, e.seq[i], d.strings[e.op[i]], tuple(spec.dims), d.strings[spec.dtype[0]])
+
+
+@pytest.mark.parametrize(("suffix", "source"), FORMS)
+def test_hang_sample(suffix: str, source: str) -> None:
+    dumps = _folder("hang", suffix)
+    assert sorted(dumps) == [0, 1, 2, 3]
+    for rank, d in dumps.items():
+        validate(d)
+        assert d.header.source == source and d.header.reason == pb.CONVERTED
+        assert d.header.world_size == 4 and d.header.backend == "gloo"
+        (g,) = d.groups
+        assert (g.name, g.desc, list(g.ranks), g.members_known) == ("0", "default_pg", [0, 1, 2, 3], True)
+        assert list(d.entries.seq) == list(range(1, g.last_seq + 1))
+        assert g.last_seq == (4 if rank == 2 else 5)
+        assert "no start or completion times" in d.header.reason_detail
+    assert _last(dumps[0]) == ("0", 5, "all_reduce", (4,), "float32")
+    assert _last(dumps[2]) == ("0", 4, "broadcast", (4,), "float32")
+
+
+def test_stacks_and_threads_come_from_the_pickle_form() -> None:
+    d = _folder("hang", "")[0]
+    e = d.entries
+    stack = d.stacks[e.stack[len(e.record_id) - 1]]
+    frames = [(d.strings[d.frames[f].file], d.strings[d.frames[f].name]) for f in stack.frames]
+    assert frames[0][1] == "all_reduce"  # innermost first
+    assert any(file.endswith("fr_job.py") and name == "_faulty" for file, name in frames)
+    assert d.strings[e.thread[0]] == "python"
+    assert all(t > 1_600_000_000 * 10**9 for t in e.enqueue_ns)  # wall clock, like the header
+    assert d.header.wall_time_ns == d.header.mono_time_ns
+
+
+@pytest.mark.parametrize("suffix", ["", "-json"])
+def test_mismatch_samples_keep_op_and_shape(suffix: str) -> None:
+    ops = _folder("op_mismatch", suffix)
+    assert [_last(ops[r])[2] for r in range(4)] == ["broadcast", "all_reduce", "all_reduce", "all_reduce"]
+    assert {_last(ops[r])[1] for r in range(4)} == {5}
+    sizes = _folder("size_mismatch", suffix)
+    assert [_last(sizes[r])[3] for r in range(4)] == [(4,), (8,), (4,), (4,)]
+
+
+@pytest.mark.parametrize("suffix", ["", "-json"])
+def test_subgroup_membership_is_rebuilt_from_other_ranks(suffix: str) -> None:
+    dumps = _folder("subgroup_hang", suffix)
+    for rank, d in dumps.items():
+        groups = {g.name: g for g in d.groups}
+        sub = "1" if rank < 2 else "2"
+        assert set(groups) == {"0", sub}
+        assert list(groups[sub].ranks) == ([0, 1] if rank < 2 else [2, 3])
+        assert not groups[sub].members_known
+        # torch 2.13 gloo leaves no complete world list when every rank is in a subgroup.
+        assert list(groups["0"].ranks) == [0, 1, 2, 3] and not groups["0"].members_known
+        assert f"group '{sub}'" in d.header.reason_detail
+    assert {g.name: g.last_seq for g in dumps[2].groups} == {"0": 4, "2": 3}
+    assert {g.name: g.last_seq for g in dumps[3].groups} == {"0": 4, "2": 2}
+
+
+def test_one_file_read_alone_uses_its_siblings() -> None:
+    d = read_native(SAMPLES / "subgroup_hang" / "nccl_trace_rank_3")
+    assert not isinstance(d, list)
+    assert {g.name: list(g.ranks) for g in d.groups} == {"0": [0, 1, 2, 3], "2": [2, 3]}
+
+
+def test_pickle_and_json_forms_agree() -> None:
+    for scenario in ("hang", "op_mismatch", "size_mismatch", "subgroup_hang"):
+        a, b = _folder(scenario, ""), _folder(scenario, "-json")
+        for rank in range(4):
+            assert [_last(a[rank])] == [_last(b[rank])]
+            assert list(a[rank].entries.seq) == list(b[rank].entries.seq)
+            assert [(g.name, list(g.ranks)) for g in a[rank].groups] == [(g.name, list(g.ranks)) for g in b[rank].groups]
+
+
+def _nccl_entry(record_id: int, name: str, **extra: object) -> dict[str, object]:
+    entry: dict[str, object] = {
+        "record_id": record_id,
+        "pg_id": 1,
+        "process_group": ("5", "pp"),
+        "collective_seq_id": 0,
+        "p2p_seq_id": record_id,
+        "op_id": record_id,
+        "profiling_name": name,
+        "time_created_ns": 1_700_000_000_000_000_000 + record_id,
+        "input_sizes": [[2, 3]],
+        "input_dtypes": ["BFloat16"],
+        "output_sizes": [[2, 3]],
+        "output_dtypes": ["BFloat16"],
+        "state": "completed",
+        "time_discovered_started_ns": 1_700_000_000_000_000_100,
+        "time_discovered_completed_ns": 1_700_000_000_000_000_200,
+        "retired": True,
+        "timeout_ms": 600000,
+        "is_p2p": True,
+        "frames": [],
+    }
+    entry.update(extra)
+    return entry
+
+
+def test_nccl_p2p_peers_become_global_ranks(tmp_path: Path) -> None:
+    # An NCCL-style dump (torch 2.4 format "2.2"): pg_config names its groups; P2P names
+    # group-local ranks. Rank 3 is local rank 1 of group "5" = [2, 3].
+    dump = {
+        "version": "2.2",
+        "pg_config": {"5": {"name": "5", "desc": "pp", "ranks": "[2, 3]"}},
+        "entries": [
+            _nccl_entry(7, "nccl:send 1->0"),
+            _nccl_entry(8, "nccl:recv 1<-0", state="started", time_discovered_completed_ns=None),
+            _nccl_entry(9, "nccl:send 1->0"),
+        ],
+    }
+    path = tmp_path / "host7_nccl_trace_rank_3"
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    assert sniff(path)
+    (d,), errors, _ = convert_paths([path])
+    assert not errors
+    assert d.header.hostname == "host7" and d.header.rank == 3
+    (g,) = d.groups
+    assert (g.name, list(g.ranks), g.members_known) == ("5", [2, 3], True)
+    assert [(p.peer, p.sends, p.recvs) for p in g.p2p] == [(2, 2, 1)]
+    e = d.entries
+    assert list(e.peer) == [2, 2, 2]
+    assert list(e.p2p_seq) == [1, 1, 2]
+    assert [f & (IS_P2P | SEND) for f in e.flags] == [IS_P2P | SEND, IS_P2P, IS_P2P | SEND]
+    assert list(e.state) == [pb.COMPLETED, pb.STARTED, pb.COMPLETED]
+    assert e.complete_ns[1] == 0 and e.start_ns[1] > 0
+    assert d.strings[d.tensor_specs[e.inputs[0]].dtype[0]] == "bfloat16"
+    assert d.header.entries_recorded == 10 and g.dropped == 0
+
+
+@pytest.mark.parametrize(
+    ("name", "rank", "host"),
+    [
+        ("rank_3", 3, ""),
+        ("nccl_trace_rank_12", 12, ""),
+        ("comm_lib_trace_rank_0", 0, ""),
+        ("node-a1-comm_lib_trace_rank_7", 7, "node-a1"),
+        ("gpu17.cluster_nccl_trace_rank_5.json", 5, "gpu17.cluster"),
+    ],
+)
+def test_names(name: str, rank: int, host: str) -> None:
+    parsed = parse_name(name)
+    assert parsed is not None and (parsed.rank, parsed.host) == (rank, host)
+
+
+@pytest.mark.parametrize("name", ["flightrec-rank00003-123-000-api_call.frdump", "expected.json", "rank_x"])
+def test_other_names_are_not_native(name: str) -> None:
+    assert parse_name(name) is None

@@ -1,0 +1,156 @@
+"""Native dumps never execute code: crafted pickles and rank lists are refused, not run."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+from pathlib import Path
+
+import pytest
+
+from flightrec.errors import CorruptDumpError, DumpError, NotADumpError, UnsafeDumpError
+from flightrec.native import convert_paths, load_native, model, read_native, sniff
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
+
+
+class _Touch:
+    """Unpickling this with pickle.load would create ``target``."""
+
+    def __init__(self, target: Path) -> None:
+        self.target = str(target)
+
+    def __reduce__(self) -> tuple[object, tuple[str, str]]:
+        return (open, (self.target, "w"))
+
+
+class _Shell:
+    def __init__(self, target: Path) -> None:
+        self.target = str(target)
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return (os.system, (f"touch {self.target}",))
+
+
+def _crafted(tmp_path: Path, payload: object, name: str = "nccl_trace_rank_1") -> Path:
+    dump = {"version": "2.10", "entries": [payload], "pg_config": {}}
+    path = tmp_path / name
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    return path
+
+
+@pytest.mark.parametrize("payload", [_Touch, _Shell])
+def test_crafted_pickle_creates_nothing_and_names_the_file(tmp_path: Path, payload: type) -> None:
+    target = tmp_path / "pwned"
+    path = _crafted(tmp_path, payload(target))
+    # Control: the file really is an exploit when loaded the way fr_trace loads it.
+    control = tmp_path / "control"
+    control_path = _crafted(tmp_path, payload(control), "nccl_trace_rank_9")
+    with open(control_path, "rb") as f:
+        pickle.load(f)  # noqa: S301 - demonstrating the attack on purpose
+    assert control.exists()
+    control_path.unlink()
+
+    with pytest.raises(UnsafeDumpError) as info:
+        load_native(path)
+    assert not target.exists()
+    message = str(info.value)
+    assert str(path) in message and "\n" not in message
+    assert "refusing" in message
+
+
+def test_crafted_rank_does_not_stop_the_others(tmp_path: Path) -> None:
+    for f in (SAMPLES / "hang").glob("nccl_trace_rank_*"):
+        shutil.copy(f, tmp_path / f.name)
+    bad = _crafted(tmp_path, _Touch(tmp_path / "pwned"), "nccl_trace_rank_2")
+    paths = sorted(str(p) for p in tmp_path.iterdir() if sniff(p))
+    dumps, errors, _job = convert_paths(paths)
+    assert sorted(d.header.rank for d in dumps) == [0, 1, 3]
+    assert [e.path for e in errors] == [str(bad)]
+    assert isinstance(errors[0], UnsafeDumpError)
+    assert not (tmp_path / "pwned").exists()
+    # Reading one good file beside the bad one still works (the bad sibling is skipped).
+    single = read_native(tmp_path / "nccl_trace_rank_0")
+    assert not isinstance(single, list) and single.header.rank == 0
+
+
+def _json_dump(ranks: object) -> dict[str, object]:
+    return {
+        "version": "2.10",
+        "entries": [],
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": ranks}},
+    }
+
+
+@pytest.mark.parametrize(
+    "ranks",
+    [
+        "__import__('os').system('touch {target}')",
+        "[0, 1] + [__import__('os').system('touch {target}')]",
+        "[i for i in range(4)]",
+        "(0, 1)",
+    ],
+)
+def test_json_rank_list_holding_code_is_rejected(tmp_path: Path, ranks: str) -> None:
+    target = tmp_path / "pwned"
+    path = tmp_path / "comm_lib_trace_rank_0"
+    path.write_text(json.dumps(_json_dump(ranks.format(target=target))))
+    with pytest.raises(UnsafeDumpError, match="not a list of integers"):
+        load_native(path)
+    assert not target.exists()
+
+
+def test_plain_rank_lists_are_parsed(tmp_path: Path) -> None:
+    path = tmp_path / "comm_lib_trace_rank_0"
+    path.write_text(json.dumps(_json_dump("[0, 1, 2, 3]")))
+    assert load_native(path).pg_config[0].ranks == (0, 1, 2, 3)
+    path.write_text(json.dumps(_json_dump("[]")))
+    assert load_native(path).pg_config[0].ranks is None
+
+
+def _truncated(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+@pytest.mark.parametrize(
+    ("name", "make", "error"),
+    [
+        ("nccl_trace_rank_0", lambda d: _truncated(d), CorruptDumpError),
+        ("nccl_trace_rank_0", lambda d: d + b"junk", CorruptDumpError),
+        ("nccl_trace_rank_0", lambda d: b"\x80\x02garbage" * 10, CorruptDumpError),
+        ("nccl_trace_rank_0", lambda d: b"", NotADumpError),
+        ("nccl_trace_rank_0", lambda d: b"hello world", NotADumpError),
+        ("nccl_trace_rank_0", lambda d: pickle.dumps([1, 2, 3], protocol=2), NotADumpError),
+        ("nccl_trace_rank_0", lambda d: pickle.dumps({"entries": [{"record_id": "x"}]}, protocol=2), CorruptDumpError),
+        ("comm_lib_trace_rank_0", lambda d: b'{"entries": [', CorruptDumpError),
+        ("comm_lib_trace_rank_0", lambda d: b'{"entries": NaN}', CorruptDumpError),
+        ("comm_lib_trace_rank_0", lambda d: b"{" + b"[" * 100000, CorruptDumpError),
+    ],
+)
+def test_damaged_native_files_raise_dump_errors(tmp_path: Path, name: str, make: object, error: type) -> None:
+    data = (SAMPLES / "hang" / "nccl_trace_rank_0").read_bytes()
+    path = tmp_path / name
+    path.write_bytes(make(data))  # type: ignore[operator]
+    with pytest.raises(error) as info:
+        load_native(path)
+    assert isinstance(info.value, DumpError) and str(path) in str(info.value)
+
+
+def test_shared_subobjects_cannot_blow_up_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A smaller budget keeps the test fast; the mechanism is the same as with the default.
+    monkeypatch.setattr(model, "MAX_CELLS", 200_000)
+    # Pickle memo sharing: one entry of 4,096 tensors referenced 100,000 times is a small
+    # file that describes 400 million sizes; the reader must stop, not grind through it.
+    one: list[object] = [1]
+    entry = {
+        "profiling_name": "gloo:all_reduce",
+        "input_sizes": [one] * 4096,
+        "input_dtypes": ["Float"] * 4096,
+    }
+    path = tmp_path / "rank_0"
+    path.write_bytes(pickle.dumps({"entries": [entry] * 100_000}, protocol=2))
+    assert path.stat().st_size < 1_000_000
+    with pytest.raises(CorruptDumpError):
+        load_native(path)
