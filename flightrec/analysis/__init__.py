@@ -26,6 +26,7 @@ from flightrec.analysis.model import (
 from flightrec.analysis.not_arrived import rank_finding
 from flightrec.analysis.p2p import find_unmatched
 from flightrec.analysis.rootcause import root_causes
+from flightrec.analysis.straggler import find_stragglers
 from flightrec.analysis.waits import build_wait_graph
 
 __all__ = [
@@ -96,6 +97,7 @@ def analyze(run: Run) -> Report:
     findings += find_unmatched(m, graph)
     explained |= {f.process_group for f in mismatches if f.process_group}
     findings += find_desyncs(m, explained)
+    findings += find_stragglers(m)
     blamed = {r for f in findings for r in f.ranks}
     quiet_missing = [r for r in run.missing_ranks if r not in blamed]
     if quiet_missing:

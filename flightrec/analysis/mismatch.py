@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
+from dataclasses import replace
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
@@ -196,6 +197,16 @@ def _membership_mismatch(m: Matched, info: ProcessGroupInfo) -> Finding | None:
     )
 
 
+def _unfinished(m: Matched, group: str, seq: int, sigs: dict[int, dict[int, int]]) -> bool:
+    for r, table in sigs.items():
+        if seq in table:
+            d = m.dump(r)
+            pos = m.index[r][group].position_of(seq)
+            if pos is not None and d.tracks_completion and d.columns["state"][pos] != pb.COMPLETED:
+                return True
+    return False
+
+
 def find_mismatches(m: Matched) -> list[Finding]:
     """Every group's first disagreement (later ones on that group are usually its echo).
 
@@ -224,7 +235,12 @@ def find_mismatches(m: Matched) -> list[Finding]:
                 bad.append(seq)
         if not bad:
             continue
-        seq = bad[0]
+        # The disagreement a hang sits on is the one to report (an earlier one that completed
+        # is the same bug seen before, kept as evidence); else the first one.
+        seq = next((s for s in bad if _unfinished(m, info.key, s, sigs)), bad[0])
         ranks = [r for r, table in sigs.items() if seq in table]
-        findings.append(_collective_mismatch(m, info, seq, ranks, len(bad) - 1))
+        finding = _collective_mismatch(m, info, seq, ranks, len(bad) - 1)
+        if seq != bad[0]:
+            finding = replace(finding, evidence={**finding.evidence, "first_mismatch_seq": bad[0]})
+        findings.append(finding)
     return findings

@@ -36,6 +36,8 @@ class FindingKind(enum.StrEnum):
     """Sends without the matching receive (or the reverse), nobody blocked in a cycle."""
     STUCK = "stuck"
     """Every member entered a collective and none completed it, with no disagreement seen."""
+    STRAGGLER = "straggler"
+    """A rank arrives last at collective after collective; nothing hangs, everyone waits."""
     DESYNC = "desync"
     """Ranks of one group issued different numbers of collectives, and nobody waits."""
 

@@ -219,3 +219,23 @@ def healthy(job: Job, steps: int = 3) -> Job:
     for _ in range(steps):
         job.collective()
     return job
+
+
+def late_arrivals(job: Job, rank: int, steps: int, late_ms: float = 40.0) -> Job:
+    """``steps`` completed all_reduces at which ``rank`` arrives ``late_ms`` after the others.
+
+    Everyone completes together when the last one arrives, so the others' recorded waits are
+    long and the late rank's is short, as on a real job.
+    """
+    for _ in range(steps):
+        job.collective()
+        for r, st in job.ranks.items():
+            e = st.entries[-1]
+            wait = 200_000 if r == rank else int(late_ms * 1e6) + 200_000
+            st.entries[-1] = EntryValues(**{**_fields(e), "complete_ns": e.enqueue_ns + wait})
+            st.clock = e.enqueue_ns + wait
+    return job
+
+
+def _fields(e: EntryValues) -> dict[str, object]:
+    return {name: getattr(e, name) for name in EntryValues.__dataclass_fields__}

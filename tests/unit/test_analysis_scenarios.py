@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from flightrec.analysis import analyze
 from flightrec.analysis.model import FindingKind
-from tests.unit.factories import Job, healthy
+from tests.unit.factories import Job, healthy, late_arrivals
 
 
 def test_healthy_job_has_no_finding() -> None:
@@ -216,3 +216,15 @@ def test_two_stalled_ranks_share_one_finding() -> None:
     findings = analyze(job.run()).findings
     assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.NOT_ARRIVED, (2, 3))]
     assert "save_checkpoint" in findings[0].summary
+
+
+def test_straggler_is_the_rank_that_arrives_last_every_time() -> None:
+    job = late_arrivals(Job(), rank=1, steps=8)
+    findings = analyze(job.run()).findings
+    assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (1,))]
+    assert findings[0].evidence["last_arrivals"] == 8
+
+
+def test_small_jitter_is_not_a_straggler() -> None:
+    job = late_arrivals(Job(), rank=1, steps=8, late_ms=1.0)
+    assert analyze(job.run()).findings == []
