@@ -25,7 +25,7 @@ from pathlib import Path
 from flightrec.dumpfile import dump_filename, write_dump
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.native.convert import to_pb
-from flightrec.native.groups import JobGroups, rebuild_groups
+from flightrec.native.groups import GroupEvidence, JobGroups, evidence, rebuild_groups
 from flightrec.native.jsonform import load_json
 from flightrec.native.model import NativeDump, normalize
 from flightrec.native.unpickle import load_plain_pickle
@@ -48,7 +48,9 @@ MAX_NATIVE_BYTES = 512 * 1024 * 1024
 
 # <host?><prefix?>rank<_?><digits><.json|.pkl|.pickle?>; the prefix is whatever the job set in
 # TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE (default "nccl_trace_rank_").
-_NAME = re.compile(r"(?P<head>.*?)rank[_-]?(?P<rank>\d{1,7})(?P<ext>\.(?:json|pkl|pickle))?", re.IGNORECASE)
+_NAME = re.compile(
+    r"(?P<head>.*?)rank[_-]?(?P<rank>\d{1,7})(?P<ext>\.(?:json|pkl|pickle))?", re.IGNORECASE
+)
 _PREFIXES = ("comm_lib_trace_", "nccl_trace_", "fr_trace_", "gloo_trace_", "xccl_trace_", "trace_")
 
 
@@ -120,10 +122,14 @@ def load_native(path: str | Path) -> NativeDump:
         raise NotADumpError(p, f"cannot read: {exc.strerror or exc}") from None
     form = _form(data[:16])
     if form is None:
-        raise NotADumpError(p, "empty file" if not data else "neither a pickle nor a JSON Flight Recorder dump")
+        raise NotADumpError(
+            p, "empty file" if not data else "neither a pickle nor a JSON Flight Recorder dump"
+        )
     obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
     del data
-    return normalize(obj, path=p, rank=name.rank, host=name.host, form=form, mtime_ns=st.st_mtime_ns)
+    return normalize(
+        obj, path=p, rank=name.rank, host=name.host, form=form, mtime_ns=st.st_mtime_ns
+    )
 
 
 def convert_paths(paths: Sequence[str | Path]) -> tuple[list[pb.Dump], list[DumpError], JobGroups]:
@@ -149,12 +155,14 @@ def convert_paths(paths: Sequence[str | Path]) -> tuple[list[pb.Dump], list[Dump
 
 
 # Reading a folder file by file (the analyzer's read_any) would rebuild groups from the
-# siblings once per file; the siblings' validated dumps are cached by (path, mtime, size).
+# siblings once per file; the siblings' group evidence (small: no entries, stacks or tensors)
+# is cached by (path, mtime, size), so each sibling is parsed once per folder.
+_CACHE_MAX = 100_000
 _cache_lock = threading.Lock()
-_cache: dict[str, tuple[tuple[int, int], NativeDump | None]] = {}
+_cache: dict[str, tuple[tuple[int, int], GroupEvidence | None]] = {}
 
 
-def _sibling(path: str) -> NativeDump | None:
+def _sibling(path: str) -> GroupEvidence | None:
     try:
         st = os.stat(path)
     except OSError:
@@ -165,12 +173,14 @@ def _sibling(path: str) -> NativeDump | None:
     if hit is not None and hit[0] == key:
         return hit[1]
     try:
-        d: NativeDump | None = load_native(path)
+        found: GroupEvidence | None = evidence(load_native(path))
     except DumpError:
-        d = None  # a bad sibling is reported when it is read itself
+        found = None  # a bad sibling is reported when it is read itself
     with _cache_lock:
-        _cache[path] = (key, d)
-    return d
+        if len(_cache) >= _CACHE_MAX:
+            _cache.clear()
+        _cache[path] = (key, found)
+    return found
 
 
 def read_native(path: str | Path) -> pb.Dump | list[pb.Dump]:
@@ -195,7 +205,7 @@ def read_native(path: str | Path) -> pb.Dump | list[pb.Dump]:
         files = sorted(str(f) for f in p.iterdir() if f.is_file() and sniff(f))
         return convert_paths(files)[0]
     own = load_native(p)
-    siblings = [own]
+    siblings: list[NativeDump | GroupEvidence] = [own]
     for f in sorted(p.parent.iterdir()):
         if f.name != p.name and f.is_file() and sniff(f):
             d = _sibling(str(f))

@@ -55,9 +55,7 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
     """
     b = DumpBuilder()
     own = {e.pg_name for e in d.entries if e.pg_name}
-    mine: list[GroupInfo] = [
-        g for g in job.groups.values() if d.rank in g.ranks or g.name in own
-    ]
+    mine: list[GroupInfo] = [g for g in job.groups.values() if d.rank in g.ranks or g.name in own]
     index = {g.name: i for i, g in enumerate(mine)}
     by_group: dict[str, list[int]] = defaultdict(list)
     for e in d.entries:
@@ -101,7 +99,7 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
         entries.append(
             EntryValues(
                 record_id=e.record_id,
-                group=index[e.pg_name] if e.pg_name in index else 0,
+                group=index.get(e.pg_name, 0),
                 op=e.op,
                 seq=0 if e.is_p2p else e.seq,
                 p2p_seq=p2p_seq,
@@ -132,14 +130,20 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
             backend=g.backend,
             last_seq=max(seqs, default=0),
             dropped=(min(seqs) - 1) if (wrapped and seqs) else 0,
-            p2p=[(peer, s, r) for (name, peer), (s, r) in sorted(peer_counts.items()) if name == g.name],
+            p2p=[
+                (peer, s, r)
+                for (name, peer), (s, r) in sorted(peer_counts.items())
+                if name == g.name
+            ],
             members_known=g.members_known,
         )
     for ev in entries:
         b.entry(ev)
 
     default = next((g for g in mine if g.desc == "default_pg"), mine[0] if mine else None)
-    backend = (default.backend if default else "") or next((e.backend for e in d.entries if e.backend), "")
+    backend = (default.backend if default else "") or next(
+        (e.backend for e in d.entries if e.backend), ""
+    )
     h = b.header
     h.rank = d.rank
     h.world_size = job.world_size

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flightrec.native.model import NativeDump
+from flightrec.native.model import NativeDump, PgConfig
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +33,40 @@ class GroupInfo:
     ranks: tuple[int, ...]  # global ranks in group-rank order (torch sorts them)
     backend: str
     members_known: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GroupEvidence:
+    """What one rank's dump says about groups: small enough to keep for every rank of a job."""
+
+    rank: int
+    pg_config: tuple[PgConfig, ...]
+    used: tuple[tuple[str, str, str], ...]  # (group name, desc, backend) seen in the ring
+    named_uids: frozenset[int]  # per-process group ids that the ring's entries name
+    active_uids: frozenset[int]  # pg_status ids with at least one operation enqueued
+
+
+def evidence(d: NativeDump) -> GroupEvidence:
+    """Extract the group evidence of one dump (drops entries, stacks and tensors)."""
+    used: dict[str, tuple[str, str, str]] = {}
+    for e in d.entries:
+        if not e.pg_name:
+            continue
+        desc = e.pg_desc if e.pg_desc != "undefined" else ""
+        old = used.get(e.pg_name)
+        if old is None or (not old[1] and desc) or (not old[2] and e.backend):
+            used[e.pg_name] = (
+                e.pg_name,
+                desc or (old[1] if old else ""),
+                e.backend or (old[2] if old else ""),
+            )
+    return GroupEvidence(
+        rank=d.rank,
+        pg_config=d.pg_config,
+        used=tuple(used.values()),
+        named_uids=frozenset(e.pg_id for e in d.entries),
+        active_uids=frozenset(uid for uid, last in d.pg_status.items() if last > 0),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +83,12 @@ def _name_key(name: str) -> tuple[int, int | str]:
     return (0, int(name)) if name.isdigit() else (1, name)
 
 
-def rebuild_groups(dumps: Sequence[NativeDump]) -> JobGroups:
+def rebuild_groups(dumps: Sequence[NativeDump | GroupEvidence]) -> JobGroups:
     """Reconstruct group membership and world size from the native dumps of one job.
 
     Args:
-        dumps: every readable native dump of the job (one per rank; more is better).
+        dumps: every readable native dump of the job (one per rank; more is better), or
+            their ``evidence``.
 
     Returns:
         The groups keyed by name, the world size, and notes on what had to be guessed.
@@ -64,7 +99,8 @@ def rebuild_groups(dumps: Sequence[NativeDump]) -> JobGroups:
     backends: dict[str, str] = {}
     participants: dict[str, set[int]] = defaultdict(set)
     world_hint = 0
-    for d in dumps:
+    facts = [d if isinstance(d, GroupEvidence) else evidence(d) for d in dumps]
+    for d in facts:
         for cfg in d.pg_config:
             if cfg.ranks is None:
                 continue
@@ -81,15 +117,13 @@ def rebuild_groups(dumps: Sequence[NativeDump]) -> JobGroups:
             elif cfg.ranks == tuple(range(len(cfg.ranks))):
                 # An unnamed complete list can only be the default group: it fixes the world.
                 world_hint = max(world_hint, len(cfg.ranks))
-        for e in d.entries:
-            if not e.pg_name:
-                continue
-            participants[e.pg_name].add(d.rank)
-            if e.pg_desc and e.pg_desc != "undefined":
-                descs.setdefault(e.pg_name, e.pg_desc)
-            if e.backend:
-                backends.setdefault(e.pg_name, e.backend)
-    file_ranks = {d.rank for d in dumps}
+        for name, desc, backend in d.used:
+            participants[name].add(d.rank)
+            if desc:
+                descs.setdefault(name, desc)
+            if backend:
+                backends.setdefault(name, backend)
+    file_ranks = {d.rank for d in facts}
     world_size = max(
         [world_hint, *(r + 1 for r in file_ranks), *(max(v) + 1 for v in explicit.values())]
     )
@@ -118,11 +152,10 @@ def rebuild_groups(dumps: Sequence[NativeDump]) -> JobGroups:
                 f"{list(ranks)} from the ranks whose rings use it (a member that never used "
                 f"it within its ring is not seen{unseen})"
             )
-    for d in dumps:
+    for d in facts:
         # pg_status lists one counter per group the rank belongs to, keyed by a per-process
         # id; more counters than groups named in the ring means memberships we cannot name.
-        named = {e.pg_id for e in d.entries}
-        unnamed = [uid for uid, last in d.pg_status.items() if uid not in named and last > 0]
+        unnamed = d.active_uids - d.named_uids
         if unnamed:
             notes.append(
                 f"rank {d.rank} used {len(unnamed)} group(s) that its ring no longer names; "

@@ -35,11 +35,15 @@ def load_json(data: bytes, path: str | Path) -> object:
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise CorruptDumpError(path, f"JSON dump is not UTF-8 ({exc.reason} at byte {exc.start})") from None
+        raise CorruptDumpError(
+            path, f"JSON dump is not UTF-8 ({exc.reason} at byte {exc.start})"
+        ) from None
     try:
         return json.loads(text, parse_constant=_refuse_constant)
     except json.JSONDecodeError as exc:
-        raise CorruptDumpError(path, f"truncated or damaged JSON ({exc.msg} at line {exc.lineno})") from None
+        raise CorruptDumpError(
+            path, f"truncated or damaged JSON ({exc.msg} at line {exc.lineno})"
+        ) from None
     except RecursionError:
         raise CorruptDumpError(path, "JSON nests too deeply to be a Flight Recorder dump") from None
     except ValueError as exc:  # over-long integers (int_max_str_digits) and NaN/Infinity

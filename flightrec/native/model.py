@@ -13,9 +13,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
-from flightrec.errors import CorruptDumpError, UnsafeDumpError, NotADumpError
+from flightrec.errors import CorruptDumpError, NotADumpError, UnsafeDumpError
 
 # Work bound: a dump's containers may share sub-objects (pickle memo), so the size of the
 # file does not bound how much a naive walk visits. Every value read counts against this.
@@ -201,10 +200,10 @@ def parse_rank_list(value: object, path: str) -> tuple[int, ...] | None:
                 "refusing it (it is never evaluated)",
             )
         ranks = tuple(int(x) for x in re.findall(r"\d+", value))
-    elif isinstance(value, list | tuple) and all(
-        isinstance(x, int) and not isinstance(x, bool) for x in value
-    ):
-        ranks = tuple(int(x) for x in value)  # type: ignore[arg-type]
+    elif isinstance(value, list | tuple):
+        ranks = tuple(x for x in value if isinstance(x, int) and not isinstance(x, bool))
+        if len(ranks) != len(value):
+            raise CorruptDumpError(path, "pg_config rank list holds something other than ranks")
     else:
         raise CorruptDumpError(path, f"pg_config rank list is {type(value).__name__}")
     if any(r < 0 or r >= 1 << 24 for r in ranks):
@@ -212,7 +211,9 @@ def parse_rank_list(value: object, path: str) -> tuple[int, ...] | None:
     return ranks or None
 
 
-def _tensors(r: _Reader, sizes: object, dtypes: object, what: str) -> tuple[tuple[tuple[int, ...], str], ...]:
+def _tensors(
+    r: _Reader, sizes: object, dtypes: object, what: str
+) -> tuple[tuple[tuple[int, ...], str], ...]:
     if sizes is None:
         return ()
     shapes = r.seq(sizes, f"{what}_sizes")
@@ -223,7 +224,12 @@ def _tensors(r: _Reader, sizes: object, dtypes: object, what: str) -> tuple[tupl
         if len(dims) > MAX_DIMS:
             raise r.fail(f"{what}_sizes[{i}] has {len(dims)} dimensions")
         dtype = r.text(names[i], f"{what}_dtypes[{i}]") if i < len(names) else ""
-        out.append((tuple(r.integer(d, f"{what}_sizes[{i}]") for d in dims), _DTYPES.get(dtype, dtype.lower())))
+        out.append(
+            (
+                tuple(r.integer(d, f"{what}_sizes[{i}]") for d in dims),
+                _DTYPES.get(dtype, dtype.lower()),
+            )
+        )
     return tuple(out)
 
 
@@ -234,7 +240,13 @@ def _frames(r: _Reader, value: object) -> tuple[tuple[str, str, int], ...]:
     for frame in r.seq(value, "frames")[:MAX_FRAMES_PER_ENTRY]:
         f = r.mapping(frame, "a frame")
         line = r.integer(f.get("line"), "frame line")
-        out.append((r.text(f.get("filename"), "frame filename"), r.text(f.get("name"), "frame name"), max(0, line)))
+        out.append(
+            (
+                r.text(f.get("filename"), "frame filename"),
+                r.text(f.get("name"), "frame name"),
+                max(0, line),
+            )
+        )
     return tuple(out)
 
 
@@ -276,8 +288,12 @@ def _entry(r: _Reader, raw: object, index: int) -> NativeEntry:
         is_p2p=is_p2p,
         state=r.text(e.get("state"), "state"),
         created_ns=max(0, r.integer(e.get("time_created_ns"), "time_created_ns")),
-        started_ns=max(0, r.integer(e.get("time_discovered_started_ns"), "time_discovered_started_ns")),
-        completed_ns=max(0, r.integer(e.get("time_discovered_completed_ns"), "time_discovered_completed_ns")),
+        started_ns=max(
+            0, r.integer(e.get("time_discovered_started_ns"), "time_discovered_started_ns")
+        ),
+        completed_ns=max(
+            0, r.integer(e.get("time_discovered_completed_ns"), "time_discovered_completed_ns")
+        ),
         inputs=_tensors(r, e.get("input_sizes"), e.get("input_dtypes"), "input"),
         outputs=_tensors(r, e.get("output_sizes"), e.get("output_dtypes"), "output"),
         frames=_frames(r, e.get("frames")),
@@ -286,7 +302,9 @@ def _entry(r: _Reader, raw: object, index: int) -> NativeEntry:
     )
 
 
-def normalize(obj: object, *, path: str, rank: int, host: str, form: str, mtime_ns: int) -> NativeDump:
+def normalize(
+    obj: object, *, path: str, rank: int, host: str, form: str, mtime_ns: int
+) -> NativeDump:
     """Turn the plain data of one native dump into a ``NativeDump``.
 
     Raises:
@@ -305,13 +323,17 @@ def normalize(obj: object, *, path: str, rank: int, host: str, form: str, mtime_
             cfg = r.mapping(value, "a pg_config record")
             name = r.text(cfg.get("name"), "pg_config name") or r.text(key, "pg_config key")
             ranks = parse_rank_list(cfg.get("ranks", "[]"), path)
-            configs.append(PgConfig(name=name, desc=r.text(cfg.get("desc"), "pg_config desc"), ranks=ranks))
+            configs.append(
+                PgConfig(name=name, desc=r.text(cfg.get("desc"), "pg_config desc"), ranks=ranks)
+            )
     status: dict[int, int] = {}
     raw_status = obj.get("pg_status")
     if raw_status is not None:
         for key, value in r.mapping(raw_status, "pg_status").items():
             uid = r.integer(key, "pg_status key")
-            status[uid] = r.integer(r.mapping(value, "a pg_status record").get("last_enqueued_collective"), "pg_status")
+            status[uid] = r.integer(
+                r.mapping(value, "a pg_status record").get("last_enqueued_collective"), "pg_status"
+            )
     return NativeDump(
         path=path,
         rank=rank,
@@ -324,8 +346,3 @@ def normalize(obj: object, *, path: str, rank: int, host: str, form: str, mtime_
         pg_status=status,
         mtime_ns=mtime_ns,
     )
-
-
-def describe(path: str | Path) -> str:
-    """The file name, for messages."""
-    return Path(path).name

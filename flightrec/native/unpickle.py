@@ -61,11 +61,17 @@ def load_plain_pickle(data: bytes, path: str | Path) -> object:
             "a PyTorch Flight Recorder dump holds only plain data",
         ) from None
     except RecursionError:
-        raise CorruptDumpError(path, "pickle nests too deeply to be a Flight Recorder dump") from None
+        raise CorruptDumpError(
+            path, "pickle nests too deeply to be a Flight Recorder dump"
+        ) from None
     except MemoryError:
-        raise CorruptDumpError(path, "pickle needs more memory than any Flight Recorder dump") from None
-    except Exception as exc:  # noqa: BLE001 - the C unpickler raises many types on bad bytes
-        raise CorruptDumpError(path, f"truncated or damaged pickle ({type(exc).__name__}: {exc})") from None
+        raise CorruptDumpError(
+            path, "pickle needs more memory than any Flight Recorder dump"
+        ) from None
+    except Exception as exc:
+        raise CorruptDumpError(
+            path, f"truncated or damaged pickle ({type(exc).__name__}: {exc})"
+        ) from None
     if stream.read(1):
         raise CorruptDumpError(path, "trailing bytes after the pickle's STOP opcode")
     return obj

@@ -28,22 +28,46 @@ SCRIPT = ROOT / "tests" / "integration" / "native_scripts" / "fr_job.py"
 SCENARIOS: dict[str, dict[str, object]] = {
     "hang": {
         "description": "rank 2 never enters the third step's all_reduce on the default group",
-        "first_finding": {"kind": "not_arrived", "ranks": [2], "process_group": "0", "seq": 5, "op": "all_reduce"},
+        "first_finding": {
+            "kind": "not_arrived",
+            "ranks": [2],
+            "process_group": "0",
+            "seq": 5,
+            "op": "all_reduce",
+        },
     },
     "op_mismatch": {
         "description": "rank 0 calls broadcast where ranks 1-3 call all_reduce (seq 5); fr_trace (given repaired group names) blames ranks 1, 2 and 3",
-        "first_finding": {"kind": "mismatch", "ranks": [0], "process_group": "0", "seq": 5, "field": "op"},
+        "first_finding": {
+            "kind": "mismatch",
+            "ranks": [0],
+            "process_group": "0",
+            "seq": 5,
+            "field": "op",
+        },
     },
     "size_mismatch": {
         "description": "rank 1 all-reduces 8 elements where ranks 0, 2, 3 all-reduce 4 (seq 5)",
-        "first_finding": {"kind": "mismatch", "ranks": [1], "process_group": "0", "seq": 5, "field": "shape"},
+        "first_finding": {
+            "kind": "mismatch",
+            "ranks": [1],
+            "process_group": "0",
+            "seq": 5,
+            "field": "shape",
+        },
     },
     "subgroup_hang": {
         "description": (
             "groups [0,1] and [2,3]; rank 3 never enters its subgroup's third all_reduce, so rank 2 "
             "waits there and ranks 0 and 1 wait in the next world all_reduce"
         ),
-        "first_finding": {"kind": "not_arrived", "ranks": [3], "process_group": "2", "seq": 3, "op": "all_reduce"},
+        "first_finding": {
+            "kind": "not_arrived",
+            "ranks": [3],
+            "process_group": "2",
+            "seq": 3,
+            "op": "all_reduce",
+        },
     },
 }
 
@@ -53,7 +77,9 @@ def record(scenario: str) -> None:
     pdir, jdir = HERE / scenario, HERE / f"{scenario}-json"
     for d in (pdir, jdir):
         shutil.rmtree(d, ignore_errors=True)
-    subprocess.run([sys.executable, str(SCRIPT), scenario, str(pdir), str(jdir)], check=True, timeout=120)
+    subprocess.run(
+        [sys.executable, str(SCRIPT), scenario, str(pdir), str(jdir)], check=True, timeout=120
+    )
     for d, form in ((pdir, "pickle"), (jdir, "JSON")):
         spec = SCENARIOS[scenario]
         expected = {

@@ -25,7 +25,13 @@ def _folder(scenario: str, suffix: str) -> dict[int, pb.Dump]:
 def _last(d: pb.Dump) -> tuple[str, int, str, tuple[int, ...], str]:
     e, i = d.entries, len(d.entries.record_id) - 1
     spec = d.tensor_specs[e.inputs[i]]
-    return (d.groups[e.group[i]].name, e.seq[i], d.strings[e.op[i]], tuple(spec.dims), d.strings[spec.dtype[0]])
+    return (
+        d.groups[e.group[i]].name,
+        e.seq[i],
+        d.strings[e.op[i]],
+        tuple(spec.dims),
+        d.strings[spec.dtype[0]],
+    )
 
 
 @pytest.mark.parametrize(("suffix", "source"), FORMS)
@@ -37,7 +43,12 @@ def test_hang_sample(suffix: str, source: str) -> None:
         assert d.header.source == source and d.header.reason == pb.CONVERTED
         assert d.header.world_size == 4 and d.header.backend == "gloo"
         (g,) = d.groups
-        assert (g.name, g.desc, list(g.ranks), g.members_known) == ("0", "default_pg", [0, 1, 2, 3], True)
+        assert (g.name, g.desc, list(g.ranks), g.members_known) == (
+            "0",
+            "default_pg",
+            [0, 1, 2, 3],
+            True,
+        )
         assert list(d.entries.seq) == list(range(1, g.last_seq + 1))
         assert g.last_seq == (4 if rank == 2 else 5)
         assert "no start or completion times" in d.header.reason_detail
@@ -60,7 +71,12 @@ def test_stacks_and_threads_come_from_the_pickle_form() -> None:
 @pytest.mark.parametrize("suffix", ["", "-json"])
 def test_mismatch_samples_keep_op_and_shape(suffix: str) -> None:
     ops = _folder("op_mismatch", suffix)
-    assert [_last(ops[r])[2] for r in range(4)] == ["broadcast", "all_reduce", "all_reduce", "all_reduce"]
+    assert [_last(ops[r])[2] for r in range(4)] == [
+        "broadcast",
+        "all_reduce",
+        "all_reduce",
+        "all_reduce",
+    ]
     assert {_last(ops[r])[1] for r in range(4)} == {5}
     sizes = _folder("size_mismatch", suffix)
     assert [_last(sizes[r])[3] for r in range(4)] == [(4,), (8,), (4,), (4,)]
@@ -94,7 +110,9 @@ def test_pickle_and_json_forms_agree() -> None:
         for rank in range(4):
             assert [_last(a[rank])] == [_last(b[rank])]
             assert list(a[rank].entries.seq) == list(b[rank].entries.seq)
-            assert [(g.name, list(g.ranks)) for g in a[rank].groups] == [(g.name, list(g.ranks)) for g in b[rank].groups]
+            assert [(g.name, list(g.ranks)) for g in a[rank].groups] == [
+                (g.name, list(g.ranks)) for g in b[rank].groups
+            ]
 
 
 def _nccl_entry(record_id: int, name: str, **extra: object) -> dict[str, object]:
@@ -169,6 +187,8 @@ def test_names(name: str, rank: int, host: str) -> None:
     assert parsed is not None and (parsed.rank, parsed.host) == (rank, host)
 
 
-@pytest.mark.parametrize("name", ["flightrec-rank00003-123-000-api_call.frdump", "expected.json", "rank_x"])
+@pytest.mark.parametrize(
+    "name", ["flightrec-rank00003-123-000-api_call.frdump", "expected.json", "rank_x"]
+)
 def test_other_names_are_not_native(name: str) -> None:
     assert parse_name(name) is None

@@ -49,7 +49,7 @@ def test_crafted_pickle_creates_nothing_and_names_the_file(tmp_path: Path, paylo
     control = tmp_path / "control"
     control_path = _crafted(tmp_path, payload(control), "nccl_trace_rank_9")
     with open(control_path, "rb") as f:
-        pickle.load(f)  # noqa: S301 - demonstrating the attack on purpose
+        pickle.load(f)
     assert control.exists()
     control_path.unlink()
 
@@ -123,13 +123,19 @@ def _truncated(data: bytes) -> bytes:
         ("nccl_trace_rank_0", lambda d: b"", NotADumpError),
         ("nccl_trace_rank_0", lambda d: b"hello world", NotADumpError),
         ("nccl_trace_rank_0", lambda d: pickle.dumps([1, 2, 3], protocol=2), NotADumpError),
-        ("nccl_trace_rank_0", lambda d: pickle.dumps({"entries": [{"record_id": "x"}]}, protocol=2), CorruptDumpError),
+        (
+            "nccl_trace_rank_0",
+            lambda d: pickle.dumps({"entries": [{"record_id": "x"}]}, protocol=2),
+            CorruptDumpError,
+        ),
         ("comm_lib_trace_rank_0", lambda d: b'{"entries": [', CorruptDumpError),
         ("comm_lib_trace_rank_0", lambda d: b'{"entries": NaN}', CorruptDumpError),
         ("comm_lib_trace_rank_0", lambda d: b"{" + b"[" * 100000, CorruptDumpError),
     ],
 )
-def test_damaged_native_files_raise_dump_errors(tmp_path: Path, name: str, make: object, error: type) -> None:
+def test_damaged_native_files_raise_dump_errors(
+    tmp_path: Path, name: str, make: object, error: type
+) -> None:
     data = (SAMPLES / "hang" / "nccl_trace_rank_0").read_bytes()
     path = tmp_path / name
     path.write_bytes(make(data))  # type: ignore[operator]
@@ -138,7 +144,9 @@ def test_damaged_native_files_raise_dump_errors(tmp_path: Path, name: str, make:
     assert isinstance(info.value, DumpError) and str(path) in str(info.value)
 
 
-def test_shared_subobjects_cannot_blow_up_the_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_shared_subobjects_cannot_blow_up_the_work(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # A smaller budget keeps the test fast; the mechanism is the same as with the default.
     monkeypatch.setattr(model, "MAX_CELLS", 200_000)
     # Pickle memo sharing: one entry of 4,096 tensors referenced 100,000 times is a small

@@ -19,6 +19,7 @@ dump-on-timeout): ``torch._C._distributed_c10d._dump_fr_trace()`` (pickle, named
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import socket
@@ -87,10 +88,9 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, pdir: str, jdir:
     t = torch.ones(4)
     for _ in range(2):
         _step(rank, t, None, sub)
-    try:
+    # A RuntimeError here is the timeout or closed connection a real job would die of.
+    with contextlib.suppress(RuntimeError):
         _faulty(scenario, rank, sub)
-    except RuntimeError:
-        pass  # the timeout or closed connection a real job would die of
     with open(os.path.join(pdir, f"nccl_trace_rank_{rank}"), "wb") as f:
         f.write(_dump_fr_trace())
     host = socket.gethostname().split(".")[0] or "host"
@@ -110,7 +110,9 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(_rank_main, args=(world, port, scenario, pdir, jdir), nprocs=world, start_method="spawn")
+    mp.start_processes(
+        _rank_main, args=(world, port, scenario, pdir, jdir), nprocs=world, start_method="spawn"
+    )
 
 
 if __name__ == "__main__":
