@@ -26,6 +26,7 @@ from flightrec.analysis.model import (
 from flightrec.analysis.not_arrived import rank_finding
 from flightrec.analysis.p2p import find_unmatched
 from flightrec.analysis.rootcause import root_causes
+from flightrec.analysis.states import RankState, Status, rank_states
 from flightrec.analysis.straggler import find_stragglers
 from flightrec.analysis.waits import build_wait_graph
 
@@ -37,7 +38,9 @@ __all__ = [
     "FindingKind",
     "ProcessGroupInfo",
     "RankDump",
+    "RankState",
     "Report",
+    "Status",
     "View",
     "analyze",
     "analyze_dir",
@@ -64,6 +67,8 @@ class Report:
     """Most likely root cause first; empty for a healthy job."""
     matched: Matched
     """The lined-up histories, for renderers that show evidence."""
+    states: dict[int, RankState]
+    """Where every rank was at dump time."""
 
     @property
     def run(self) -> Run:
@@ -102,7 +107,7 @@ def analyze(run: Run) -> Report:
     quiet_missing = [r for r in run.missing_ranks if r not in blamed]
     if quiet_missing:
         findings.append(rank_finding(m, quiet_missing, Culprit.NO_DUMP, None, ()))
-    return Report(findings, m)
+    return Report(findings, m, rank_states(m, waits))
 
 
 def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:

@@ -98,6 +98,10 @@ def rank_finding(
         A ``not_arrived``, ``dead_rank`` or ``missing_dump`` finding.
     """
     ranks = tuple(sorted(ranks))
+    # The most direct wait first, then the longest-standing ones.
+    consequences = sorted(
+        consequences, key=lambda c: (c != primary, -c.waited_s, c.process_group, c.seq)
+    )
     who = ranks_phrase(ranks)
     who = who[0].upper() + who[1:]
     waiting = sorted({r for c in consequences for r in c.waiting})

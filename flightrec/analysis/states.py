@@ -1,0 +1,82 @@
+"""Where every rank was at dump time, in one line each, for grouping ranks by what they do."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import FrameInfo, user_frame
+from flightrec.analysis.waits import Wait
+from flightrec.proto import flightrec_pb2 as pb
+
+
+class Status(enum.StrEnum):
+    """What a rank was doing when it dumped."""
+
+    WAITING = "waiting"
+    """Blocked inside a collective or P2P operation."""
+    OUTSIDE = "outside"
+    """Alive, not inside any operation (computing, loading data, stalled)."""
+    EXITED = "exited"
+    """Its process was exiting (an exit dump)."""
+    NO_DUMP = "no_dump"
+    """No dump from this rank."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankState:
+    """One rank's situation at dump time."""
+
+    rank: int
+    status: Status
+    op: str | None = None
+    group: str | None = None
+    seq: int | None = None
+    location: FrameInfo | None = None
+
+    def describe(self) -> str:
+        """``wait in all_reduce #7 on group 0 at train.py:22`` (no rank: used to group ranks)."""
+        at = f" in {self.location.function} at {self.location.where()}" if self.location else ""
+        if self.status is Status.WAITING:
+            return f"wait in {self.op} #{self.seq} on group {self.group}" + (
+                f" at {self.location.where()}" if self.location else ""
+            )
+        if self.status is Status.EXITED:
+            return "exited" + (f" (last{at})" if at else "")
+        if self.status is Status.NO_DUMP:
+            return "left no dump"
+        return ("are" + at) if at else "are outside any collective"
+
+
+def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
+    """Every rank's state, the newest blocking operation for a waiting rank.
+
+    Args:
+        m: the lined-up histories.
+        waits: the blocked entries from the wait-for graph.
+
+    Returns:
+        One state per rank of the world.
+    """
+    newest: dict[int, Wait] = {}
+    for w in waits:
+        if w.rank not in newest or w.position > newest[w.rank].position:
+            newest[w.rank] = w
+    states: dict[int, RankState] = {}
+    for rank in range(m.run.world_size):
+        d = m.run.dumps.get(rank)
+        if d is None:
+            states[rank] = RankState(rank, Status.NO_DUMP)
+            continue
+        blocked = newest.get(rank)
+        if blocked is not None:
+            rec = d.record(blocked.position)
+            number = rec.p2p_seq if rec.is_p2p else rec.seq
+            states[rank] = RankState(
+                rank, Status.WAITING, rec.op, rec.group, number, user_frame(rec.stack)
+            )
+            continue
+        status = Status.EXITED if d.header.reason == pb.PROCESS_EXIT else Status.OUTSIDE
+        states[rank] = RankState(rank, status, location=user_frame(d.current_stack()))
+    return states

@@ -1,0 +1,189 @@
+"""The terminal report: the verdict first, then the evidence a person checks it against.
+
+Rendered with rich onto a console the caller provides; rich fits the width of the terminal,
+drops colour under ``NO_COLOR`` and writes plain text when the output is not a terminal.
+"""
+
+from __future__ import annotations
+
+import linecache
+from collections import defaultdict
+from typing import TYPE_CHECKING
+
+from rich.console import Console, Group
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from flightrec.analysis.model import Finding, FrameInfo, is_library_frame
+from flightrec.report.ranges import compress, ranks_phrase
+
+if TYPE_CHECKING:
+    from flightrec.analysis import Report
+
+MAX_GROUPS = 12
+MAX_FRAMES = 14
+MAX_OTHER_FINDINGS = 20
+
+_SINGULAR = {"wait": "waits", "are": "is"}
+
+
+def _sentence(ranks: list[int], phrase: str) -> str:
+    if len(ranks) == 1:
+        head, _, rest = phrase.partition(" ")
+        phrase = f"{_SINGULAR.get(head, head)} {rest}".rstrip()
+    return f"{ranks_phrase(ranks)} {phrase}"
+
+
+class TerminalRenderer:
+    """Renders a ``Report`` for people.
+
+    Args:
+        console: where to write; a default rich console on stdout when None.
+    """
+
+    def __init__(self, console: Console | None = None) -> None:
+        self.console = console or Console()
+
+    def render(self, report: Report) -> None:
+        """Write the verdict panel, then the evidence."""
+        c = self.console
+        c.print(self._verdict(report))
+        for line in report.run.notes:
+            c.print(Text(f"note: {line}", style="dim"))
+        if report.findings:
+            others = report.findings[1:]
+            if others:
+                c.print(Text("Other findings", style="bold"))
+                for i, f in enumerate(others[:MAX_OTHER_FINDINGS], start=2):
+                    c.print(Text(f"  {i}. [{f.kind}] {f.summary}"))
+                if len(others) > MAX_OTHER_FINDINGS:
+                    c.print(Text(f"  ... and {len(others) - MAX_OTHER_FINDINGS} more (see --json)"))
+            self._consequences(report.findings[0])
+        self._where(report)
+        self._progress(report)
+        if report.findings:
+            self._culprit_stack(report, report.findings[0])
+        self._footer(report)
+
+    def _verdict(self, report: Report) -> Panel:
+        if not report.findings:
+            body = Text(
+                f"No problem found: {len(report.ranks_with_dump)} of {report.world_size} ranks "
+                "dumped, every collective matched and nothing is blocked.",
+                style="bold green",
+            )
+            return Panel(body, title="Verdict", border_style="green", expand=True)
+        first = report.findings[0]
+        body = Text(first.summary, style="bold")
+        title = f"Verdict: {first.kind}" + (f" ({first.field})" if first.field else "")
+        return Panel(body, title=title, border_style="red", expand=True)
+
+    def _consequences(self, f: Finding) -> None:
+        lines = [
+            _sentence(list(c.waiting), f"wait in {c.op} #{c.seq} on group {c.process_group}")
+            + f" [ranks {compress(c.pg_ranks)}]"
+            + (f" for {c.waited_s:.1f} s" if c.waited_s else "")
+            for c in f.consequences
+            if c.waiting
+        ]
+        if lines:
+            self.console.print(Text("Blocked because of it", style="bold"))
+            for line in lines:
+                self.console.print(Text(f"  {line}"))
+
+    def _where(self, report: Report) -> None:
+        by_state: dict[str, list[int]] = defaultdict(list)
+        for rank, state in sorted(report.states.items()):
+            by_state[state.describe()].append(rank)
+        if not by_state:
+            return
+        self.console.print(Text("Where every rank is", style="bold"))
+        culprits = set(report.findings[0].ranks) if report.findings else set()
+        for phrase, ranks in sorted(
+            by_state.items(), key=lambda kv: (not culprits & set(kv[1]), -len(kv[1]), kv[1][0])
+        ):
+            style = "red" if culprits & set(ranks) else ""
+            self.console.print(Text(f"  {_sentence(ranks, phrase)}", style=style))
+
+    def _progress(self, report: Report) -> None:
+        groups = report.matched.groups
+        if not groups:
+            return
+        mentioned: list[str] = []
+        for f in report.findings:
+            for k in [f.process_group] + [c.process_group for c in f.consequences]:
+                if k and k in groups and k not in mentioned:
+                    mentioned.append(k)
+        order = mentioned + [k for k in groups if k not in mentioned]
+        table = Table(
+            title="Progress per group (last issued / last completed seq)",
+            title_justify="left",
+            title_style="bold",
+            show_edge=False,
+            expand=False,
+        )
+        table.add_column("group", no_wrap=True)
+        table.add_column("ranks")
+        table.add_column("progress")
+        for key in order[:MAX_GROUPS]:
+            info = groups[key]
+            by_progress: dict[tuple[int, int], list[int]] = defaultdict(list)
+            for r, p in info.progress.items():
+                if r not in info.ranks:  # every rank creates every group; members only here
+                    continue
+                by_progress[(p.last_seq, p.last_completed)].append(r)
+            cells = [
+                f"{issued}/{'?' if done < 0 else done}: {ranks_phrase(rs)}"
+                for (issued, done), rs in sorted(by_progress.items(), reverse=True)
+            ]
+            missing = [r for r in info.ranks if r not in info.progress]
+            if missing:
+                cells.append(f"no dump: {ranks_phrase(missing)}")
+            table.add_row(info.label(), compress(info.ranks), " · ".join(cells))
+        self.console.print(table)
+        if len(order) > MAX_GROUPS:
+            self.console.print(
+                Text(f"  ... and {len(order) - MAX_GROUPS} more groups", style="dim")
+            )
+
+    def _culprit_stack(self, report: Report, f: Finding) -> None:
+        for rank in f.ranks[:2]:
+            d = report.run.dumps.get(rank)
+            if d is None:
+                continue
+            stack = d.current_stack()
+            if not stack:
+                continue
+            self.console.print(
+                Text(f"Stack of rank {rank} at dump time (innermost first)", style="bold")
+            )
+            self.console.print(_stack_text(stack))
+
+    def _footer(self, report: Report) -> None:
+        run = report.run
+        missing = run.missing_ranks
+        line = f"{len(run.dumps)} dump(s) of {report.world_size} ranks"
+        if missing:
+            line += f"; no dump from {ranks_phrase(missing)}"
+        if run.problems:
+            line += f"; {len(run.problems)} file(s) could not be used (listed on stderr)"
+        self.console.print(Text(line, style="dim"))
+
+
+def _stack_text(stack: tuple[FrameInfo, ...]) -> Group:
+    lines: list[Text] = []
+    for frame in stack[:MAX_FRAMES]:
+        user = not is_library_frame(frame)
+        lines.append(
+            Text(
+                f"  {'→' if user else ' '} {frame.where()} in {frame.function}",
+                style="bold" if user else "dim",
+            )
+        )
+        source = linecache.getline(frame.file, frame.line).strip() if frame.line else ""
+        if source:
+            lines.append(Text(f"        {source}", style="" if user else "dim"))
+    if len(stack) > MAX_FRAMES:
+        lines.append(Text(f"    ... {len(stack) - MAX_FRAMES} outer frames", style="dim"))
+    return Group(*lines)
