@@ -10,6 +10,7 @@ its analyzer passes to ``eval``, go through a strict grammar instead.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -302,6 +303,34 @@ def _entry(r: _Reader, raw: object, index: int) -> NativeEntry:
     )
 
 
+def _name_legacy_groups(
+    entries: tuple[NativeEntry, ...], legacy: Mapping[int, tuple[int, ...]]
+) -> tuple[tuple[NativeEntry, ...], list[PgConfig]]:
+    """Give format 1.x groups a name that is the same on every member.
+
+    Their only id is per process (members and non-members of a group count differently), so
+    the name is built from the member list, with "#k" for the k-th group of the same members
+    (members create groups in the same order, so k agrees too). Id 0 is the default group.
+    """
+    names: dict[int, str] = {}
+    seen: dict[tuple[int, ...], int] = {}
+    configs: list[PgConfig] = []
+    for uid in sorted(legacy):
+        ranks = legacy[uid]
+        k = seen.get(ranks, 0)
+        seen[ranks] = k + 1
+        names[uid] = "[" + ",".join(map(str, ranks)) + "]" + (f"#{k}" if k else "")
+        desc = "default_pg" if uid == 0 else ""
+        configs.append(PgConfig(name=names[uid], desc=desc, ranks=ranks or None))
+    fixed = tuple(
+        dataclasses.replace(e, pg_name=names[e.pg_id], pg_desc="default_pg" if e.pg_id == 0 else "")
+        if not e.pg_name and e.pg_id in names
+        else e
+        for e in entries
+    )
+    return fixed, configs
+
+
 def normalize(
     obj: object, *, path: str, rank: int, host: str, form: str, mtime_ns: int
 ) -> NativeDump:
@@ -317,15 +346,23 @@ def normalize(
         raise NotADumpError(path, "not a PyTorch Flight Recorder dump (no 'entries' table)")
     entries = tuple(_entry(r, e, i) for i, e in enumerate(r.seq(obj["entries"], "entries")))
     configs: list[PgConfig] = []
+    legacy: dict[int, tuple[int, ...]] = {}
     raw_cfg = obj.get("pg_config")
     if raw_cfg is not None:
         for key, value in r.mapping(raw_cfg, "pg_config").items():
+            if isinstance(value, list | tuple):
+                # Format 1.x (torch 2.2-2.3): {pg_id: [ranks]} keyed by the per-process id.
+                legacy[r.integer(key, "pg_config key")] = parse_rank_list(value, path) or ()
+                continue
             cfg = r.mapping(value, "a pg_config record")
             name = r.text(cfg.get("name"), "pg_config name") or r.text(key, "pg_config key")
             ranks = parse_rank_list(cfg.get("ranks", "[]"), path)
             configs.append(
                 PgConfig(name=name, desc=r.text(cfg.get("desc"), "pg_config desc"), ranks=ranks)
             )
+    if legacy:
+        entries, more = _name_legacy_groups(entries, legacy)
+        configs.extend(more)
     status: dict[int, int] = {}
     raw_status = obj.get("pg_status")
     if raw_status is not None:

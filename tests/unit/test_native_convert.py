@@ -192,3 +192,55 @@ def test_names(name: str, rank: int, host: str) -> None:
 )
 def test_other_names_are_not_native(name: str) -> None:
     assert parse_name(name) is None
+
+
+def _legacy_dump(
+    rank: int, uids: dict[int, list[int]], entries: list[tuple[int, int, str]]
+) -> bytes:
+    # Format 1.4 (torch 2.3): no process_group tuple, seq_id, pg_config {pg_id: [ranks]}.
+    raw = [
+        {
+            "record_id": i,
+            "pg_id": uid,
+            "seq_id": seq,
+            "op_id": i,
+            "profiling_name": name,
+            "time_created_ns": 1_700_000_000_000_000_000 + i,
+            "input_sizes": [[4]],
+            "output_sizes": [[4]],
+            "state": "completed",
+            "time_discovered_started_ns": None,
+            "time_discovered_completed_ns": 1_700_000_000_000_000_500 + i,
+            "retired": True,
+            "frames": [],
+        }
+        for i, (uid, seq, name) in enumerate(entries)
+    ]
+    return pickle.dumps({"version": "1.4", "entries": raw, "pg_config": uids}, protocol=2)
+
+
+def test_format_1x_groups_are_named_by_members(tmp_path: Path) -> None:
+    # Rank 1 is in [0,1] (its pg_id 1); rank 2 is not, so its pg_id 1 is [2,3].
+    (tmp_path / "nccl_trace_rank_1").write_bytes(
+        _legacy_dump(
+            1,
+            {0: [0, 1, 2, 3], 1: [0, 1]},
+            [(0, 1, "nccl:all_reduce"), (1, 1, "nccl:all_gather"), (0, 2, "nccl:all_reduce")],
+        )
+    )
+    (tmp_path / "nccl_trace_rank_2").write_bytes(
+        _legacy_dump(
+            2, {0: [0, 1, 2, 3], 1: [2, 3]}, [(0, 1, "nccl:all_reduce"), (1, 1, "nccl:broadcast")]
+        )
+    )
+    dumps = read_native(tmp_path)
+    assert isinstance(dumps, list)
+    by_rank = {d.header.rank: d for d in dumps}
+    g1 = {g.name: (list(g.ranks), g.desc, g.members_known) for g in by_rank[1].groups}
+    assert g1 == {"[0,1,2,3]": ([0, 1, 2, 3], "default_pg", True), "[0,1]": ([0, 1], "", True)}
+    g2 = {g.name for g in by_rank[2].groups}
+    assert g2 == {"[0,1,2,3]", "[2,3]"}
+    e = by_rank[1].entries
+    assert [by_rank[1].groups[i].name for i in e.group] == ["[0,1,2,3]", "[0,1]", "[0,1,2,3]"]
+    assert list(e.seq) == [1, 1, 2] and set(e.state) == {pb.COMPLETED}
+    assert by_rank[1].header.world_size == 4 and by_rank[1].header.backend == "nccl"

@@ -162,3 +162,15 @@ def test_shared_subobjects_cannot_blow_up_the_work(
     assert path.stat().st_size < 1_000_000
     with pytest.raises(CorruptDumpError):
         load_native(path)
+
+
+def test_oversized_files_are_refused_before_reading(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import flightrec.native as native
+
+    monkeypatch.setattr(native, "MAX_NATIVE_BYTES", 1000)
+    path = tmp_path / "rank_0"
+    path.write_bytes(b"\x80\x02" + b"\x00" * 5000)
+    with pytest.raises(NotADumpError, match="larger than any"):
+        load_native(path)
