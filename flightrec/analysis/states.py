@@ -39,8 +39,10 @@ class RankState:
         """``wait in all_reduce #7 on group 0 at train.py:22`` (no rank: used to group ranks)."""
         at = f" in {self.location.function} at {self.location.where()}" if self.location else ""
         if self.status is Status.WAITING:
-            return f"wait in {self.op} #{self.seq} on group {self.group}" + (
-                f" at {self.location.where()}" if self.location else ""
+            # No group or seq here: ranks blocked at the same line group together however many
+            # groups they are spread over (the progress table has the numbers).
+            return f"wait in {self.op}" + (
+                f" at {self.location.where()}" if self.location else f" on group {self.group}"
             )
         if self.status is Status.EXITED:
             return "exited" + (f" (last{at})" if at else "")

@@ -15,7 +15,7 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from flightrec.analysis.model import Finding, FrameInfo, is_library_frame
+from flightrec.analysis.model import Consequence, Finding, FrameInfo, is_library_frame
 from flightrec.report.ranges import compress, ranks_phrase
 
 if TYPE_CHECKING:
@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 MAX_GROUPS = 12
 MAX_FRAMES = 14
 MAX_OTHER_FINDINGS = 20
+MAX_LINES = 12
 
 _SINGULAR = {"wait": "waits", "are": "is"}
 
@@ -44,10 +45,12 @@ class TerminalRenderer:
 
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console()
+        self._desc: dict[str, str] = {}
 
     def render(self, report: Report) -> None:
         """Write the verdict panel, then the evidence."""
         c = self.console
+        self._desc = {k: g.desc for k, g in report.matched.groups.items()}
         c.print(self._verdict(report))
         for line in report.run.notes:
             c.print(Text(f"note: {line}", style="dim"))
@@ -80,17 +83,30 @@ class TerminalRenderer:
         return Panel(body, title=title, border_style="red", expand=True)
 
     def _consequences(self, f: Finding) -> None:
-        lines = [
-            _sentence(list(c.waiting), f"wait in {c.op} #{c.seq} on group {c.process_group}")
-            + f" [ranks {compress(c.pg_ranks)}]"
-            + (f" for {c.waited_s:.1f} s" if c.waited_s else "")
-            for c in f.consequences
-            if c.waiting
-        ]
+        # Waits of the same op and seq on groups of the same kind (eight pipeline pairs, a
+        # thousand data-parallel groups) read as one line.
+        merged: dict[tuple[str, int, str], list[Consequence]] = defaultdict(list)
+        for c in f.consequences:
+            if c.waiting:
+                merged[(c.op, c.seq, self._desc.get(c.process_group, ""))].append(c)
+        lines: list[str] = []
+        for (op, seq, desc), cs in merged.items():
+            waiting = sorted({r for c in cs for r in c.waiting})
+            longest = max(c.waited_s for c in cs)
+            if len(cs) == 1:
+                where = f"group {cs[0].process_group} [ranks {compress(cs[0].pg_ranks)}]"
+            else:
+                where = f"{len(cs)} {desc + ' ' if desc else ''}groups"
+            lines.append(
+                _sentence(waiting, f"wait in {op} #{seq} on {where}")
+                + (f" for {longest:.1f} s" if longest else "")
+            )
         if lines:
             self.console.print(Text("Blocked because of it", style="bold"))
-            for line in lines:
+            for line in lines[:MAX_LINES]:
                 self.console.print(Text(f"  {line}"))
+            if len(lines) > MAX_LINES:
+                self.console.print(Text(f"  ... and {len(lines) - MAX_LINES} more", style="dim"))
 
     def _where(self, report: Report) -> None:
         by_state: dict[str, list[int]] = defaultdict(list)
@@ -100,10 +116,16 @@ class TerminalRenderer:
             return
         self.console.print(Text("Where every rank is", style="bold"))
         culprits = set(report.findings[0].ranks) if report.findings else set()
-        for phrase, ranks in sorted(
+        ordered = sorted(
             by_state.items(), key=lambda kv: (not culprits & set(kv[1]), -len(kv[1]), kv[1][0])
-        ):
+        )
+        for shown, (phrase, ranks) in enumerate(ordered, start=1):
             style = "red" if culprits & set(ranks) else ""
+            if shown > MAX_LINES:
+                self.console.print(
+                    Text(f"  ... and {len(by_state) - MAX_LINES} more situations", style="dim")
+                )
+                break
             self.console.print(Text(f"  {_sentence(ranks, phrase)}", style=style))
 
     def _progress(self, report: Report) -> None:
@@ -116,6 +138,8 @@ class TerminalRenderer:
                 if k and k in groups and k not in mentioned:
                     mentioned.append(k)
         order = mentioned + [k for k in groups if k not in mentioned]
+        # Groups used only for P2P have no collective counters to compare.
+        order = [k for k in order if any(p.last_seq for p in groups[k].progress.values())]
         table = Table(
             title="Progress per group (last issued / last completed seq)",
             title_justify="left",

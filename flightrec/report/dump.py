@@ -1,0 +1,119 @@
+"""``flightrec show``: one dump, readably (header, groups, entries, thread stacks)."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from flightrec.analysis.model import RankDump, TensorInfo, user_frame
+from flightrec.proto import flightrec_pb2 as pb
+from flightrec.report.ranges import compress
+
+
+def _tensors(ts: tuple[TensorInfo, ...]) -> str:
+    return ", ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in ts)
+
+
+_STATES: dict[int, str] = {
+    int(pb.ENQUEUED): "enqueued",
+    int(pb.STARTED): "started",
+    int(pb.COMPLETED): "done",
+    int(pb.FAILED): "failed",
+}
+
+
+def _state(value: int) -> str:
+    return _STATES.get(int(value), "?")
+
+
+class DumpRenderer:
+    """Renders one rank's dump.
+
+    Args:
+        console: where to write.
+        limit: newest entries shown (None: all).
+    """
+
+    def __init__(self, console: Console, limit: int | None = 100) -> None:
+        self.console = console
+        self.limit = limit
+
+    def render(self, d: RankDump) -> None:
+        """Header, process groups, the newest entries and every thread's stack."""
+        c = self.console
+        h = d.header
+        reason = pb.DumpReason.Name(h.reason) if h.reason in pb.DumpReason.values() else h.reason
+        c.print(Text(f"{d.path}", style="bold"))
+        facts = [
+            ("rank", f"{h.rank} of {h.world_size} (local rank {h.local_rank})"),
+            ("host / pid", f"{h.hostname or '?'} / {h.pid}"),
+            ("device", " ".join(x for x in (h.device, h.device_name, h.device_uuid) if x) or "-"),
+            ("job / backend", f"{h.job_id or '-'} / {h.backend or '-'}"),
+            ("versions", f"torch {h.torch_version or '?'}, flightrec {h.flightrec_version or '?'}"),
+            ("source", h.source or "flightrec"),
+            (
+                "reason",
+                f"{reason} #{h.dump_index}" + (f": {h.reason_detail}" if h.reason_detail else ""),
+            ),
+            ("ring", f"{len(d)} entries of {h.buffer_capacity} ({h.entries_recorded} recorded)"),
+        ]
+        for name, value in facts:
+            c.print(Text(f"  {name:<14} {value}"))
+
+        groups = Table(
+            title="Process groups", title_justify="left", title_style="bold", show_edge=False
+        )
+        for col in (
+            "group",
+            "desc",
+            "ranks",
+            "backend",
+            "issued",
+            "dropped",
+            "p2p (peer: sends/recvs)",
+        ):
+            groups.add_column(col)
+        for key, g in zip(d.group_keys, d.dump.groups, strict=True):
+            p2p = ", ".join(f"{pc.peer}: {pc.sends}/{pc.recvs}" for pc in g.p2p)
+            groups.add_row(
+                key, g.desc, compress(g.ranks), g.backend, str(g.last_seq), str(g.dropped), p2p
+            )
+        c.print(groups)
+
+        n = len(d)
+        first = 0 if self.limit is None else max(0, n - self.limit)
+        title = "Entries (oldest first)" + (f", newest {n - first} of {n}" if first else "")
+        entries = Table(title=title, title_justify="left", title_style="bold", show_edge=False)
+        for col in ("id", "group", "seq", "op", "peer", "state", "tensors", "ms"):
+            entries.add_column(col, no_wrap=col != "tensors", overflow="fold")
+        entries.add_column("where", overflow="fold")
+        for i in range(first, n):
+            r = d.record(i)
+            number = f"p2p {r.p2p_seq}" if r.is_p2p else str(r.seq)
+            op = r.op + (f" {r.reduce_op}" if r.reduce_op else "")
+            took = f"{(r.complete_ns - r.enqueue_ns) / 1e6:.1f}" if r.complete_ns else "-"
+            frame = user_frame(r.stack)
+            entries.add_row(
+                str(d.dump.entries.record_id[i]),
+                r.group,
+                number,
+                op,
+                "" if r.peer < 0 else str(r.peer),
+                _state(r.state),
+                _tensors(r.inputs),
+                took,
+                frame.where() if frame else "",
+            )
+        c.print(entries)
+
+        threads = d.threads()
+        if threads:
+            c.print(Text("Threads at dump time (innermost frame first)", style="bold"))
+        for t in threads:
+            marks = [
+                m for m, on in (("main", t.is_main), ("in a collective", t.holds_recorder)) if on
+            ]
+            c.print(Text(f"  {t.name}" + (f" ({', '.join(marks)})" if marks else "")))
+            for f in t.stack:
+                c.print(Text(f"      {f.where()} in {f.function}"))
