@@ -125,10 +125,14 @@ class _Reader:
     def __init__(self, path: str) -> None:
         self.path = path
         self.cells = 0
+        # The recorder symbolizes each distinct frame once and every entry refers to the same
+        # frame dict (shared through the pickle memo): validate each object once. Keyed by
+        # id(), which is stable because the whole unpickled tree outlives the reader.
+        self.frame_memo: dict[int, tuple[str, str, int]] = {}
 
     def _tick(self, n: int = 1) -> None:
         self.cells += n
-        if self.cells > MAX_CELLS:
+        if self.cells > MAX_CELLS:  # read at call time so tests can lower it
             raise CorruptDumpError(self.path, "more values than any Flight Recorder dump holds")
 
     def fail(self, what: str) -> CorruptDumpError:
@@ -149,6 +153,8 @@ class _Reader:
 
     def integer(self, value: object, what: str, default: int = 0) -> int:
         self._tick()
+        if type(value) is int and -_INT64 <= value < _INT64:
+            return value  # the common case, checked first: this runs for every number
         if value is None:
             return default
         if isinstance(value, bool):
@@ -163,6 +169,8 @@ class _Reader:
 
     def text(self, value: object, what: str, default: str = "") -> str:
         self._tick()
+        if type(value) is str:
+            return value
         if value is None:
             return default
         if isinstance(value, bytes):
@@ -217,19 +225,18 @@ def _tensors(
 ) -> tuple[tuple[tuple[int, ...], str], ...]:
     if sizes is None:
         return ()
-    shapes = r.seq(sizes, f"{what}_sizes")
-    names = r.seq(dtypes, f"{what}_dtypes") if dtypes is not None else ()
+    # Labels built once: formatting a message per value would cost more than the checks.
+    size_label, dtype_label = f"{what}_sizes", f"{what}_dtypes"
+    shapes = r.seq(sizes, size_label)
+    names = r.seq(dtypes, dtype_label) if dtypes is not None else ()
     out: list[tuple[tuple[int, ...], str]] = []
     for i, shape in enumerate(shapes[:MAX_TENSORS_PER_ENTRY]):
-        dims = r.seq(shape, f"{what}_sizes[{i}]")
+        dims = r.seq(shape, size_label)
         if len(dims) > MAX_DIMS:
-            raise r.fail(f"{what}_sizes[{i}] has {len(dims)} dimensions")
-        dtype = r.text(names[i], f"{what}_dtypes[{i}]") if i < len(names) else ""
+            raise r.fail(f"{size_label}[{i}] has {len(dims)} dimensions")
+        dtype = r.text(names[i], dtype_label) if i < len(names) else ""
         out.append(
-            (
-                tuple(r.integer(d, f"{what}_sizes[{i}]") for d in dims),
-                _DTYPES.get(dtype, dtype.lower()),
-            )
+            (tuple([r.integer(d, size_label) for d in dims]), _DTYPES.get(dtype) or dtype.lower())
         )
     return tuple(out)
 
@@ -238,16 +245,19 @@ def _frames(r: _Reader, value: object) -> tuple[tuple[str, str, int], ...]:
     if value is None:
         return ()
     out: list[tuple[str, str, int]] = []
+    memo = r.frame_memo
     for frame in r.seq(value, "frames")[:MAX_FRAMES_PER_ENTRY]:
-        f = r.mapping(frame, "a frame")
-        line = r.integer(f.get("line"), "frame line")
-        out.append(
-            (
+        done = memo.get(id(frame))
+        if done is None:
+            f = r.mapping(frame, "a frame")
+            line = r.integer(f.get("line"), "frame line")
+            done = (
                 r.text(f.get("filename"), "frame filename"),
                 r.text(f.get("name"), "frame name"),
                 max(0, line),
             )
-        )
+            memo[id(frame)] = done
+        out.append(done)
     return tuple(out)
 
 
