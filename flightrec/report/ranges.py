@@ -22,8 +22,8 @@ def _fmt(runs: list[tuple[int, int]]) -> str:
 def compress(ranks: Iterable[int]) -> str:
     """A short, exact spelling of a set of ranks.
 
-    Consecutive ranks become ``a-b``; a nearly full range is spelled as the range with its few
-    holes (``0-16383 except 4711``) when that is shorter.
+    Consecutive ranks become ``a-b``; a long range with at most three holes is spelled as the
+    range and its holes (``0-16383 except 4711``).
 
     Args:
         ranks: global ranks, in any order, duplicates allowed.
@@ -38,10 +38,9 @@ def compress(ranks: Iterable[int]) -> str:
     lo, hi = ordered[0], ordered[-1]
     present = set(ordered)
     holes = [r for r in range(lo, hi + 1) if r not in present]
-    if holes and len(holes) <= 3:
-        alt = f"{lo}-{hi} except {_fmt(_runs(holes))}"
-        if len(alt) < len(plain):
-            return alt
+    # A few holes in a long range read better as exceptions: "0-16383 except 4711".
+    if holes and len(holes) <= 3 and len(holes) * 10 <= hi - lo + 1:
+        return f"{lo}-{hi} except {_fmt(_runs(holes))}"
     return plain
 
 

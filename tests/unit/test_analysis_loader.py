@@ -1,0 +1,98 @@
+"""Loading a folder: one view per rank, one line per bad file, never a traceback."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from flightrec.analysis import analyze_dir
+from flightrec.analysis.loader import View, load_dir
+from flightrec.dumpfile import write_dump
+from flightrec.errors import NoDumpsError, UsageError
+from flightrec.proto import flightrec_pb2 as pb
+from tests.unit.factories import Job, healthy
+
+
+def stalled() -> Job:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.stall(2)
+    return job
+
+
+def test_finds_dumps_recursively_and_skips_other_files(tmp_path: Path) -> None:
+    job = stalled()
+    job.write(tmp_path / "node0", ranks=[0, 1])
+    job.write(tmp_path / "node1" / "deep", ranks=[2, 3])
+    (tmp_path / "expected.json").write_text("{}")
+    (tmp_path / "README").write_text("notes")
+    run = load_dir(tmp_path)
+    assert run.ranks_with_dump == (0, 1, 2, 3)
+    assert run.problems == ()
+
+
+def test_bad_files_cost_one_line_each_and_analysis_goes_on(tmp_path: Path) -> None:
+    paths = stalled().write(tmp_path)
+    paths[3].write_bytes(paths[3].read_bytes()[:-9])  # truncated
+    (tmp_path / "flightrec-rank00009-1-000-x.frdump").write_bytes(b"garbage")
+    (tmp_path / "empty.frdump").write_bytes(b"")
+    report = analyze_dir(str(tmp_path))
+    reasons = {Path(p.path).name: p.reason for p in report.run.problems}
+    assert len(reasons) == 3
+    assert "truncated" in reasons[paths[3].name]
+    assert "not a flightrec dump" in reasons["flightrec-rank00009-1-000-x.frdump"]
+    assert reasons["empty.frdump"] == "empty file"
+    assert all("\n" not in str(p) for p in report.run.problems)
+    # Rank 3's dump is unreadable: rank 2 (stalled) is still named first.
+    assert report.findings[0].ranks == (2,)
+    assert report.run.missing_ranks == (3,)
+
+
+def test_empty_folder_and_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(NoDumpsError, match="no readable dump"):
+        load_dir(tmp_path)
+    with pytest.raises(UsageError, match="no such file"):
+        load_dir(tmp_path / "nope")
+
+
+def test_a_text_file_given_directly_is_named(tmp_path: Path) -> None:
+    text = tmp_path / "notes.txt"
+    text.write_text("hello")
+    with pytest.raises(NoDumpsError, match="1 unreadable"):
+        load_dir(text)
+
+
+def test_several_dumps_per_rank_latest_by_default(tmp_path: Path) -> None:
+    job = stalled()
+    for r in range(4):
+        first = job.build(r, dump_index=0, reason=pb.WATCHDOG_TIMEOUT)
+        write_dump(first, tmp_path, f"r{r}-0.frdump")
+    job.collective(ranks=[2])  # after the watchdog dump, rank 2 arrived; then SIGTERM dumps
+    for r in range(4):
+        later = job.build(r, dump_index=1, reason=pb.SIGNAL_TERM, wall_offset_s=5)
+        write_dump(later, tmp_path, f"r{r}-1.frdump")
+    latest = load_dir(tmp_path)
+    assert {d.header.dump_index for d in latest.dumps.values()} == {1}
+    assert any("dumped more than once; using the latest" in n for n in latest.notes)
+    assert any("SIGNAL_TERM" in n for n in latest.notes)
+    first = load_dir(tmp_path, View.EARLIEST)
+    assert {d.header.dump_index for d in first.dumps.values()} == {0}
+
+
+def test_duplicate_files_are_reported_once(tmp_path: Path) -> None:
+    paths = stalled().write(tmp_path)
+    copy = tmp_path / "copy" / paths[0].name
+    copy.parent.mkdir()
+    copy.write_bytes(paths[0].read_bytes())
+    run = load_dir(tmp_path)
+    assert len(run.problems) == 1 and "duplicate of" in run.problems[0].reason
+
+
+def test_dumps_of_another_job_are_set_aside(tmp_path: Path) -> None:
+    stalled().write(tmp_path)
+    old = healthy(Job(job_id="old-job"))
+    write_dump(old.build(0, wall_offset_s=-3600), tmp_path / "old", "x.frdump")
+    run = load_dir(tmp_path)
+    assert run.dumps[0].header.job_id == "job-1"
+    assert any("another job 'old-job'" in n for n in run.notes)

@@ -1,0 +1,73 @@
+"""The terminal report: verdict first, evidence after, plain text when not a terminal."""
+
+from __future__ import annotations
+
+import io
+
+from rich.console import Console
+
+from flightrec.analysis import analyze
+from flightrec.report.terminal import TerminalRenderer
+from tests.unit.factories import Job, healthy
+
+
+def render(job: Job, width: int = 100, **console: object) -> str:
+    out = io.StringIO()
+    TerminalRenderer(Console(file=out, width=width, **console)).render(analyze(job.run()))  # type: ignore[arg-type]
+    return out.getvalue()
+
+
+def stalled() -> Job:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.stall(2, "load_batch", 18)
+    return job
+
+
+def test_verdict_panel_comes_first_then_evidence() -> None:
+    text = render(stalled())
+    lines = text.splitlines()
+    assert "Verdict: not_arrived" in lines[0]
+    verdict = " ".join(lines[1:4])
+    assert "Rank 2 (node1, pid 1002, cpu) never entered all_reduce #4 on group 0" in verdict
+    assert text.index("Verdict") < text.index("Where every rank is") < text.index("Progress")
+
+
+def test_ranks_grouped_by_what_they_do() -> None:
+    text = render(stalled())
+    assert "rank 2 is in load_batch at job/train.py:18" in text
+    assert "ranks 0-1,3 wait in all_reduce at job/train.py:22" in text
+    assert "ranks 0-1,3 wait in all_reduce #4 on group 0 [ranks 0-3] for 30.0 s" in text
+
+
+def test_progress_table_compresses_ranks() -> None:
+    text = render(stalled())
+    assert "4/3: ranks 0-1,3" in text and "3/3: rank 2" in text
+
+
+def test_culprit_stack_shows_source_lines_when_readable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "train.py"
+    script.write_text("\n".join(f"line {i}" for i in range(1, 30)) + "\n")
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.ranks[2].threads = [("MainThread", [(str(script), "load_batch", 18)], True, False)]
+    text = render(job)
+    assert "Stack of rank 2" in text and "line 18" in text
+
+
+def test_healthy_verdict() -> None:
+    text = render(healthy(Job()))
+    assert "No problem found" in text
+
+
+def test_no_ansi_codes_when_not_a_terminal_or_no_color() -> None:
+    assert "\x1b[" not in render(stalled())  # a StringIO is not a terminal
+    colored = render(stalled(), force_terminal=True)
+    assert "\x1b[" in colored
+    plain = render(stalled(), force_terminal=True, no_color=True)
+    assert "\x1b[3" not in plain  # no colour codes (bold may remain)
+
+
+def test_fits_a_narrow_terminal() -> None:
+    for line in render(stalled(), width=60).splitlines():
+        assert len(line) <= 60
