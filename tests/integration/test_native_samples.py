@@ -102,3 +102,18 @@ def test_analysis_reports_a_crafted_rank_and_still_analyzes_the_others(tmp_path:
     assert len(problems) == 1 and str(bad) in problems[0] and "refusing" in problems[0]
     # The other three ranks are still analyzed: rank 0's op mismatch is found among them.
     assert any(f.kind == "mismatch" and f.ranks == (0,) for f in report.findings)
+
+
+@pytest.mark.parametrize("scenario", ["op_mismatch", "subgroup_hang-json"])
+def test_analyze_command_json_on_native_samples(scenario: str) -> None:
+    expected = json.loads((SAMPLES / scenario / "expected.json").read_text())
+    proc = _cli("analyze", str(SAMPLES / scenario), "--json")
+    if "No such command" in proc.stderr:
+        pytest.skip("the analyze command is not registered in this checkout")
+    assert proc.returncode == expected["exit_status"], proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["world_size"] == expected["world_size"]
+    assert report["ranks_with_dump"] == [0, 1, 2, 3]
+    first = report["findings"][0]
+    assert first["kind"] == expected["first_finding"]["kind"]
+    assert first["ranks"] == expected["first_finding"]["ranks"]
