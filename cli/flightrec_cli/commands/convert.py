@@ -15,7 +15,9 @@ def register(app: typer.Typer) -> None:
 
 
 def convert_command(
-    src: Annotated[Path, typer.Argument(help="Folder with PyTorch Flight Recorder dumps (pickle or JSON).")],
+    src: Annotated[
+        Path, typer.Argument(help="Folder with PyTorch Flight Recorder dumps (pickle or JSON).")
+    ],
     out: Annotated[Path, typer.Argument(help="Folder to write flightrec dumps into.")],
 ) -> None:
     """Convert PyTorch native Flight Recorder dumps to flightrec dumps, never executing them.
