@@ -1,0 +1,45 @@
+"""Record native dumps from a live gloo job with the installed torch, then diagnose them.
+
+This catches a torch upgrade that changes the native format: the samples were recorded once,
+this test records afresh every run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = Path(__file__).resolve().parent / "native_scripts" / "fr_job.py"
+
+
+def test_live_gloo_hang_is_recorded_and_diagnosed(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    analysis = pytest.importorskip("flightrec.analysis")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{ROOT / 'cli'}"
+    env.pop("FLIGHTREC", None)  # PyTorch's recorder only, not ours
+    env["FR_JOB_TIMEOUT_S"] = "1"
+    pdir, jdir = tmp_path / "pickle", tmp_path / "json"
+    # Three ranks keep it short: rank 2 still skips the all_reduce that ranks 0 and 1 enter.
+    subprocess.run(
+        [sys.executable, str(SCRIPT), "hang", str(pdir), str(jdir), "3"],
+        env=env,
+        timeout=90,
+        check=True,
+        capture_output=True,
+    )
+    for folder in (pdir, jdir):
+        assert len(list(folder.iterdir())) == 3
+        report = analysis.analyze_dir(str(folder))
+        first = report.findings[0]
+        assert (first.kind, first.ranks, first.process_group, first.op) == (
+            "not_arrived",
+            (2,),
+            "0",
+            "all_reduce",
+        )
