@@ -174,3 +174,19 @@ def test_oversized_files_are_refused_before_reading(
     path.write_bytes(b"\x80\x02" + b"\x00" * 5000)
     with pytest.raises(NotADumpError, match="larger than any"):
         load_native(path)
+
+
+@pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
+def test_every_pickle_protocol_is_refused_its_globals(tmp_path: Path, protocol: int) -> None:
+    # Protocols 0-1 use INST/GLOBAL, 2-3 GLOBAL+REDUCE, 4-5 STACK_GLOBAL: all reach find_class.
+    from flightrec.native.unpickle import load_plain_pickle
+
+    target = tmp_path / "pwned"
+    data = pickle.dumps({"entries": [_Shell(target)]}, protocol=protocol)
+    with pytest.raises(UnsafeDumpError, match=r"(posix|os|nt)\.system"):
+        load_plain_pickle(data, "crafted")
+    assert not target.exists()
+    # What torch writes (dicts, lists, tuples, str, int, float, bool, None) loads in every
+    # protocol. (bytes and sets need a global before protocol 3/4 and are refused there.)
+    plain = {"a": (1, [2.5, None, True, "s", -(2**70)])}
+    assert load_plain_pickle(pickle.dumps(plain, protocol), "ok") == plain
