@@ -127,24 +127,27 @@ def _collective_mismatch(
             break
     majority, blamed = _vote(values)
     groups = _value_groups(field, values)
-    where = f"collective #{seq} on {info.label()} [ranks {compress(info.ranks)}]"
+    op_votes = Counter(rec.op for rec in records.values())
+    op = op_votes.most_common(1)[0][0]  # the op the group was running, by majority
+    where = f"#{seq} on group {info.key} [ranks {compress(info.ranks)}]"
     first = records[blamed[0]]
     frame = user_frame(first.stack)
     at = f" at {frame.where()}" if frame else ""
-    op_votes = Counter(rec.op for rec in records.values())
-    op = op_votes.most_common(1)[0][0]  # the op the group was running, by majority
-    in_op = "" if field == "op" else f"{op} "
     verb = {"op": "called", "reduce_op": "reduced with", "root": "named"}.get(field, "passed")
     if majority is not None:
-        odd = "; ".join(f"{ranks_phrase(_ranks(g))} {verb} {g['value']}" for g in groups[1:])
+        who = ranks_phrase(blamed)
+        if len(blamed) == 1:
+            who = f"{who} ({m.dump(blamed[0]).describe()})"
+        odd = " / ".join(str(g["value"]) for g in groups[1:])
+        target = f"as collective {where}" if field == "op" else f"to {op} {where}"
         summary = (
-            f"{odd}{at} where {ranks_phrase(_ranks(groups[0]))} {verb} {groups[0]['value']}: "
-            f"{field} mismatch in {in_op}{where}"
+            f"{who[0].upper()}{who[1:]} {verb} {odd} {target}{at}, where "
+            f"{ranks_phrase(_ranks(groups[0]))} {verb} {groups[0]['value']} ({field} mismatch)"
         )
     else:
         split = " vs ".join(f"{ranks_phrase(_ranks(g))}: {g['value']}" for g in groups)
         summary = (
-            f"{field} mismatch in {in_op}{where} with no majority ({split}); "
+            f"{field} mismatch in {op} {where} with no majority ({split}); "
             "cannot tell which side is wrong"
         )
     callsites = {

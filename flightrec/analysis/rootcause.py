@@ -145,6 +145,12 @@ def root_causes(
     # hang (a skipped or extra call shifts every later collective): it goes first.
     rest = [f for f in mismatches if id(f) not in used_mismatches]
     leading = [f for f in rest if roots and set(f.ranks) & set(roots[0].ranks)]
+    # A rank that left no dump, or exited, while its peers disagree about the very collective
+    # they wait in most likely died of that disagreement (gloo aborts on some mismatches):
+    # the mismatch is the cause, the death its consequence.
+    if roots and roots[0].kind in (FindingKind.MISSING_DUMP, FindingKind.DEAD_RANK):
+        at = (roots[0].process_group, roots[0].seq)
+        leading += [f for f in rest if (f.process_group, f.seq) == at and f not in leading]
     trailing = [f for f in rest if f not in leading]
     return leading + roots + trailing, explained
 

@@ -106,7 +106,8 @@ def test_op_mismatch_blames_the_minority() -> None:
     first = report.findings[0]
     assert first.kind == FindingKind.MISMATCH and first.field == "op"
     assert first.ranks == (3,) and first.seq == 4
-    assert "rank 3 called broadcast" in first.summary
+    assert "Rank 3 (node1, pid 1003, cpu) called broadcast as collective #4" in first.summary
+    assert "where ranks 0-2 called all_reduce (op mismatch)" in first.summary
     assert len(report.findings) == 1  # the stuck collective is its consequence
 
 
@@ -228,3 +229,14 @@ def test_straggler_is_the_rank_that_arrives_last_every_time() -> None:
 def test_small_jitter_is_not_a_straggler() -> None:
     job = late_arrivals(Job(), rank=1, steps=8, late_ms=1.0)
     assert analyze(job.run()).findings == []
+
+
+def test_mismatch_in_the_collective_a_dead_rank_left_leads() -> None:
+    # gloo aborts a rank on some mismatches: it leaves no dump, the others wait where it died.
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 2], complete=False, override={0: {"dtype": "float64"}})
+    findings = analyze(job.run(ranks=[0, 1, 2])).findings
+    assert [(f.kind, f.ranks) for f in findings] == [
+        (FindingKind.MISMATCH, (0,)),
+        (FindingKind.MISSING_DUMP, (3,)),
+    ]
