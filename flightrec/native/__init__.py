@@ -66,7 +66,7 @@ class NativeName:
 
 def parse_name(path: str | Path) -> NativeName | None:
     """The rank and host encoded in a native dump's file name, or None if it has none."""
-    m = _NAME.fullmatch(Path(path).name)
+    m = _NAME.fullmatch(os.path.basename(os.fspath(path)))
     if m is None:
         return None
     head = m["head"]
@@ -205,13 +205,48 @@ def read_native(path: str | Path) -> pb.Dump | list[pb.Dump]:
         files = sorted(str(f) for f in p.iterdir() if f.is_file() and sniff(f))
         return convert_paths(files)[0]
     own = load_native(p)
+    return to_pb(own, _job_of_folder(p, own))
+
+
+# The groups rebuilt for a folder, keyed by the folder's listing (names, mtimes, sizes) so
+# that reading N files one by one sniffs and rebuilds once, not N times.
+_jobs: dict[str, tuple[tuple[tuple[str, int, int], ...], JobGroups]] = {}
+
+
+def _listing(folder: Path) -> tuple[tuple[str, int, int], ...]:
+    found: list[tuple[str, int, int]] = []
+    with os.scandir(folder) as it:
+        for de in it:
+            if _NAME.fullmatch(de.name) is not None and de.is_file():
+                st = de.stat()
+                found.append((de.name, st.st_mtime_ns, st.st_size))
+    return tuple(sorted(found))
+
+
+def _job_of_folder(path: Path, own: NativeDump) -> JobGroups:
+    folder = path.parent
+    key = str(folder.resolve())
+    try:
+        listing = _listing(folder)
+    except OSError:
+        return rebuild_groups([own])
+    with _cache_lock:
+        hit = _jobs.get(key)
+    if hit is not None and hit[0] == listing:
+        return hit[1]
     siblings: list[NativeDump | GroupEvidence] = [own]
-    for f in sorted(p.parent.iterdir()):
-        if f.name != p.name and f.is_file() and sniff(f):
-            d = _sibling(str(f))
-            if d is not None:
-                siblings.append(d)
-    return to_pb(own, rebuild_groups(siblings))
+    for name, _mtime, _size in listing:
+        f = folder / name
+        if name != path.name and sniff(f):
+            found = _sibling(str(f))
+            if found is not None:
+                siblings.append(found)
+    job = rebuild_groups(siblings)
+    with _cache_lock:
+        if len(_jobs) >= _CACHE_MAX:
+            _jobs.clear()
+        _jobs[key] = (listing, job)
+    return job
 
 
 @dataclass(frozen=True, slots=True)

@@ -244,3 +244,18 @@ def test_format_1x_groups_are_named_by_members(tmp_path: Path) -> None:
     assert [by_rank[1].groups[i].name for i in e.group] == ["[0,1,2,3]", "[0,1]", "[0,1,2,3]"]
     assert list(e.seq) == [1, 1, 2] and set(e.state) == {pb.COMPLETED}
     assert by_rank[1].header.world_size == 4 and by_rank[1].header.backend == "nccl"
+
+
+def test_folder_cache_follows_changes(tmp_path: Path) -> None:
+    import shutil
+
+    for f in (SAMPLES / "subgroup_hang").glob("nccl_trace_rank_*"):
+        shutil.copy(f, tmp_path / f.name)
+    first = read_native(tmp_path / "nccl_trace_rank_3")
+    assert not isinstance(first, list)
+    assert {g.name: list(g.ranks) for g in first.groups}["2"] == [2, 3]
+    (tmp_path / "nccl_trace_rank_2").unlink()
+    again = read_native(tmp_path / "nccl_trace_rank_3")
+    assert not isinstance(again, list)
+    # Without rank 2's dump nothing shows that rank 2 belongs to group "2".
+    assert {g.name: list(g.ranks) for g in again.groups}["2"] == [3]
