@@ -21,7 +21,7 @@ EXIT_USAGE = 2
 
 
 # Subcommand modules under flightrec_cli.commands; each exposes `register(app)`.
-COMMANDS: tuple[str, ...] = ("simulate", "convert", "analyze", "show")
+COMMANDS: tuple[str, ...] = ("simulate", "convert", "analyze", "show", "trigger")
 
 app = typer.Typer(
     name="flightrec",

@@ -22,8 +22,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("flightrec")
 
 
-def _is_gpu(backend: str) -> bool:
-    return backend == "nccl" or "cuda" in backend or "xccl" in backend
+def is_gpu(backend: str) -> bool:
+    """Whether a backend name means GPU work whose end only CUDA events can tell."""
+    return "nccl" in backend or "cuda" in backend or "xccl" in backend
 
 
 class Tracker:
@@ -42,14 +43,14 @@ class Tracker:
         if not ok:
             self._recorder.on_error(rids[0], exc or RuntimeError("work failed"))
 
-    def track(self, rid: int, work: Any, backend: str) -> None:
-        """Follow one async Work to completion."""
-        self.track_many((rid,), work, backend)
+    def track(self, rid: int, work: Any, gpu: bool) -> None:
+        """Follow one async Work to completion (``gpu``: the group runs on a GPU backend)."""
+        self.track_many((rid,), work, gpu)
 
-    def track_many(self, rids: tuple[int, ...] | list[int], work: Any, backend: str) -> None:
+    def track_many(self, rids: tuple[int, ...] | list[int], work: Any, gpu: bool) -> None:
         """Follow one Work that completes several entries (a coalesced batch)."""
         key = tuple(rids)
-        if not _is_gpu(backend):
+        if not gpu:
             try:
                 fut = work.get_future()
             except Exception:  # backends without futures: poll instead

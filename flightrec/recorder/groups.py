@@ -12,21 +12,24 @@ import itertools
 import threading
 from typing import Any
 
+from flightrec.recorder.completion import is_gpu
+
 
 class GroupInfo:
     """Live state of one process group as this rank sees it (mutable: counters advance)."""
 
     __slots__ = (
-        "_counter",
         "_lock",
         "backend",
+        "counter",
         "desc",
+        "gpu",
         "index",
         "name",
         "p2p",
         "ranks",
-        "recorded",
         "seq",
+        "specs",
     )
 
     def __init__(self, index: int, name: str, desc: str, ranks: tuple[int, ...], backend: str):
@@ -35,20 +38,26 @@ class GroupInfo:
         self.desc = desc
         self.ranks = ranks
         self.backend = backend
+        self.gpu = is_gpu(backend)
+        """Completion is tracked through CUDA events, not on return."""
         self.seq = 0
         """Collectives issued on the group so far (the last sequence number used)."""
         # itertools.count hands out numbers atomically under the GIL: two threads issuing
         # collectives on one group never get the same sequence number.
-        self._counter = itertools.count(1)
+        self.counter = itertools.count(1)
         self._lock = threading.Lock()
-        self.recorded = 0
-        """Ring entries ever written for this group; minus those still in the ring = dropped."""
+        self.specs: dict[Any, tuple[int, int]] = {}
+        """(shape, dtype) -> (tensor signature index, device string index), for the hot path.
+
+        Keyed per group: the device is taken from the first tensor of that shape and dtype
+        seen on the group (a group's tensors live on one device in practice; reading
+        ``tensor.device`` on every call would cost a fifth of the recording budget)."""
         self.p2p: dict[tuple[int, bool], int] = {}
         """(peer global rank, is_send) -> operations issued so far."""
 
     def next_seq(self) -> int:
         """The sequence number of a new collective on this group (1, 2, ...)."""
-        seq = next(self._counter)
+        seq = next(self.counter)
         if seq > self.seq:
             self.seq = seq
         return seq
@@ -60,6 +69,11 @@ class GroupInfo:
             n = self.p2p.get(key, 0) + 1
             self.p2p[key] = n
         return n
+
+    @property
+    def recorded(self) -> int:
+        """Ring entries ever written for this group: each bumps exactly one counter."""
+        return self.seq + sum(self.p2p.values())
 
     def p2p_counters(self) -> list[tuple[int, int, int]]:
         """(peer, sends, recvs) per peer, sorted by peer."""

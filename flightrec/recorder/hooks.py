@@ -14,9 +14,17 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from flightrec.recorder.codegen import generate
 from flightrec.recorder.specs import BATCH, TRACED, OpSpec, spec_for
 
 ORIGINAL_ATTR = "__flightrec_original__"
+
+
+def _generate(spec: OpSpec, orig: Callable[..., Any], recorder: Any) -> Callable[..., Any]:
+    wrapper = generate(spec, orig, recorder)
+    functools.update_wrapper(wrapper, orig)
+    setattr(wrapper, ORIGINAL_ATTR, orig)
+    return wrapper
 
 
 class _P2PWrapper:
@@ -28,28 +36,19 @@ class _P2PWrapper:
     normalizing ``P2POp.op`` to the current global before the call.
     """
 
-    def __init__(self, spec: OpSpec, orig: Callable[..., Any], call: Callable[..., Any]) -> None:
-        self._spec, self._orig, self._call = spec, orig, call
+    def __init__(self, inner: Callable[..., Any], orig: Callable[..., Any]) -> None:
+        self._inner, self._orig = inner, orig
         functools.update_wrapper(self, orig)
         setattr(self, ORIGINAL_ATTR, orig)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._call(self._spec, self._orig, args, kwargs)
+        return self._inner(*args, **kwargs)
 
     def __eq__(self, other: object) -> bool:
         return other is self or other is self._orig
 
     def __hash__(self) -> int:
         return hash(self._orig)
-
-
-def _wrap(spec: OpSpec, orig: Callable[..., Any], call: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(orig)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        return call(spec, orig, args, kwargs)
-
-    setattr(wrapper, ORIGINAL_ATTR, orig)
-    return wrapper
 
 
 def _rebind(mapping: dict[int, tuple[Any, Any]]) -> None:
@@ -75,17 +74,11 @@ class Hooks:
     def installed(self) -> bool:
         return bool(self.wrappers)
 
-    def install(
-        self,
-        call: Callable[[OpSpec, Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
-        call_batch: Callable[..., Any],
-        after_init: Callable[[], None],
-    ) -> None:
+    def install(self, recorder: Any, after_init: Callable[[], None]) -> None:
         """Wrap every traced function the installed torch has.
 
         Args:
-            call: the recorder's hot path, ``call(spec, original, args, kwargs)``.
-            call_batch: the recorder's ``batch_isend_irecv`` path.
+            recorder: the ``Recorder`` the generated wrappers record into.
             after_init: run after ``init_process_group`` returns (starts the watchdog).
         """
         import torch.distributed.distributed_c10d as c10d
@@ -99,16 +92,28 @@ class Hooks:
             orig = getattr(orig, ORIGINAL_ATTR, orig)
             spec = spec_for(name, orig)
             if name == BATCH:
-                self.wrappers[name] = self._wrap_batch(orig, call_batch, c10d)
+                self.wrappers[name] = self._wrap_batch(orig, recorder.call_batch, c10d)
             elif name in ("isend", "irecv"):
-                self.wrappers[name] = _P2PWrapper(spec, orig, call)
+                self.wrappers[name] = _P2PWrapper(_generate(spec, orig, recorder), orig)
             else:
-                self.wrappers[name] = _wrap(spec, orig, call)
+                self.wrappers[name] = _generate(spec, orig, recorder)
             self.originals[name] = orig
-        init = getattr(c10d, "init_process_group", None)
-        if init is not None:
-            self.originals["init_process_group"] = init
-            self.wrappers["init_process_group"] = self._wrap_init(init, after_init)
+
+        def on_init() -> None:
+            recorder.forget_default()
+            after_init()
+
+        # Not recorded, only watched: a new or destroyed default group changes what
+        # ``group=None`` means, and creating one is when the background threads start.
+        for name, after in (
+            ("init_process_group", on_init),
+            ("destroy_process_group", recorder.forget_default),
+        ):
+            orig = getattr(c10d, name, None)
+            if orig is not None:
+                orig = getattr(orig, ORIGINAL_ATTR, orig)
+                self.originals[name] = orig
+                self.wrappers[name] = self._wrap_after(orig, after)
         _rebind({id(o): (o, self.wrappers[n]) for n, o in self.originals.items()})
 
     def uninstall(self) -> None:
@@ -139,12 +144,13 @@ class Hooks:
         return batch_isend_irecv
 
     @staticmethod
-    def _wrap_init(orig: Callable[..., Any], after: Callable[[], None]) -> Callable[..., Any]:
+    def _wrap_after(orig: Callable[..., Any], after: Callable[[], None]) -> Callable[..., Any]:
         @functools.wraps(orig)
-        def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            result = orig(*args, **kwargs)
-            after()
-            return result
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return orig(*args, **kwargs)
+            finally:
+                after()
 
-        setattr(init_process_group, ORIGINAL_ATTR, orig)
-        return init_process_group
+        setattr(wrapper, ORIGINAL_ATTR, orig)
+        return wrapper

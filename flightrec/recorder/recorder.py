@@ -21,7 +21,6 @@ from flightrec.recorder import completion
 from flightrec.recorder.config import Config
 from flightrec.recorder.groups import GroupInfo, GroupRegistry
 from flightrec.recorder.ring import COMPLETED, ENQUEUED, FAILED, Ring
-from flightrec.recorder.specs import OpSpec
 from flightrec.recorder.stacks import StackTable
 from flightrec.recorder.tables import StringTable, TensorTable
 
@@ -53,13 +52,14 @@ class Recorder:
         self.ring = Ring(config.buffer)
         self.strings = StringTable()
         self.tensors = TensorTable()
-        self.stacks = StackTable()
+        self.stacks = StackTable(config.stack_depth)
         self.groups = GroupRegistry()
         self.active: dict[int, int] = {}
         """Thread ident -> record id of the call it is inside (reentrancy guard + holds_recorder)."""
         self.enabled = True
         self.depth = config.stack_depth
-        self._threads: dict[int, int] = {}
+        self.thread_cache: dict[int, int] = {}
+        """Thread ident -> string index of its name (refreshed at each dump)."""
         self._world = c10d._world
         self._non_member = c10d.GroupMember.NON_GROUP_MEMBER
         self.tracker = completion.Tracker(self)
@@ -71,27 +71,16 @@ class Recorder:
 
     # -- interning helpers (a dict hit on the hot path, a locked insert on a miss) ----------
     def thread_index(self, ident: int) -> int:
-        idx = self._threads.get(ident)
+        idx = self.thread_cache.get(ident)
         if idx is None:
             name = threading.current_thread().name
             idx = self.strings.of(("thread", name), lambda: name)
-            self._threads[ident] = idx
+            self.thread_cache[ident] = idx
         return idx
 
     def forget_thread_names(self) -> None:
         """Thread idents are reused; a dump refreshes the ident -> name cache."""
-        self._threads = {}
-
-    def _group(self, pg: Any) -> GroupInfo:
-        info = self.groups.by_pg.get(pg)
-        return info if info is not None else self.groups.get(pg)
-
-    def _device(self, tensors: Any) -> int:
-        t = _first_tensor(tensors)
-        if t is None:
-            return 0
-        dev = t.device
-        return self.strings.of(dev, lambda: str(dev))
+        self.thread_cache.clear()
 
     def _start(self) -> None:
         self._used = True
@@ -100,83 +89,81 @@ class Recorder:
         except Exception as exc:  # never into the job
             log.warning("flightrec: could not start the watchdog: %s", exc)
 
-    # -- the hot path -----------------------------------------------------------------------
-    def call(
-        self, spec: OpSpec, orig: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """Record one traced call and run it; the result or exception is torch's, unchanged."""
-        ident = _ident()
-        if not self.enabled or ident in self.active:
-            return orig(*args, **kwargs)
-        pg = spec.group.get(args, kwargs)
+    # -- slow paths of the generated wrappers (see codegen.py) ------------------------------
+    def group_slow(self, pg: Any) -> GroupInfo | None:
+        """Group info for ``pg`` on a cache miss; None when the call must not be recorded.
+
+        ``None`` (the default group) is cached under the key None until the default group
+        changes (``forget_default``); a rank outside the group is never recorded.
+        """
+        key = pg
         if pg is None:
             pg = self._world.default_pg
             if pg is None:  # not initialized: let torch raise its own error
-                return orig(*args, **kwargs)
+                return None
         elif pg is self._non_member:
-            return orig(*args, **kwargs)
+            return None
         if not self._used:
             self._start()
-        enqueue = _now()
-        info = self._group(pg)
-        inputs = spec.inputs.get(args, kwargs)
-        outputs = spec.outputs.get(args, kwargs)
-        peer = spec.root.get(args, kwargs)
-        if peer is None:
-            group_peer = spec.group_root.get(args, kwargs)
-            peer = (
-                info.ranks[group_peer]
-                if group_peer is not None and group_peer < len(info.ranks)
-                else -1
-            )
-        flags = spec.flags
-        if flags & IS_P2P:
-            seq = 0
-            p2p_seq = info.next_p2p(peer, bool(flags & SEND))
-        else:
-            seq = info.next_seq()
-            p2p_seq = 0
-        red = spec.reduce_op.get(args, kwargs)
-        strings = self.strings
-        is_async = spec.always_async or bool(spec.async_op.get(args, kwargs))
-        if is_async:
-            flags |= 1  # ASYNC_OP
-        rid = self.ring.append(
-            enqueue,
-            ENQUEUED,
-            seq,
-            p2p_seq,
-            info.index,
-            strings.of(spec.name, lambda: spec.name),
-            0 if red is None else strings.of(red, lambda: _reduce_name(red)),
-            peer,
-            self.thread_index(ident),
-            self.stacks.capture(sys._getframe(2), self.depth) if self.depth else 0,
-            self.tensors.of(inputs),
-            self.tensors.of(outputs),
-            self._device(inputs if inputs is not None else outputs),
-            flags,
-        )
-        info.recorded += 1
-        self.active[ident] = rid
+        info = self.groups.get(pg)
+        if key is None:
+            self.groups.by_pg[None] = info
+        return info
+
+    def forget_default(self) -> None:
+        """The default group was created or destroyed: drop the None -> group shortcut."""
+        self.groups.by_pg.pop(None, None)
+
+    def spec_slow(self, info: GroupInfo, tensor: Any) -> tuple[int, int]:
+        """(signature index, device index) of a single tensor, on a per-group cache miss."""
+        key = (tensor.shape, tensor.dtype)
+        dev = str(tensor.device)
+        value = (self.tensors.of(tensor), self.strings.of(dev, lambda: dev))
+        info.specs[key] = value
+        return value
+
+    def sig(self, value: Any) -> int:
+        """Signature index of any tensor argument: a tensor, lists, nested lists or None."""
+        return self.tensors.of(value)
+
+    def device(self, *values: Any) -> int:
+        """Device string index of the first tensor found in ``values``; 0 when none."""
+        for value in values:
+            t = _first_tensor(value)
+            if t is not None:
+                name = str(t.device)
+                return self.strings.of(name, lambda n=name: n)
+        return 0
+
+    def red_slow(self, op: Any) -> int:
+        """String index of a reduce op on a cache miss (unhashable custom ops included)."""
         try:
-            result = orig(*args, **kwargs)
-        except BaseException as exc:
-            self.active.pop(ident, None)
-            self.ring.finish(rid, FAILED, _now())
-            if isinstance(exc, Exception):
-                self.on_error(rid, exc)
-            raise
-        self.active.pop(ident, None)
+            return self.strings.of(op, lambda: _reduce_name(op))
+        except TypeError:
+            name = _reduce_name(op)
+            return self.strings.of(name, lambda: name)
+
+    def op_index(self, name: str) -> int:
+        """String index of an operation name (interned once per wrapper at install)."""
+        return self.strings.of(name, lambda: name)
+
+    def settle(self, rid: int, result: Any, is_async: Any, info: GroupInfo) -> None:
+        """Completion of a call that returned, for async or GPU calls (CPU sync is inline)."""
         if is_async:
             if result is not None:
-                self.tracker.track(rid, result, info.backend)
-        elif info.backend == "nccl" or "cuda" in info.backend:
+                self.tracker.track(rid, result, info.gpu)
+        elif info.gpu:
             # A synchronous NCCL call is only enqueued on its stream when it returns.
             self.tracker.track_stream(rid)
         else:
             self.ring.finish(rid, COMPLETED, _now())
-        return result
+
+    def fail(self, rid: int, exc: BaseException) -> None:
+        """A recorded call raised: mark the entry FAILED and dump (the caller re-raises)."""
+        self.active.pop(_ident(), None)
+        self.ring.finish(rid, FAILED, _now())
+        if isinstance(exc, Exception):
+            self.on_error(rid, exc)
 
     def call_batch(
         self,
@@ -192,19 +179,17 @@ class Recorder:
             return orig(*args, **kwargs)
         for op in ops:
             canon(op)
-        if not self._used:
-            self._start()
         enqueue = _now()
         rids: list[int] = []
+        info: GroupInfo | None = None
         name_send = self.strings.of("isend", lambda: "isend")
         name_recv = self.strings.of("irecv", lambda: "irecv")
-        stack = self.stacks.capture(sys._getframe(2), self.depth) if self.depth else 0
+        stack = self.stacks.capture(sys._getframe(2), ident) if self.depth else 0
         thread = self.thread_index(ident)
         for op in ops:
-            pg = op.group if op.group is not None else self._world.default_pg
-            if pg is None or pg is self._non_member:
+            info = self.group_slow(op.group)
+            if info is None:
                 return orig(*args, **kwargs)
-            info = self._group(pg)
             send = getattr(op.op, "__name__", "") == "isend"
             peer = op.peer if op.peer is not None else -1
             if (
@@ -219,9 +204,8 @@ class Recorder:
                 name_send if send else name_recv, 0, peer, thread, stack,
                 self.tensors.of(op.tensor) if send else 0,
                 0 if send else self.tensors.of(op.tensor),
-                self._device(op.tensor), flags,
+                self.device(op.tensor), flags,
             )  # fmt: skip
-            info.recorded += 1
             rids.append(rid)
         self.active[ident] = rids[0]
         try:
@@ -235,11 +219,10 @@ class Recorder:
                 self.on_error(rids[0], exc)
             raise
         self.active.pop(ident, None)
-        if works:
-            backend = info.backend
+        if works and info is not None:
             if len(works) == len(rids):
                 for rid, work in zip(rids, works, strict=True):
-                    self.tracker.track(rid, work, backend)
+                    self.tracker.track(rid, work, info.gpu)
             else:  # one coalesced work for the whole batch (NCCL)
-                self.tracker.track_many(rids, works[0], backend)
+                self.tracker.track_many(rids, works[0], info.gpu)
         return works

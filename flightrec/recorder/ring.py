@@ -25,8 +25,8 @@ SLOT_SIZE = SLOT.size
 # Offsets used for in-place updates; they must follow the format above.
 OFF_COMPLETE = 16  # complete_ns (q) then state (B)
 OFF_STATE = 24
-_RID = struct.Struct("<Q")
-_DONE = struct.Struct("<qB")
+RID = struct.Struct("<Q")
+DONE = struct.Struct("<qB")
 
 # Slot states, equal to the protobuf ``State`` values so no mapping is needed at dump time.
 EMPTY = 0
@@ -66,7 +66,8 @@ class Ring:
             raise ValueError("ring capacity must be at least 1")
         self.capacity = capacity
         self.buffer = bytearray(capacity * SLOT_SIZE)
-        self._ids = itertools.count(1)
+        self.ids = itertools.count(1)
+        """Record ids; ``next()`` on it is atomic under the GIL."""
 
     def append(
         self,
@@ -86,7 +87,7 @@ class Ring:
         flags: int,
     ) -> int:
         """Write one entry into the next slot; returns its record id (1, 2, ...)."""
-        rid = next(self._ids)
+        rid = next(self.ids)
         SLOT.pack_into(
             self.buffer,
             ((rid - 1) % self.capacity) * SLOT_SIZE,
@@ -98,9 +99,9 @@ class Ring:
     def finish(self, rid: int, state: int, complete_ns: int) -> bool:
         """Set an entry's final state; False when the ring already overwrote it."""
         off = ((rid - 1) % self.capacity) * SLOT_SIZE
-        if _RID.unpack_from(self.buffer, off)[0] != rid:
+        if RID.unpack_from(self.buffer, off)[0] != rid:
             return False
-        _DONE.pack_into(self.buffer, off + OFF_COMPLETE, complete_ns, state)
+        DONE.pack_into(self.buffer, off + OFF_COMPLETE, complete_ns, state)
         return True
 
     def snapshot(self) -> bytes:

@@ -51,7 +51,7 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------
     def enable(self) -> None:
         self.recorder.enabled = True
-        self.hooks.install(self.recorder.call, self.recorder.call_batch, self.start_background)
+        self.hooks.install(self.recorder, self.start_background)
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():

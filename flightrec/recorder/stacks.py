@@ -36,46 +36,136 @@ def frames_of(frame: FrameType | None, depth: int) -> list[FrameTuple]:
     return out
 
 
-class StackTable:
-    """Interns raw stacks; index 0 is the empty stack."""
+class _ThreadCache:
+    """Frames of one thread's last full stack walk, per level, with the stack above each.
 
-    def __init__(self) -> None:
+    A frame that is still in the chain with the same ``f_lasti`` has the same callers at the
+    same call sites, so the rest of the stack from there is known without walking it. Only
+    frames of the thread's live chain at its last capture are kept, and the watchdog's
+    ``purge`` drops those that have since returned, so no finished frame's locals are held
+    for long.
+    """
+
+    __slots__ = ("frames", "lastis", "suffixes")
+
+    def __init__(self, depth: int) -> None:
+        self.frames: list[FrameType | None] = [None] * depth
+        self.lastis = [0] * depth
+        self.suffixes = [0] * depth
+
+
+class StackTable:
+    """Interns raw stacks; index 0 is the empty stack.
+
+    Keys: a full walk is the flat tuple ``(id(code0), lasti0, id(code1), lasti1, ...)``
+    (even length); a walk that stopped at a cached frame is the head pairs plus the index of
+    the cached rest (odd length), so the two kinds of key never collide.
+    """
+
+    def __init__(self, depth: int) -> None:
+        self.depth = depth
         self._index: dict[tuple[int, ...], int] = {(): 0}
         self._stacks: list[RawStack] = [()]
         self._symbols: dict[tuple[int, int], FrameTuple] = {}
+        self._threads: dict[int, _ThreadCache] = {}
         self._lock = threading.Lock()
 
-    def capture(self, frame: FrameType | None, depth: int) -> int:
-        """Intern the stack starting at ``frame``, keeping at most ``depth`` frames.
+    def capture(self, frame: FrameType | None, ident: int) -> int:
+        """Intern the stack starting at ``frame`` (at most ``depth`` frames) of thread ``ident``.
 
         The key is built from ints only: hashing a code object hashes its contents, which
         would cost more than the whole walk.
         """
+        depth = self.depth
+        cache = self._threads.get(ident)
+        if cache is None:
+            cache = self._threads[ident] = _ThreadCache(depth)
+        frames = cache.frames
         key: list[int] = []
         f = frame
-        while f is not None and depth:
+        level = 0
+        while f is not None and level < depth:
+            if f is frames[level] and f.f_lasti == cache.lastis[level]:
+                key.append(cache.suffixes[level])
+                for stale in range(level):  # frames of an earlier chain: do not hold them
+                    frames[stale] = None
+                k = tuple(key)
+                index = self._index.get(k)
+                if index is None:
+                    index = self._add_head(frame, level, k, cache.suffixes[level])
+                return index
             key.append(id(f.f_code))
             key.append(f.f_lasti)
             f = f.f_back
-            depth -= 1
+            level += 1
         k = tuple(key)
         index = self._index.get(k)
         if index is None:
-            index = self._add(frame, len(key) // 2, k)
+            index = self._add(frame, level, k)
+        self._remember(cache, frame, level, k)
         return index
+
+    def _remember(
+        self, cache: _ThreadCache, frame: FrameType | None, n: int, key: tuple[int, ...]
+    ) -> None:
+        """After a full walk, cache every level's frame and the stack from it outwards."""
+        f = frame
+        for level in range(n):
+            if f is None:
+                break
+            sub = key[2 * level :]
+            index = self._index.get(sub)
+            if index is None:
+                index = self._add(f, n - level, sub)
+            cache.frames[level] = f
+            cache.lastis[level] = key[2 * level + 1]
+            cache.suffixes[level] = index
+            f = f.f_back
+
+    def _add_head(
+        self, frame: FrameType | None, level: int, key: tuple[int, ...], rest: int
+    ) -> int:
+        raw: list[tuple[CodeType, int]] = []
+        while frame is not None and len(raw) < level:
+            raw.append((frame.f_code, frame.f_lasti))
+            frame = frame.f_back
+        return self._insert(key, (*raw, *self._stacks[rest]))
 
     def _add(self, frame: FrameType | None, depth: int, key: tuple[int, ...]) -> int:
         raw: list[tuple[CodeType, int]] = []
         while frame is not None and len(raw) < depth:
             raw.append((frame.f_code, frame.f_lasti))
             frame = frame.f_back
+        return self._insert(key, tuple(raw))
+
+    def _insert(self, key: tuple[int, ...], raw: RawStack) -> int:
         with self._lock:  # two threads may race to add the same new stack
             index = self._index.get(key)
             if index is None:
                 index = len(self._stacks)
-                self._stacks.append(tuple(raw))
+                self._stacks.append(raw)
                 self._index[key] = index
         return index
+
+    def purge(self, live: dict[int, FrameType]) -> None:
+        """Forget cached frames that are no longer on their thread's stack.
+
+        Args:
+            live: ``sys._current_frames()``, taken by the caller.
+        """
+        for ident, cache in list(self._threads.items()):
+            top = live.get(ident)
+            if top is None:  # the thread is gone
+                self._threads.pop(ident, None)
+                continue
+            alive: set[int] = set()
+            while top is not None:
+                alive.add(id(top))
+                top = top.f_back
+            frames = cache.frames
+            for level, f in enumerate(frames):
+                if f is not None and id(f) not in alive:
+                    frames[level] = None
 
     def __len__(self) -> int:
         return len(self._stacks)

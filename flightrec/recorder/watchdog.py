@@ -10,6 +10,7 @@ slow store cannot delay the next scan.
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,7 @@ class Watchdog:
         """One scan (the thread calls this; tests call it with a fake clock)."""
         rec = self._recorder
         rec.tracker.poll()
+        rec.stacks.purge(sys._current_frames())
         if self._last_fire and now_ns - self._last_fire < self._timeout_ns:
             return  # one hang dump per timeout period: a stuck job must not dump in a loop
         oldest: Slot | None = None
