@@ -9,13 +9,13 @@ all-reduce on the tensor-parallel pair group, and a loss all-reduce on the whole
 
 SCENARIO_FAULT picks what goes wrong on rank SCENARIO_RANK at step SCENARIO_FAULT_STEP:
   none           healthy run
-  stall          the data loader never returns (rank stuck outside any collective)
+  stall          a checkpoint-shard write hangs before the loss all-reduce (outside any collective)
   crash          the process dies hard, as under the OOM killer (SIGKILL)
   op_mismatch    a rank-dependent branch calls broadcast where the others all-reduce the loss
   size_mismatch  the loss tensor has an extra element on one rank
   dtype_mismatch the loss is float64 on one rank, float32 on the others
   p2p_deadlock   the rank waits for its gradient before sending its activations
-  subgroup_stall the data loader stalls before the tensor-parallel all-reduce only
+  subgroup_stall a data-loader wait before the tensor-parallel all-reduce that never ends
 """
 
 from __future__ import annotations
@@ -40,9 +40,12 @@ def faulty(rank: int, step: int, kind: str) -> bool:
 
 
 def load_batch(rank: int, step: int) -> torch.Tensor:
-    if faulty(rank, step, "stall"):
-        time.sleep(3600)  # a data-loader worker that never delivers
     return torch.full((HIDDEN,), float(rank + step))
+
+
+def save_checkpoint_shard(rank: int, step: int, weights: torch.Tensor) -> None:
+    if faulty(rank, step, "stall"):
+        time.sleep(3600)  # a write to a hung network filesystem that never returns
 
 
 def pipeline_exchange(rank: int, world: int, step: int, act: torch.Tensor) -> torch.Tensor:
@@ -62,7 +65,7 @@ def pipeline_exchange(rank: int, world: int, step: int, act: torch.Tensor) -> to
 
 def sync_gradients(rank: int, step: int, grad: torch.Tensor, tp_group: dist.ProcessGroup) -> None:
     if faulty(rank, step, "subgroup_stall"):
-        time.sleep(3600)
+        time.sleep(3600)  # waiting on a prefetch queue that is never filled
     dist.all_reduce(grad, group=tp_group)
 
 
@@ -90,6 +93,7 @@ def train(rank: int, world: int) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         grad = act / world
         sync_gradients(rank, step, grad, tp_group)
+        save_checkpoint_shard(rank, step, weights)
         reduce_loss(rank, step, (act * weights).sum().reshape(1))
         weights -= 1e-3 * grad
 
