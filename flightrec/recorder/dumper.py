@@ -110,6 +110,7 @@ class Dumper:
 
     def _dump(self, reason: int, detail: str, requested_by: int) -> Path:
         rec = self.recorder
+        rec.tracker.poll()  # settle finished async work first (is_completed never blocks)
         # The only moment that must be consistent: ring, tables and counters, taken together.
         frames = sys._current_frames()
         active = dict(rec.active)

@@ -131,9 +131,11 @@ class Recorder:
         for value in values:
             t = _first_tensor(value)
             if t is not None:
-                name = str(t.device)
-                return self.strings.of(name, lambda n=name: n)
+                return self._device_name(str(t.device))
         return 0
+
+    def _device_name(self, name: str) -> int:
+        return self.strings.of(name, lambda: name)
 
     def red_slow(self, op: Any) -> int:
         """String index of a reduce op on a cache miss (unhashable custom ops included)."""

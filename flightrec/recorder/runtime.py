@@ -91,16 +91,17 @@ class Runtime:
         return self.dumper.dump(reason, detail, requested_by)
 
     def _on_hang(self, slot: Any) -> None:
-        detail = (
-            f"incomplete for over {self.config.timeout_s:g}s: {describe_entry(self.recorder, slot)}"
-        )
-        self.dump(pb.WATCHDOG_TIMEOUT, detail)
         poller = self.poller
+        if poller is not None and poller.last_request_ns > slot.enqueue_ns:
+            # Another rank saw this hang first; we already dumped, with this entry pending.
+            return
+        what = describe_entry(self.recorder, slot)
+        self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self.config.timeout_s:g}s: {what}")
         if poller is not None:
-            rank = _rank()
+            rank, seen = _rank(), poller.seen
             # Posting may block on a slow store: never on the watchdog thread.
             threading.Thread(
-                target=_post, args=(poller, rank), name="flightrec-post", daemon=True
+                target=_post, args=(poller, rank, seen), name="flightrec-post", daemon=True
             ).start()
 
     def _on_request(self, n: int, requester: int, reason: str) -> None:
@@ -150,9 +151,9 @@ def _on_torch_thread() -> bool:
     return threading.current_thread().name.startswith("Dummy")
 
 
-def _post(poller: Poller, rank: int) -> None:
+def _post(poller: Poller, rank: int, seen: int) -> None:
     try:
-        poller.post(rank, "WATCHDOG_TIMEOUT")
+        poller.post(rank, "WATCHDOG_TIMEOUT", unless_past=seen)
     except Exception as exc:
         log.warning("flightrec: could not ask other ranks to dump: %s", exc)
 

@@ -105,21 +105,40 @@ class Poller:
         self.own: set[int] = set()
         """Request numbers this process posted itself (it already dumped for them)."""
         self._seen = int(self._store.add(request_key(namespace), 0))
+        self.last_request_ns = 0
+        """Monotonic time this process last dumped for another process's request."""
         self._post_store: Any = None
         self._post_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="flightrec-requests", daemon=True)
         self._thread.start()
 
-    def post(self, rank: int, reason: str) -> None:
-        """Ask every other rank to dump (this one already did)."""
+    @property
+    def seen(self) -> int:
+        """Requests handled so far (the counter value last acted on)."""
+        return self._seen
+
+    def post(self, rank: int, reason: str, unless_past: int | None = None) -> bool:
+        """Ask every other rank to dump (this one already did).
+
+        Args:
+            unless_past: skip posting when the counter already moved past this value: another
+                rank detected the same hang first and every rank is dumping for it.
+
+        Returns:
+            Whether a request was posted.
+        """
         with self._post_lock:
             # A second connection: a TCPStore client is not meant to be shared between
             # threads, and the poller thread owns the first one.
             if self._post_store is None:
                 self._post_store = own_connection(self._store)
+            key = request_key(self._namespace)
+            if unless_past is not None and int(self._post_store.add(key, 0)) > unless_past:
+                return False
             n = post_request(self._post_store, self._namespace, rank, reason)
             self.own.add(n)
+            return True
 
     def stop(self) -> None:
         self._stop.set()
@@ -138,41 +157,18 @@ class Poller:
                 if failures >= 8:
                     return
                 continue
+            # Requests that arrived together (every waiting rank times out at about the
+            # same moment) get one dump, naming the first of them.
+            first: tuple[int, int, str] | None = None
             while self._seen < current:
                 self._seen += 1
-                if self._seen in self.own:
+                if self._seen in self.own or first is not None:
                     continue
                 try:
                     requester, reason = read_request(self._store, self._namespace, self._seen)
                 except Exception:
                     requester, reason = -1, ""
-                self._on_request(self._seen, requester, reason)
-
-
-def request_dump(host: str, port: int, namespace: str = "", timeout_s: float = 5.0) -> int:
-    """Ask every rank of a running job to dump (``flightrec trigger``).
-
-    Args:
-        host: address of the job's rendezvous TCPStore (MASTER_ADDR).
-        port: its port (MASTER_PORT).
-        namespace: the job's FLIGHTREC_JOB_ID, if it set one.
-        timeout_s: how long to try to connect.
-
-    Returns:
-        The request number; every rank dumps (reason CLI_TRIGGER) within about a second.
-
-    Raises:
-        TorchMissingError: torch is not installed here.
-        UsageError: no store answers at host:port.
-    """
-    from flightrec.errors import TorchMissingError, UsageError
-
-    try:
-        import torch.distributed  # noqa: F401
-    except ImportError:
-        raise TorchMissingError() from None
-    try:
-        store = connect(host, port, timeout_s)
-        return post_request(store, namespace, -1, "CLI_TRIGGER")
-    except Exception as exc:
-        raise UsageError(f"no job store answers at {host}:{port} ({exc})") from None
+                first = (self._seen, requester, reason)
+            if first is not None:
+                self.last_request_ns = time.monotonic_ns()
+                self._on_request(*first)

@@ -1,0 +1,216 @@
+"""Launch real N-rank gloo jobs as separate processes and collect their flightrec dumps.
+
+Reusable by anyone who needs real dumps (integration tests, sample recording)::
+
+    from tests.integration.jobs import start_job
+
+    with start_job("scenario.py", ["stall", "--rank-to-stall", "2"], world_size=4,
+                   env={"FLIGHTREC_TIMEOUT": "2"}) as job:
+        job.wait_for_dumps(count=4, timeout=30)
+    dumps = job.dumps()          # {rank: [(path, flightrec_pb2.Dump), ...]} oldest first
+
+Each rank is a plain ``python SCRIPT ARGS`` process with the usual torchrun variables (RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR=127.0.0.1, MASTER_PORT=<free port>) and FLIGHTREC=1, so
+the script is traced exactly the way a user's job is: it never imports flightrec unless it
+wants to. ``PYTHONPATH`` puts this source tree first. Leaving the ``with`` block kills
+whatever is still running, so a hung scenario can never outlive its test.
+
+``launch="spawn"`` runs one process that starts the ranks with ``torch.multiprocessing``;
+``launch="torchrun"`` runs ``python -m torch.distributed.run``. Scripts read their rank from
+the environment, or from their argv under spawn (see scripts/scenario.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from flightrec.dumpfile import SUFFIX, read_dump
+from flightrec.proto import flightrec_pb2 as pb
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(extra: Mapping[str, str] | None = None, *, flightrec: bool = True) -> dict[str, str]:
+    """The environment of a job process: this tree first on PYTHONPATH, FLIGHTREC on or off."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTREC", "TORCH_FR"))}
+    paths = [str(REPO), str(REPO / "cli")]
+    if env.get("PYTHONPATH"):
+        paths.append(env["PYTHONPATH"])
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    env["PYTHONUNBUFFERED"] = "1"
+    # Quiet torch's C++ logs so a failing test shows the script's own output.
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    if flightrec:
+        env["FLIGHTREC"] = "1"
+    env.update(extra or {})
+    return env
+
+
+@dataclass
+class Job:
+    """A running (or finished) job: its processes, its dump folder and its port."""
+
+    dump_dir: Path
+    port: int
+    world_size: int
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    # -- waiting ----------------------------------------------------------------------------
+    def dump_files(self) -> list[Path]:
+        """Every finished dump file (temporary files excluded), sorted by name."""
+        if not self.dump_dir.exists():
+            return []
+        return sorted(p for p in self.dump_dir.rglob(f"*{SUFFIX}") if not p.name.startswith("."))
+
+    def wait_for_dumps(self, count: int, timeout: float = 30.0, reason: str = "") -> list[Path]:
+        """Wait until at least ``count`` dump files (whose name contains ``reason``) exist.
+
+        Raises:
+            TimeoutError: with the processes' output, when they did not appear in time.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            files = [p for p in self.dump_files() if reason.lower() in p.name]
+            if len(files) >= count:
+                return files
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"{len(files)} of {count} {reason} dumps after {timeout}s\n{self.output()}"
+                )
+            time.sleep(0.1)
+
+    def wait_for_output(self, rank: int, text: str, timeout: float = 30.0) -> None:
+        """Wait until process ``rank``'s output contains ``text`` (a script's progress marker)."""
+        deadline = time.monotonic() + timeout
+        while text not in self.logs[rank].read_text(errors="replace"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"rank {rank} never printed {text!r}\n{self.output()}")
+            time.sleep(0.05)
+
+    def wait(self, timeout: float = 60.0) -> list[int]:
+        """Wait for every process; returns their exit codes (negative: killed by that signal)."""
+        deadline = time.monotonic() + timeout
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(max(0.1, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                raise TimeoutError(f"job still running after {timeout}s\n{self.output()}") from None
+        return codes
+
+    # -- acting -----------------------------------------------------------------------------
+    def signal(self, rank: int, sig: int) -> None:
+        """Send ``sig`` to process ``rank`` (the rank's own process in the default launch)."""
+        self.procs[rank].send_signal(sig)
+
+    def kill(self) -> None:
+        """Kill whatever is still running (process groups included: spawn and torchrun children)."""
+        for p in self.procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        for p in self.procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(5)
+
+    # -- reading ----------------------------------------------------------------------------
+    def dumps(self) -> dict[int, list[tuple[Path, pb.Dump]]]:
+        """Every dump, parsed and validated, by rank, in the order each process wrote them."""
+        out: dict[int, list[tuple[Path, pb.Dump]]] = {}
+        for path in self.dump_files():
+            dump = read_dump(path)
+            out.setdefault(dump.header.rank, []).append((path, dump))
+        for items in out.values():
+            items.sort(key=lambda item: (item[1].header.pid, item[1].header.dump_index))
+        return out
+
+    def output(self) -> str:
+        """All processes' combined stdout/stderr, for failure messages."""
+        parts = []
+        for i, log in enumerate(self.logs):
+            text = log.read_text(errors="replace") if log.exists() else ""
+            parts.append(f"--- process {i} ---\n{text[-4000:]}")
+        return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def start_job(
+    script: str | Path,
+    args: Sequence[str] = (),
+    *,
+    world_size: int = 4,
+    env: Mapping[str, str] | None = None,
+    flightrec: bool = True,
+    launch: str = "procs",
+    workdir: Path | None = None,
+) -> Iterator[Job]:
+    """Start a job; kill what is left of it when the block ends.
+
+    Args:
+        script: a file in ``tests/integration/scripts/`` or any path.
+        args: the script's arguments.
+        world_size: number of ranks.
+        env: extra environment for every rank (FLIGHTREC_TIMEOUT, FLIGHTREC_DUMP_ON_EXIT...).
+        flightrec: set FLIGHTREC=1 (False: a job that must run untraced).
+        launch: "procs" (one process per rank), "spawn" (torch.multiprocessing.spawn from one
+            process) or "torchrun".
+        workdir: folder for the dumps (``workdir/dumps``, the FLIGHTREC_DIR) and the
+            processes' logs; a new temporary folder, left for the caller, when omitted.
+    """
+    path = Path(script)
+    if not path.is_absolute():
+        path = SCRIPTS / path
+    root = workdir or Path(tempfile.mkdtemp(prefix="flightrec-job-"))
+    root.mkdir(parents=True, exist_ok=True)
+    port = free_port()
+    job = Job(dump_dir=root / "dumps", port=port, world_size=world_size)
+    base = child_env({"FLIGHTREC_DIR": str(job.dump_dir), **(env or {})}, flightrec=flightrec)
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size))
+
+    def popen(cmd: list[str], proc_env: dict[str, str], name: str) -> None:
+        log = root / f"{name}.log"
+        job.logs.append(log)
+        with open(log, "wb") as f:
+            job.procs.append(
+                subprocess.Popen(
+                    cmd, env=proc_env, stdout=f, stderr=subprocess.STDOUT, start_new_session=True
+                )
+            )
+
+    try:
+        if launch == "procs":
+            for rank in range(world_size):
+                rank_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
+                popen([sys.executable, str(path), *args], rank_env, f"rank{rank}")
+        elif launch == "spawn":
+            popen([sys.executable, str(path), "--spawn", str(world_size), *args], base, "spawn")
+        elif launch == "torchrun":
+            cmd = [
+                sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
+                "--master-addr=127.0.0.1", f"--master-port={port}", str(path), *args,
+            ]  # fmt: skip
+            popen(cmd, {k: v for k, v in base.items() if k != "WORLD_SIZE"}, "torchrun")
+        else:
+            raise ValueError(f"unknown launch {launch!r}")
+        yield job
+    finally:
+        job.kill()
