@@ -122,15 +122,25 @@ def match(run: Run) -> Matched:
         per_local = [RankGroupIndex() for _ in keys]
         cols = d.columns
         groups, seqs, flags, states = cols["group"], cols["seq"], cols["flags"], cols["state"]
-        for pos in range(len(groups)):
-            gi = per_local[groups[pos]]
-            if flags[pos] & _IS_P2P:
-                gi.p2p_positions.append(pos)
+        # One comprehension per group present (a handful) instead of a Python loop body per
+        # entry: this pass touches every entry of every rank.
+        # A stable sort by group keeps ring order inside each group.
+        order = sorted(range(len(groups)), key=groups.__getitem__)
+        has_p2p = any(f & _IS_P2P for f in set(flags))
+        start = 0
+        for local, count in sorted(Counter(groups).items()):
+            gi = per_local[local]
+            mine = order[start : start + count]
+            start += count
+            if has_p2p:
+                gi.p2p_positions = [i for i in mine if flags[i] & _IS_P2P]
+                gi.positions = [i for i in mine if not flags[i] & _IS_P2P]
             else:
-                gi.seqs.append(seqs[pos])
-                gi.positions.append(pos)
+                gi.positions = mine
+            gi.seqs = [seqs[i] for i in gi.positions]
         incomplete[rank] = tuple(i for i, s in enumerate(states) if s != _COMPLETED)
         per_key: dict[str, RankGroupIndex] = {}
+        with_counters = {k for k, g in zip(keys, d.dump.groups, strict=True) if g.p2p}
         for local, key in enumerate(keys):
             g = d.dump.groups[local]
             gi = per_local[local]
@@ -148,12 +158,12 @@ def match(run: Run) -> Matched:
                 p2p_counts[(key, rank, pc.peer)] = (pc.sends, pc.recvs)
         # P2P counters may be absent (older or converted dumps): count what the ring holds.
         for key, gi in per_key.items():
-            counted: Counter[tuple[int, bool]] = Counter()
+            if not gi.p2p_positions or key in with_counters:
+                continue
+            counted: dict[tuple[int, bool], int] = {}
             for pos in gi.p2p_positions:
-                counted[(cols["peer"][pos], bool(flags[pos] & _SEND))] = max(
-                    counted[(cols["peer"][pos], bool(flags[pos] & _SEND))],
-                    cols["p2p_seq"][pos],
-                )
+                ident = (cols["peer"][pos], bool(flags[pos] & _SEND))
+                counted[ident] = max(counted.get(ident, 0), cols["p2p_seq"][pos])
             for (peer, is_send), n in counted.items():
                 sends, recvs = p2p_counts.get((key, rank, peer), (0, 0))
                 p2p_counts[(key, rank, peer)] = (

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -190,11 +191,24 @@ class RankDump:
 
     @cached_property
     def columns(self) -> Mapping[str, Sequence[int]]:
-        """The entry columns as Python lists (one C-speed copy each)."""
+        """The entry columns as typed arrays (one C-speed copy each)."""
         e = self.dump.entries
+        # Typed arrays, not lists: 8 bytes a value instead of a pointer plus an int object, which
+        # matters at thousands of ranks (issue 8).
         return {
-            name: list(getattr(e, name))
-            for name in ("group", "seq", "p2p_seq", "op", "peer", "state", "flags")
+            name: array("q" if name in ("seq", "p2p_seq") else "i", getattr(e, name))
+            for name in (
+                "group",
+                "seq",
+                "p2p_seq",
+                "op",
+                "reduce_op",
+                "peer",
+                "state",
+                "flags",
+                "inputs",
+                "outputs",
+            )
         }
 
     def __len__(self) -> int:

@@ -53,7 +53,11 @@ def _current_incomplete(m: Matched, rank: int) -> list[int]:
     positions = m.incomplete[rank]
     if not positions:
         return []
-    last_completed = max((i for i in range(len(states)) if states[i] == pb.COMPLETED), default=-1)
+    if all(states[p] != pb.FAILED for p in positions):
+        return list(positions)
+    last_completed = next(
+        (i for i in range(len(states) - 1, -1, -1) if states[i] == pb.COMPLETED), -1
+    )
     return [p for p in positions if states[p] != pb.FAILED or p > last_completed]
 
 
