@@ -26,6 +26,7 @@ from flightrec.analysis.model import (
 from flightrec.analysis.not_arrived import rank_finding
 from flightrec.analysis.p2p import find_unmatched
 from flightrec.analysis.rootcause import root_causes
+from flightrec.analysis.skips import annotate_shifts
 from flightrec.analysis.states import RankState, Status, rank_states
 from flightrec.analysis.straggler import find_stragglers
 from flightrec.analysis.waits import build_wait_graph
@@ -107,7 +108,7 @@ def analyze(run: Run) -> Report:
     quiet_missing = [r for r in run.missing_ranks if r not in blamed]
     if quiet_missing:
         findings.append(rank_finding(m, quiet_missing, Culprit.NO_DUMP, None, ()))
-    return Report(findings, m, rank_states(m, waits))
+    return Report(annotate_shifts(m, findings), m, rank_states(m, waits))
 
 
 def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:

@@ -240,3 +240,44 @@ def test_mismatch_in_the_collective_a_dead_rank_left_leads() -> None:
         (FindingKind.MISMATCH, (0,)),
         (FindingKind.MISSING_DUMP, (3,)),
     ]
+
+
+def test_skipped_call_is_named_at_the_collective_it_skipped() -> None:
+    # Every step calls all_reduce at line 30 then at line 31. Rank 2 skips line 30 once, at
+    # seq 7: its calls then pair with its peers' next ones (same sizes, nothing fails there),
+    # and the hang shows only at the end, where rank 2 has run out of calls.
+    job = Job()
+    for _ in range(3):
+        job.collective(line=30)
+        job.collective(line=31)
+    job.collective(ranks=[0, 1, 3], line=30)  # seq 7: rank 2 skips it
+    job.collective(line=31)  # others' 8, rank 2's 7
+    for _ in range(2):
+        job.collective(ranks=[0, 1, 3], line=30)
+        job.collective(ranks=[2], line=30)
+        job.collective(ranks=[0, 1, 3], line=31)
+        job.collective(ranks=[2], line=31)
+    job.collective(ranks=[0, 1, 3], line=30, complete=False)  # rank 2 is done and elsewhere
+    job.stall(2, "save_checkpoint", 80)
+    first = analyze(job.run()).findings[0]
+    assert first.kind == FindingKind.NOT_ARRIVED and first.ranks == (2,)
+    shift = first.evidence["call_shift"]
+    assert isinstance(shift, dict)
+    assert (shift["kind"], shift["seq"]) == ("skipped", 7)
+    assert "skipped the all_reduce at job/train.py:30 (#7)" in first.summary
+
+
+def test_rank_specific_call_sites_are_not_a_skip() -> None:
+    job = healthy(Job(), steps=4)
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.stall(2)
+    for e in range(len(job.ranks[0].entries)):  # rank 0 always calls from its own line
+        old = job.ranks[0].entries[e]
+        job.ranks[0].entries[e] = type(old)(
+            **{
+                **{k: getattr(old, k) for k in old.__dataclass_fields__},
+                "stack": [("/job/r0.py", "f", 5)],
+            }
+        )
+    first = analyze(job.run()).findings[0]
+    assert "call_shift" not in first.evidence
