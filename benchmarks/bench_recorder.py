@@ -140,7 +140,9 @@ def _run_child(args: list[str], env_extra: dict[str, str], tmp: str) -> dict[str
     env["FLIGHTREC_DIR"] = tmp
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli"), env.get("PYTHONPATH", "")])
     for _ in range(3):
-        out = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True)
+        out = subprocess.run(
+            [sys.executable, __file__, *args], env=env, capture_output=True, text=True
+        )
         # torch 2.13's gloo teardown occasionally aborts at interpreter exit, after the
         # child printed its figure: the figure is still good.
         lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]

@@ -172,3 +172,32 @@ class Poller:
             if first is not None:
                 self.last_request_ns = time.monotonic_ns()
                 self._on_request(*first)
+
+
+def request_dump(host: str, port: int, namespace: str = "", timeout_s: float = 5.0) -> int:
+    """Ask every rank of a running job to dump (``flightrec trigger``).
+
+    Args:
+        host: address of the job's rendezvous TCPStore (MASTER_ADDR).
+        port: its port (MASTER_PORT).
+        namespace: the job's FLIGHTREC_JOB_ID, if it set one.
+        timeout_s: how long to try to connect.
+
+    Returns:
+        The request number; every rank dumps (reason CLI_TRIGGER) within about a second.
+
+    Raises:
+        TorchMissingError: torch is not installed here.
+        UsageError: no store answers at host:port.
+    """
+    from flightrec.errors import TorchMissingError, UsageError
+
+    try:
+        import torch.distributed  # noqa: F401
+    except ImportError:
+        raise TorchMissingError() from None
+    try:
+        store = connect(host, port, timeout_s)
+        return post_request(store, namespace, -1, "CLI_TRIGGER")
+    except Exception as exc:
+        raise UsageError(f"no job store answers at {host}:{port} ({exc})") from None
