@@ -129,7 +129,15 @@ class StackTable:
         while frame is not None and len(raw) < level:
             raw.append((frame.f_code, frame.f_lasti))
             frame = frame.f_back
-        return self._insert(key, (*raw, *self._stacks[rest]))
+        full = (*raw, *self._stacks[rest])
+        # The same stack may already be known under its full-walk key: reuse that index, so a
+        # stack has one index however it was captured.
+        flat = tuple(x for code, lasti in full for x in (id(code), lasti))
+        index = self._index.get(flat)
+        if index is None:
+            index = self._insert(flat, full)
+        self._index[key] = index
+        return index
 
     def _add(self, frame: FrameType | None, depth: int, key: tuple[int, ...]) -> int:
         raw: list[tuple[CodeType, int]] = []

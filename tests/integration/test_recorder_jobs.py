@@ -190,7 +190,7 @@ def test_collective_error_dumps_then_raises_unchanged(tmp_path: Path) -> None:
     dumps = job.dumps()
     assert sorted(dumps) == [0, 1, 2]
     for rank in (0, 1, 2):
-        assert f"RAISED" in job.logs[rank].read_text()
+        assert "RAISED" in job.logs[rank].read_text()
         (_, d), *_ = dumps[rank]
         assert d.header.reason == pb.COLLECTIVE_ERROR
         assert "all_reduce" in d.header.reason_detail and "raised" in d.header.reason_detail

@@ -1,0 +1,146 @@
+"""The recorder in-process on a 1-rank gloo group: wrapping, recording, failing, dumping."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import sys
+import types
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from flightrec.dumpfile import read_dump  # noqa: E402
+from flightrec.proto import flightrec_pb2 as pb  # noqa: E402
+from flightrec.recorder.config import Config  # noqa: E402
+from flightrec.recorder.ring import COMPLETED, ENQUEUED, FAILED, decode  # noqa: E402
+from flightrec.recorder.runtime import Runtime  # noqa: E402
+from flightrec.recorder.specs import TRACED  # noqa: E402
+from flightrec.recorder.watchdog import Watchdog  # noqa: E402
+from tests.integration.jobs import free_port  # noqa: E402
+
+c10d = dist.distributed_c10d
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[None]:
+    dist.init_process_group(
+        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}",
+        timeout=timedelta(seconds=20),
+    )  # fmt: skip
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.fixture
+def rt(pg: None, tmp_path: Path) -> Iterator[Runtime]:
+    early = types.ModuleType("early_importer")
+    early.all_reduce = dist.all_reduce  # type: ignore[attr-defined]  # taken before tracing
+    sys.modules["early_importer"] = early
+    runtime = Runtime(Config(enabled=True, directory=str(tmp_path), timeout_s=3600, buffer=8))
+    runtime.enable()
+    yield runtime
+    runtime.disable()
+    del sys.modules["early_importer"]
+
+
+def entries(rt: Runtime) -> list:  # type: ignore[type-arg]
+    return decode(rt.recorder.ring.snapshot())
+
+
+def test_wrappers_keep_signatures_and_reach_early_imports(rt: Runtime) -> None:
+    for name, wrapper in rt.hooks.wrappers.items():
+        orig = rt.hooks.originals[name]
+        assert inspect.signature(wrapper) == inspect.signature(orig), name
+        assert getattr(dist, name, wrapper) is wrapper and getattr(c10d, name) is wrapper
+    assert set(TRACED) <= set(rt.hooks.wrappers)
+    assert sys.modules["early_importer"].all_reduce is rt.hooks.wrappers["all_reduce"]
+    original = rt.hooks.originals["all_reduce"]
+    rt.disable()
+    assert dist.all_reduce is original and c10d.all_reduce is original
+    assert sys.modules["early_importer"].all_reduce is original
+
+
+def test_records_sync_async_and_reduce_op(rt: Runtime) -> None:
+    t = torch.ones(3, dtype=torch.float64)
+    dist.all_reduce(t)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
+    sys.modules["early_importer"].all_reduce(t)
+    rt.dumper.dump(pb.API_CALL)  # polls async completions first
+    rows = entries(rt)
+    assert [r.seq for r in rows] == [1, 2, 3]
+    assert all(r.state == COMPLETED and r.complete_ns >= r.enqueue_ns for r in rows)
+    strings = rt.recorder.strings.values
+    assert [strings[r.reduce_op] for r in rows] == ["SUM", "MAX", "SUM"]
+    assert [r.flags & 1 for r in rows] == [0, 1, 0]
+    assert rt.recorder.tensors.values[rows[0].inputs] == (((3,), "float64"),)
+
+
+def test_ring_overwrites_and_dump_reports_dropped(rt: Runtime, tmp_path: Path) -> None:
+    t = torch.ones(1)
+    for _ in range(11):
+        dist.all_reduce(t)
+    path = rt.dump(pb.API_CALL, "test")
+    assert path is not None
+    d = read_dump(path)
+    assert list(d.entries.seq) == list(range(4, 12))
+    assert d.groups[0].last_seq == 11 and d.groups[0].dropped == 3
+    assert d.header.entries_recorded == 11 and d.header.buffer_capacity == 8
+
+
+def test_p2pop_built_from_the_original_isend_still_passes_torchs_check(rt: Runtime) -> None:
+    original = rt.hooks.originals["isend"]
+    dist.P2POp(original, torch.ones(1), 0)
+    dist.P2POp(dist.isend, torch.ones(1), 0)
+
+
+def test_bad_arguments_raise_torchs_own_error(rt: Runtime) -> None:
+    with pytest.raises(Exception) as ours:
+        dist.all_reduce("not a tensor")
+    with pytest.raises(Exception) as theirs:
+        rt.hooks.originals["all_reduce"]("not a tensor")
+    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
+
+
+def test_raising_call_is_failed_dumped_and_reraised_unchanged(rt: Runtime, tmp_path: Path) -> None:
+    with pytest.raises(Exception) as theirs:
+        rt.hooks.originals["broadcast"](torch.ones(1), src=5)
+    with pytest.raises(type(theirs.value)) as ours:
+        dist.broadcast(torch.ones(1), src=5)
+    assert str(ours.value) == str(theirs.value)
+    assert entries(rt)[-1].state == FAILED and entries(rt)[-1].peer == 5
+    (path,) = tmp_path.glob("*collective_error*")
+    d = read_dump(path)
+    assert d.header.reason == pb.COLLECTIVE_ERROR and "broadcast" in d.header.reason_detail
+
+
+def test_unwritable_directory_costs_one_warning(
+    rt: Runtime, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    rt.recorder.config = Config(enabled=True, directory=str(blocker / "dumps"))
+    with caplog.at_level(logging.WARNING, logger="flightrec"):
+        assert rt.dump(pb.API_CALL) is None
+        assert rt.dump(pb.API_CALL) is None
+    assert len([r for r in caplog.records if r.name == "flightrec"]) == 1
+
+
+def test_watchdog_fires_once_per_overdue_entry(rt: Runtime) -> None:
+    hung: list[int] = []
+    dog = Watchdog(rt.recorder, lambda slot: hung.append(slot.record_id), period_s=3600)
+    try:
+        rid = rt.recorder.ring.append(1_000, ENQUEUED, 1, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0)
+        timeout = int(3600 * 1e9)
+        dog.check(1_000 + timeout // 2)
+        assert hung == []
+        dog.check(1_000 + timeout + 1)
+        dog.check(1_000 + 3 * timeout)
+        assert hung == [rid]
+    finally:
+        dog.stop()
