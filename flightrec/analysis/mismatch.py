@@ -84,16 +84,28 @@ def _signatures(
     )
     for raw in set(raws):
         if raw not in cache:
-            key = (
-                d.string(raw[0]),
-                d.string(raw[1]),
-                raw[2],
-                d.tensors(raw[3]),
-                d.tensors(raw[4]),
-                raw[5],
+            # The signature is exactly what FIELDS compare, so two ids differ only when a
+            # reportable field does (a gather's root-only output list is not one).
+            rec = CollectiveRecord(
+                rank=rank,
+                group=group,
+                seq=0,
+                p2p_seq=0,
+                op=d.string(raw[0]),
+                reduce_op=d.string(raw[1]),
+                peer=raw[2],
+                state=0,
+                flags=raw[5],
+                enqueue_ns=0,
+                complete_ns=0,
+                inputs=d.tensors(raw[3]),
+                outputs=d.tensors(raw[4]),
+                stack=(),
             )
+            key = tuple(getter(rec) for _, getter in FIELDS)
             cache[raw] = canon.setdefault(key, len(canon))
-    return dict(zip(gi.seqs, map(cache.__getitem__, raws), strict=True))
+    # seq 0 is not a collective sequence number (P2P and unnumbered entries): never compared.
+    return {s: sig for s, sig in zip(gi.seqs, map(cache.__getitem__, raws), strict=True) if s > 0}
 
 
 def _vote(values: dict[int, Hashable]) -> tuple[Hashable | None, tuple[int, ...]]:
@@ -123,7 +135,7 @@ def _ranks(group: dict[str, object]) -> list[int]:
 
 def _collective_mismatch(
     m: Matched, info: ProcessGroupInfo, seq: int, ranks: Sequence[int], later: int
-) -> Finding:
+) -> Finding | None:
     records = {r: rec for r in ranks if (rec := m.record(r, info.key, seq)) is not None}
     field = "op"
     values: dict[int, Hashable] = {r: rec.op for r, rec in records.items()}
@@ -133,6 +145,8 @@ def _collective_mismatch(
             field, values = name, vals
             break
     majority, blamed = _vote(values)
+    if not blamed:
+        return None
     groups = _value_groups(field, values)
     op_votes = Counter(rec.op for rec in records.values())
     op = op_votes.most_common(1)[0][0]  # the op the group was running, by majority
@@ -256,6 +270,8 @@ def find_mismatches(m: Matched) -> list[Finding]:
         seq = next((s for s in bad if _unfinished(m, info.key, s, sigs)), bad[0])
         ranks = [r for r, table in sigs.items() if seq in table]
         finding = _collective_mismatch(m, info, seq, ranks, len(bad) - 1)
+        if finding is None:
+            continue
         if seq != bad[0]:
             finding = replace(finding, evidence={**finding.evidence, "first_mismatch_seq": bad[0]})
         findings.append(finding)
