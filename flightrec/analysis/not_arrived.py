@@ -119,7 +119,8 @@ def rank_finding(
         if primary is not None:
             summary = (
                 f"{who} left no dump; {ranks_phrase(primary.waiting)} wait for "
-                f"{'it' if len(ranks) == 1 else 'them'} in {what}"
+                f"{'it' if len(ranks) == 1 else 'them'} in {what} (a process killed hard, by a "
+                "crash, the OOM killer or an abort, leaves no dump)"
             )
         else:
             summary = (

@@ -126,3 +126,25 @@ def test_show_prints_one_dump(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for words in ("rank           2 of 4", "Process groups", "Entries", "MainThread", "load_batch"):
         assert words in result.stdout
+
+
+def test_view_option_picks_which_dump_of_each_rank(tmp_path: Path) -> None:
+    from flightrec.dumpfile import write_dump
+    from flightrec.proto import flightrec_pb2 as pb
+
+    job = stalled()
+    for r in range(4):
+        write_dump(job.build(r, dump_index=0), tmp_path, f"r{r}-0.frdump")
+    job.collective(ranks=[2], complete=False)  # later, rank 2 arrived too: all wait together
+    for r in range(4):
+        later = job.build(r, dump_index=1, reason=pb.SIGNAL_TERM, wall_offset_s=5)
+        write_dump(later, tmp_path, f"r{r}-1.frdump")
+    latest = json.loads(flightrec("analyze", tmp_path, "--json").stdout)
+    earliest = json.loads(flightrec("analyze", tmp_path, "--json", "--view", "earliest").stdout)
+    assert latest["findings"][0]["kind"] == "stuck"
+    assert (earliest["findings"][0]["kind"], earliest["findings"][0]["ranks"]) == (
+        "not_arrived",
+        [2],
+    )
+    assert any("using the earliest dump" in n for n in earliest["notes"])
+    assert flightrec("analyze", tmp_path, "--view", "bogus").returncode == 2
