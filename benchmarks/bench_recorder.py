@@ -72,26 +72,39 @@ def _at_depth(depth: int, fn, *args):  # type: ignore[no-untyped-def]
     return _at_depth(depth - 1, fn, *args)
 
 
-def _calls(n: int, batches: int) -> list[float]:
+def _calls(n: int, batches: int) -> tuple[list[float], list[float]]:
+    """Per-call µs of batches through ``dist.all_reduce``; with flightrec on, each batch is
+    paired with one through torch's original function, so the difference of a pair is
+    flightrec's cost under the same machine load (the machine may be shared)."""
     import torch
     import torch.distributed as dist
 
+    original = getattr(dist.all_reduce, "__flightrec_original__", None)
     t = torch.ones(1)
-    out = []
+    out, diffs = [], []
     for _ in range(batches):
         start = time.perf_counter_ns()
         for _ in range(n):
             dist.all_reduce(t)
-        out.append((time.perf_counter_ns() - start) / n / 1000)
-    return out
+        traced = (time.perf_counter_ns() - start) / n / 1000
+        out.append(traced)
+        if original is not None:
+            start = time.perf_counter_ns()
+            for _ in range(n):
+                original(t)
+            diffs.append(traced - (time.perf_counter_ns() - start) / n / 1000)
+    return out, diffs
 
 
 def child_calls(calls: int) -> None:
     _init()
     # Frames: this one + _at_depth chain + _calls = DEPTH frames under the module level.
-    _at_depth(DEPTH - 3, _calls, 2000, 1)  # warm-up
-    per_call = _at_depth(DEPTH - 3, _calls, calls // 10, 10)
-    print(json.dumps({"us": statistics.median(per_call)}), flush=True)
+    _at_depth(DEPTH - 3, _calls, 500, 2)  # warm-up
+    per_call, diffs = _at_depth(DEPTH - 3, _calls, 500, max(1, calls // 500))
+    result = {"us": statistics.median(per_call)}
+    if diffs:
+        result["paired_us"] = statistics.median(diffs)
+    print(json.dumps(result), flush=True)
     _finish()
 
 
@@ -164,11 +177,14 @@ def main() -> None:
         return child_dump(opts.entries)
 
     results: dict[str, list[float]] = {m: [] for m in MODES}
+    paired: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(opts.rounds):
             for mode, (_, env) in MODES.items():
                 r = _run_child(["--child", "calls", "--calls", str(opts.calls)], env, tmp)
                 results[mode].append(r["us"])
+                if "paired_us" in r:
+                    paired[mode].append(r["paired_us"])
         dump = _run_child(
             ["--child", "dump", "--entries", str(opts.entries)],
             {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_BUFFER": str(opts.entries)},
@@ -187,6 +203,13 @@ def main() -> None:
     print(f"  flightrec without stacks adds    {med['d'] - med['a']:6.2f} us/call  (d - a)")
     if torch_cost > 0:
         print(f"  ratio flightrec / PyTorch recorder: {fr_cost / torch_cost:.2f}")
+    for mode in ("c", "d"):
+        # Same process, alternating batches through the wrapper and through torch's own
+        # function: immune to load from other processes, which the cross-process figures
+        # are not on a shared machine.
+        print(f"  ({mode}) paired in-process cost of flightrec: "
+              f"{statistics.median(paired[mode]):6.2f} us/call  "
+              f"[{', '.join(f'{x:.2f}' for x in paired[mode])}]")  # fmt: skip
     print(f"dump of a full {opts.entries}-entry ring with stacks: "
           f"{dump['ms']:.1f} ms (target <= 100), {dump['bytes'] / 1000:.0f} KB (target <= 300)")  # fmt: skip
 

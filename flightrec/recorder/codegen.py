@@ -57,10 +57,11 @@ def {name}({params}):
         _thread = _threads.get(_tid)
         if _thread is None:
             _thread = _rec.thread_index(_tid)
+{stack_lines}
         _rid = _next_id()
         _off = ((_rid - 1) % _capacity) * _SIZE
         _pack(_buf, _off, _rid, _t0, 0, ENQUEUED, _seq, _p2p, _info.index, _OP, {red_index}, {peer},
-              _thread, {stack}, _in, _out, _dev, {flags})
+              _thread, _stk, _in, _out, _dev, {flags})
         _active[_tid] = _rid
     except Exception:
         _active.pop(_tid, None)
@@ -77,6 +78,16 @@ def {name}({params}):
         _done(_buf, _off + OFF_COMPLETE, _now(), COMPLETED)
     return _result
 """
+
+
+_STACK = """\
+        _f = _getframe(1)
+        _tc = _tcaches.get(_tid)
+        if _tc is not None and _tc.top is _f and _tc.top_lasti == _f.f_lasti:
+            _stk = _tc.top_index  # same caller at the same line as last time: same stack
+        else:
+            _stk = _capture(_f, _tid)
+        del _f"""
 
 
 def _tensor_lines(spec: OpSpec, names: set[str]) -> str:
@@ -192,6 +203,7 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
         "_done": DONE.pack_into,
         "OFF_COMPLETE": OFF_COMPLETE,
         "_capture": rec.stacks.capture,
+        "_tcaches": rec.stacks.threads,
         "_reds": rec.strings.index,
         "_OP": rec.op_index(spec.name),
         "ENQUEUED": ENQUEUED,
@@ -218,7 +230,7 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
         order=order,
         red_index=red_index,
         peer=peer,
-        stack="_capture(_getframe(1), _tid)" if rec.depth else "0",
+        stack_lines=_STACK if rec.depth else "        _stk = 0",
         flags=flags,
         is_async=is_async,
     )

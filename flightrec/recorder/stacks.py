@@ -46,12 +46,17 @@ class _ThreadCache:
     for long.
     """
 
-    __slots__ = ("frames", "lastis", "suffixes")
+    __slots__ = ("frames", "lastis", "suffixes", "top", "top_index", "top_lasti")
 
     def __init__(self, depth: int) -> None:
         self.frames: list[FrameType | None] = [None] * depth
         self.lastis = [0] * depth
         self.suffixes = [0] * depth
+        # The calling frame of the last capture and its result: a loop that calls the same
+        # collective from the same line gets its stack with two comparisons (codegen.py).
+        self.top: FrameType | None = None
+        self.top_lasti = -1
+        self.top_index = 0
 
 
 class StackTable:
@@ -67,7 +72,8 @@ class StackTable:
         self._index: dict[tuple[int, ...], int] = {(): 0}
         self._stacks: list[RawStack] = [()]
         self._symbols: dict[tuple[int, int], FrameTuple] = {}
-        self._threads: dict[int, _ThreadCache] = {}
+        self.threads: dict[int, _ThreadCache] = {}
+        """Per-thread caches; the generated wrappers read ``top``/``top_index`` directly."""
         self._lock = threading.Lock()
 
     def capture(self, frame: FrameType | None, ident: int) -> int:
@@ -77,9 +83,9 @@ class StackTable:
         would cost more than the whole walk.
         """
         depth = self.depth
-        cache = self._threads.get(ident)
+        cache = self.threads.get(ident)
         if cache is None:
-            cache = self._threads[ident] = _ThreadCache(depth)
+            cache = self.threads[ident] = _ThreadCache(depth)
         frames = cache.frames
         key: list[int] = []
         f = frame
@@ -93,6 +99,11 @@ class StackTable:
                 index = self._index.get(k)
                 if index is None:
                     index = self._add_head(frame, level, k, cache.suffixes[level])
+                cache.top, cache.top_lasti, cache.top_index = (
+                    frame,
+                    f.f_lasti if frame is f else key[1],
+                    index,
+                )
                 return index
             key.append(id(f.f_code))
             key.append(f.f_lasti)
@@ -103,6 +114,8 @@ class StackTable:
         if index is None:
             index = self._add(frame, level, k)
         self._remember(cache, frame, level, k)
+        if frame is not None:
+            cache.top, cache.top_lasti, cache.top_index = frame, frame.f_lasti, index
         return index
 
     def _remember(
@@ -161,10 +174,10 @@ class StackTable:
         Args:
             live: ``sys._current_frames()``, taken by the caller.
         """
-        for ident, cache in list(self._threads.items()):
+        for ident, cache in list(self.threads.items()):
             top = live.get(ident)
             if top is None:  # the thread is gone
-                self._threads.pop(ident, None)
+                self.threads.pop(ident, None)
                 continue
             alive: set[int] = set()
             while top is not None:
@@ -174,6 +187,8 @@ class StackTable:
             for level, f in enumerate(frames):
                 if f is not None and id(f) not in alive:
                     frames[level] = None
+            if cache.top is not None and id(cache.top) not in alive:
+                cache.top, cache.top_lasti = None, -1
 
     def __len__(self) -> int:
         return len(self._stacks)

@@ -66,7 +66,7 @@ def test_purge_forgets_frames_that_returned() -> None:
     table = StackTable(6)
     outer(table, leaf_a, 2)
     ident = threading.get_ident()
-    held = [f for f in table._threads[ident].frames if f is not None]
+    held = [f for f in table.threads[ident].frames if f is not None]
     assert held
     table.purge(sys._current_frames())
     live: set[int] = set()
@@ -74,9 +74,9 @@ def test_purge_forgets_frames_that_returned() -> None:
     while f is not None:
         live.add(id(f))
         f = f.f_back
-    assert all(id(f) in live for f in table._threads[ident].frames if f is not None)
+    assert all(id(f) in live for f in table.threads[ident].frames if f is not None)
     table.purge({})  # thread gone
-    assert ident not in table._threads
+    assert ident not in table.threads
 
 
 def test_frames_of_live_frame() -> None:
