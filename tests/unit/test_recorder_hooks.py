@@ -144,3 +144,57 @@ def test_watchdog_fires_once_per_overdue_entry(rt: Runtime) -> None:
         assert hung == [rid]
     finally:
         dog.stop()
+
+
+def test_only_the_outermost_call_is_recorded(rt: Runtime) -> None:
+    # all_gather_object runs two all_gathers inside; with numpy missing here it cannot run
+    # for real, so a stand-in with its signature calls the traced all_reduce twice.
+    from flightrec.recorder.codegen import generate
+    from flightrec.recorder.specs import spec_for
+
+    def inner(object_list, obj, group=None):  # type: ignore[no-untyped-def]
+        dist.all_reduce(torch.ones(1), group=group)
+        dist.all_reduce(torch.ones(1), group=group)
+
+    spec = spec_for("all_gather_object", rt.hooks.originals["all_gather_object"])
+    wrapper = generate(spec, inner, rt.recorder)
+    wrapper([None], {"x": 1})
+    dist.all_reduce(torch.ones(1))
+    rows = entries(rt)
+    strings = rt.recorder.strings.values
+    assert [(strings[r.op], r.seq) for r in rows] == [("all_gather_object", 1), ("all_reduce", 2)]
+    assert rows[0].flags & 2  # OBJECT_API
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_nccl_completion_is_tracked_without_blocking(tmp_path: Path) -> None:
+    # A separate process: this module's process already holds a gloo default group.
+    import subprocess
+
+    from tests.integration.jobs import child_env
+
+    code = (
+        "import torch, torch.distributed as dist, flightrec, time\n"
+        "from flightrec.dumpfile import read_dump\n"
+        "dist.init_process_group('nccl', rank=0, world_size=1)\n"
+        "t = torch.ones(1 << 20, device='cuda')\n"
+        "for _ in range(3): dist.all_reduce(t)\n"
+        "dist.all_reduce(t, async_op=True).wait()\n"
+        "torch.cuda.synchronize(); time.sleep(0.5)\n"
+        "d = read_dump(flightrec.dump('nccl'))\n"
+        "print('STATES', list(d.entries.state), d.header.device, d.header.device_uuid[:4])\n"
+        "dist.destroy_process_group()\n"
+    )
+    env = child_env(
+        {
+            "FLIGHTREC_DIR": str(tmp_path),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(free_port()),
+        }
+    )
+    out = subprocess.run(
+        ["python", "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    assert "STATES [3, 3, 3, 3] cuda:0 GPU-" in out.stdout
