@@ -43,21 +43,79 @@ def _op_nodes(nodes: Iterable[Node]) -> list[Node]:
     return sorted((n for n in nodes if n[0] != "rank"), key=repr)
 
 
-def _stuck_finding(graph: nx.DiGraph, node: Node, consequences: list[Consequence]) -> Finding:
+def _late_arrivals(m: Matched, group: str, seq: int) -> tuple[list[int], float] | None:
+    """Ranks that entered collective ``seq`` long after the others, and by how much.
+
+    Arrival times are compared on the wall clock (each rank's monotonic time shifted by its
+    dump's wall/monotonic anchor). Only a gap far above clock skew and ordinary jitter counts:
+    one second, or half the watchdog timeout when that is longer.
+    """
+    arrivals: list[tuple[int, int]] = []
+    timeouts: list[float] = []
+    for rank in m.groups[group].ranks:
+        d = m.run.dumps.get(rank)
+        gi = m.index.get(rank, {}).get(group)
+        pos = gi.position_of(seq) if gi else None
+        if d is None or pos is None:
+            return None
+        enq = d.dump.entries.enqueue_ns[pos]
+        if not enq or not d.header.wall_time_ns:
+            return None
+        arrivals.append((d.wall_ns(enq), rank))
+        if d.header.timeout_s > 0:
+            timeouts.append(d.header.timeout_s)
+    arrivals.sort()
+    threshold_ns = int(max(1.0, 0.5 * min(timeouts, default=0.0)) * 1e9)
+    gaps = [(arrivals[i + 1][0] - arrivals[i][0], i) for i in range(len(arrivals) - 1)]
+    if not gaps:
+        return None
+    gap, at = max(gaps)
+    if gap < threshold_ns:
+        return None
+    return sorted(r for _, r in arrivals[at + 1 :]), gap / 1e9
+
+
+def _stuck_finding(
+    m: Matched, graph: nx.DiGraph, node: Node, consequences: list[Consequence]
+) -> Finding:
     attrs = graph.nodes[node]
     members = tuple(attrs["pg_ranks"])
+    group, seq, op = str(attrs["group"]), int(attrs["seq"]), str(attrs["op"])
+    late = _late_arrivals(m, group, seq)
+    if late is not None:
+        # Everyone is in the collective now, but some arrived long after the others: in a
+        # later dump (after timeouts fired) that is what a rank that did not arrive looks like.
+        ranks, gap = late
+        others = [r for r in members if r not in ranks]
+        who = ranks_phrase(ranks)
+        ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
+        return Finding(
+            kind=FindingKind.NOT_ARRIVED.value,
+            ranks=tuple(ranks),
+            summary=(
+                f"{who[0].upper()}{who[1:]}{ident} entered {op} #{seq} on group {group} "
+                f"[ranks {compress(members)}] {gap:.1f} s after {ranks_phrase(others)}, too late: "
+                "none completed it"
+            ),
+            process_group=group,
+            pg_ranks=members,
+            seq=seq,
+            op=op,
+            consequences=tuple(consequences),
+            evidence={"late_by_s": round(gap, 3), "waiting_ranks": others},
+        )
     return Finding(
         kind=FindingKind.STUCK.value,
         ranks=members,
         summary=(
-            f"every member of group {attrs['group']} [ranks {compress(members)}] entered "
-            f"{attrs['op']} #{attrs['seq']} and none completed it, with no disagreement in what "
+            f"every member of group {group} [ranks {compress(members)}] entered "
+            f"{op} #{seq} and none completed it, with no disagreement in what "
             "they passed (a transport failure or a collective issued from outside the recorder)"
         ),
-        process_group=str(attrs["group"]),
+        process_group=group,
         pg_ranks=members,
-        seq=int(attrs["seq"]),
-        op=str(attrs["op"]),
+        seq=seq,
+        op=op,
         consequences=tuple(consequences),
     )
 
@@ -127,7 +185,7 @@ def root_causes(
             used_mismatches.add(id(mismatch))
             scored.append((weight, 0, _with_consequences(mismatch, consequences)))
         else:
-            scored.append((weight, 4, _stuck_finding(graph, node, consequences)))
+            scored.append((weight, 4, _stuck_finding(m, graph, node, consequences)))
 
     for (state, primary), ranks in rank_roots.items():
         nodes = [n for r in ranks for n in ancestors(_component(cond, ("rank", r)))]

@@ -281,3 +281,23 @@ def test_rank_specific_call_sites_are_not_a_skip() -> None:
         )
     first = analyze(job.run()).findings[0]
     assert "call_shift" not in first.evidence
+
+
+def test_rank_that_arrived_after_the_others_gave_up_is_named() -> None:
+    # A later dump (after timeouts fired) shows every rank in the collective, but rank 2
+    # entered it 40 s after the others: it is the one that did not arrive in time.
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.ranks[2].clock += 40_000_000_000
+    job.collective(ranks=[2], complete=False)
+    first = analyze(job.run()).findings[0]
+    assert (first.kind, first.ranks, first.seq) == (FindingKind.NOT_ARRIVED, (2,), 4)
+    assert "40.0 s after ranks 0-1,3, too late" in first.summary
+
+
+def test_ordinary_jitter_in_a_stuck_collective_names_nobody_late() -> None:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.ranks[2].clock += 200_000_000  # 0.2 s: jitter, not a culprit
+    job.collective(ranks=[2], complete=False)
+    assert analyze(job.run()).findings[0].kind == FindingKind.STUCK
