@@ -135,8 +135,10 @@ def root_causes(
         The ordered root findings (with consequences), and the group keys they explain.
     """
     longest: dict[Node, float] = defaultdict(float)
+    earliest: dict[Node, int] = {}
     for w in waits:
         longest[w.node] = max(longest[w.node], w.waited_s)
+        earliest[w.node] = min(earliest.get(w.node, w.since_wall_ns), w.since_wall_ns)
     cond = nx.condensation(graph)
     members_of = {c: list(cond.nodes[c]["members"]) for c in cond.nodes}
     mismatch_at = {(f.process_group, f.seq): f for f in mismatches if f.seq is not None}
@@ -169,13 +171,14 @@ def root_causes(
         if node[0] == "rank":
             rank = int(node[1])  # type: ignore[call-overload]
             # The wait that points at this rank most directly: an operation waiting on nobody
-            # else that is itself waiting, else the longest-standing one.
+            # else that is itself waiting; among those, the one entered first (the call the
+            # rank should have made first), then the one most ranks wait in.
             preds = list(graph.predecessors(node))
 
-            def directness(op: Node, node: Node = node) -> tuple[bool, int, float]:
+            def directness(op: Node, node: Node = node) -> tuple[bool, int, int]:
                 others = [s for s in graph.successors(op) if s != node]
                 direct = all(graph.out_degree(s) == 0 for s in others)
-                return (direct, graph.in_degree(op), longest.get(op, 0.0))
+                return (direct, -earliest.get(op, 0), graph.in_degree(op))
 
             primary = max(preds, key=directness) if preds else None
             rank_roots[(culprit_state(m, rank), primary)].append(rank)

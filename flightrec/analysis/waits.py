@@ -40,6 +40,8 @@ class Wait:
     """The operation node it waits in."""
     waited_s: float
     """How long the entry had been outstanding when the rank dumped."""
+    since_wall_ns: int
+    """When the rank entered it, on the wall clock (its dump's anchor applied)."""
 
 
 def _current_incomplete(m: Matched, rank: int) -> list[int]:
@@ -126,5 +128,5 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
                         if q not in present or last is None or last < seq:
                             graph.add_edge(node, rank_node(q))
                 graph.add_edge(rank_node(rank), node)
-            waits.append(Wait(rank, pos, node, waited))
+            waits.append(Wait(rank, pos, node, waited, d.wall_ns(enq)))
     return graph, waits

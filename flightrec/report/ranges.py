@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 
@@ -23,7 +24,8 @@ def compress(ranks: Iterable[int]) -> str:
     """A short, exact spelling of a set of ranks.
 
     Consecutive ranks become ``a-b``; a long range with at most three holes is spelled as the
-    range and its holes (``0-16383 except 4711``).
+    range and its holes (``0-16383 except 4711``); a strided set as a progression
+    (``25-4089 step 32``, with ``except`` for up to three holes).
 
     Args:
         ranks: global ranks, in any order, duplicates allowed.
@@ -34,9 +36,17 @@ def compress(ranks: Iterable[int]) -> str:
     ordered = sorted(set(ranks))
     if not ordered:
         return ""
-    plain = _fmt(_runs(ordered))
     lo, hi = ordered[0], ordered[-1]
     present = set(ordered)
+    # Strided sets (a data-parallel group: every 32nd rank) read as one progression.
+    step = min((b - a for a, b in itertools.pairwise(ordered)), default=1)
+    if step > 1 and len(ordered) >= 4 and all((r - lo) % step == 0 for r in ordered):
+        full = range(lo, hi + 1, step)
+        holes = [r for r in full if r not in present]
+        if len(holes) <= 3 and len(holes) * 10 <= len(full):
+            text = f"{lo}-{hi} step {step}"
+            return f"{text} except {','.join(map(str, holes))}" if holes else text
+    plain = _fmt(_runs(ordered))
     holes = [r for r in range(lo, hi + 1) if r not in present]
     # A few holes in a long range read better as exceptions: "0-16383 except 4711".
     if holes and len(holes) <= 3 and len(holes) * 10 <= hi - lo + 1:

@@ -20,6 +20,10 @@ from flightrec.report.ranges import compress, ranks_phrase
         ([0, 1, 1, 2], "0-2"),
         ([r for r in range(16384) if r != 4711], "0-16383 except 4711"),
         ([r for r in range(100) if r not in (10, 20)], "0-99 except 10,20"),
+        (list(range(25, 4090, 32)), "25-4089 step 32"),
+        ([r for r in range(25, 4090, 32) if r != 3001], "25-4089 step 32 except 3001"),
+        ([0, 2, 4], "0,2,4"),
+        ([0, 4, 8, 12], "0-12 step 4"),
     ],
 )
 def test_compress(ranks: list[int], text: str) -> None:
@@ -36,6 +40,10 @@ def _expand(text: str) -> set[int]:
         return set()
     main, _, holes = text.partition(" except ")
     out: set[int] = set()
+    if " step " in main:
+        span, _, step = main.partition(" step ")
+        a, _, b = span.partition("-")
+        return set(range(int(a), int(b) + 1, int(step))) - _expand(holes)
     for part in main.split(","):
         a, _, b = part.partition("-")
         out |= set(range(int(a), int(b or a) + 1))
