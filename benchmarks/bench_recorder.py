@@ -96,6 +96,35 @@ def _calls(n: int, batches: int) -> tuple[list[float], list[float]]:
     return out, diffs
 
 
+def _noop_cost(batches: int) -> float:
+    """µs the recording itself takes: a wrapper generated for a no-op with all_reduce's
+    signature, minus the no-op. Nothing else runs between calls, so caches stay warm."""
+    import torch
+
+    from flightrec.recorder import runtime
+    from flightrec.recorder.codegen import generate
+    from flightrec.recorder.specs import spec_for
+
+    rt = runtime.current()
+    assert rt is not None
+
+    def noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
+        return None
+
+    wrapped = generate(spec_for("all_reduce", rt.hooks.originals["all_reduce"]), noop, rt.recorder)
+    t = torch.ones(1)
+    diffs = []
+    for _ in range(batches):
+        start = time.perf_counter_ns()
+        for _ in range(2000):
+            wrapped(t)
+        mid = time.perf_counter_ns()
+        for _ in range(2000):
+            noop(t)
+        diffs.append(((mid - start) - (time.perf_counter_ns() - mid)) / 2000 / 1000)
+    return statistics.median(diffs)
+
+
 def child_calls(calls: int) -> None:
     _init()
     # Frames: this one + _at_depth chain + _calls = DEPTH frames under the module level.
@@ -104,6 +133,7 @@ def child_calls(calls: int) -> None:
     result = {"us": statistics.median(per_call)}
     if diffs:
         result["paired_us"] = statistics.median(diffs)
+        result["noop_us"] = _at_depth(DEPTH - 3, _noop_cost, 10)
     print(json.dumps(result), flush=True)
     _finish()
 
@@ -178,6 +208,7 @@ def main() -> None:
 
     results: dict[str, list[float]] = {m: [] for m in MODES}
     paired: dict[str, list[float]] = {m: [] for m in MODES}
+    noop: dict[str, list[float]] = {m: [] for m in MODES}
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(opts.rounds):
             for mode, (_, env) in MODES.items():
@@ -185,6 +216,7 @@ def main() -> None:
                 results[mode].append(r["us"])
                 if "paired_us" in r:
                     paired[mode].append(r["paired_us"])
+                    noop[mode].append(r["noop_us"])
         dump = _run_child(
             ["--child", "dump", "--entries", str(opts.entries)],
             {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_BUFFER": str(opts.entries)},
@@ -210,6 +242,9 @@ def main() -> None:
         print(f"  ({mode}) paired in-process cost of flightrec: "
               f"{statistics.median(paired[mode]):6.2f} us/call  "
               f"[{', '.join(f'{x:.2f}' for x in paired[mode])}]")  # fmt: skip
+    for mode in ("c", "d"):
+        print(f"  ({mode}) recording work alone (no-op collective, warm caches): "
+              f"{statistics.median(noop[mode]):5.2f} us/call")  # fmt: skip
     print(f"dump of a full {opts.entries}-entry ring with stacks: "
           f"{dump['ms']:.1f} ms (target <= 100), {dump['bytes'] / 1000:.0f} KB (target <= 300)")  # fmt: skip
 

@@ -74,12 +74,18 @@ class Hooks:
     def installed(self) -> bool:
         return bool(self.wrappers)
 
-    def install(self, recorder: Any, after_init: Callable[[], None]) -> None:
+    def install(
+        self,
+        recorder: Any,
+        after_init: Callable[[], None],
+        after_destroy: Callable[[], None] = lambda: None,
+    ) -> None:
         """Wrap every traced function the installed torch has.
 
         Args:
             recorder: the ``Recorder`` the generated wrappers record into.
             after_init: run after ``init_process_group`` returns (starts the watchdog).
+            after_destroy: run after ``destroy_process_group`` returns.
         """
         import torch.distributed.distributed_c10d as c10d
 
@@ -103,11 +109,15 @@ class Hooks:
             recorder.forget_default()
             after_init()
 
+        def on_destroy() -> None:
+            recorder.forget_default()
+            after_destroy()
+
         # Not recorded, only watched: a new or destroyed default group changes what
         # ``group=None`` means, and creating one is when the background threads start.
         for name, after in (
             ("init_process_group", on_init),
-            ("destroy_process_group", recorder.forget_default),
+            ("destroy_process_group", on_destroy),
         ):
             orig = getattr(c10d, name, None)
             if orig is not None:

@@ -51,7 +51,7 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------
     def enable(self) -> None:
         self.recorder.enabled = True
-        self.hooks.install(self.recorder, self.start_background)
+        self.hooks.install(self.recorder, self.start_background, self._after_destroy)
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -65,6 +65,20 @@ class Runtime:
             if self.watchdog is not None:
                 self.watchdog.stop()
                 self.watchdog = None
+            if self.poller is not None:
+                self.poller.stop()
+                self.poller = None
+
+    def _after_destroy(self) -> None:
+        """The default group (and with it, usually, the store) is gone: stop polling it.
+
+        A later ``init_process_group`` starts a poller on the new store.
+        """
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return
+        with self._lock:
             if self.poller is not None:
                 self.poller.stop()
                 self.poller = None
