@@ -290,3 +290,24 @@ def test_disabled_mode_leaves_torch_distributed_untouched(value: str | None) -> 
         assert "wrapped=True same=True torch_code=False flightrec_loaded=True" in out.stdout
     else:
         assert "wrapped=False same=True torch_code=True flightrec_loaded=False" in out.stdout
+
+
+API = """
+import flightrec
+import torch.distributed as dist
+before = hasattr(dist.all_reduce, "__flightrec_original__")
+flightrec.enable()
+during = hasattr(dist.all_reduce, "__flightrec_original__")
+flightrec.disable()
+after = hasattr(dist.all_reduce, "__flightrec_original__")
+print(f"before={before} during={during} after={after}")
+"""
+
+
+def test_enable_and_disable_from_code() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", API], env=child_env(flightrec=False), capture_output=True,
+        text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "before=False during=True after=False" in out.stdout
