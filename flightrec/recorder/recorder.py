@@ -1,10 +1,13 @@
-"""The recorder's live state and its hot path: one ring entry per user-level call.
+"""The recorder's live state: ring, intern tables, group counters, and the slow paths.
 
-``Recorder.call`` runs on every traced torch.distributed call. It reads the arguments by
-position, interns what repeats (group, op, tensors, stack, thread) through dict lookups, writes
-one binary slot, calls torch, and marks the slot finished. Only the outermost call of a thread
-is recorded (``all_gather_object`` shows up once, not as its inner all_gathers), so the
-sequence numbers agree across ranks whatever the object collectives do inside.
+The per-call hot path is generated per traced function (``codegen.py``): it interns what
+repeats (group, op, tensors, stack, thread) through dict lookups on this object's tables,
+writes one binary slot, calls torch, and marks the slot finished, calling back into
+``Recorder`` only on a cache miss, for async or GPU completion, and on failure. Only the
+outermost call of a thread is recorded (``active`` is the per-thread guard), so
+``all_gather_object`` shows up once, not as its inner all_gathers, and sequence numbers agree
+across ranks whatever object collectives do inside. ``call_batch`` records
+``batch_isend_irecv`` (one entry per operation of the batch).
 """
 
 from __future__ import annotations

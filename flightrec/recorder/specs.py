@@ -1,9 +1,9 @@
 """What each traced torch.distributed function takes: which argument is the group, the
 tensors, the reduce op, the root or peer, and whether the call is asynchronous.
 
-Positions are read from the installed torch's own signatures when tracing starts, so the hot
-path fetches arguments by index without ``inspect`` and keeps working when torch adds
-parameters.
+Parameter names are checked against the installed torch's own signatures when tracing starts
+(``codegen.py`` builds each wrapper from that signature), so a parameter torch renames or drops
+is simply not recorded rather than breaking the call.
 """
 
 from __future__ import annotations
@@ -23,12 +23,6 @@ class Param:
     pos: int
     name: str
     default: Any = None
-
-    def get(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        """The value the caller passed (or the default)."""
-        if self.pos < len(args):
-            return args[self.pos]
-        return kwargs.get(self.name, self.default)
 
 
 NO_PARAM = Param(1 << 30, "", None)
