@@ -89,17 +89,42 @@ class Matched:
         return None
 
 
-def _progress(d: RankDump, local: int, gi: RankGroupIndex) -> GroupProgress:
+def _progress(
+    d: RankDump, local: int, gi: RankGroupIndex, incomplete: tuple[int, ...]
+) -> GroupProgress:
     g = d.dump.groups[local]
-    states = d.dump.entries.state
+    cols = d.columns
     last_seq = max(g.last_seq, gi.seqs[-1] if gi.seqs else 0)
-    first_incomplete = next(
-        (s for s, p in zip(gi.seqs, gi.positions, strict=True) if states[p] != _COMPLETED), None
+    # Incomplete entries are few: look at those instead of the group's whole history.
+    first_incomplete = min(
+        (
+            cols["seq"][p]
+            for p in incomplete
+            if cols["group"][p] == local and not cols["flags"][p] & _IS_P2P
+        ),
+        default=None,
     )
     last_completed = last_seq if first_incomplete is None else first_incomplete - 1
     if not d.tracks_completion:
         last_completed = -1
     return GroupProgress(last_seq, last_completed, gi.seqs[0] if gi.seqs else 0)
+
+
+def _incomplete_positions(states: list[int]) -> tuple[int, ...]:
+    """Positions of entries that did not complete, found from the newest end.
+
+    A healthy ring is almost all completed, with the few outstanding entries at its end: count
+    them at C speed, then walk back only until all are found.
+    """
+    left = len(states) - states.count(_COMPLETED)
+    found: list[int] = []
+    i = len(states) - 1
+    while left and i >= 0:
+        if states[i] != _COMPLETED:
+            found.append(i)
+            left -= 1
+        i -= 1
+    return tuple(reversed(found))
 
 
 def match(run: Run) -> Matched:
@@ -138,7 +163,7 @@ def match(run: Run) -> Matched:
             else:
                 gi.positions = mine
             gi.seqs = [seqs[i] for i in gi.positions]
-        incomplete[rank] = tuple(i for i, s in enumerate(states) if s != _COMPLETED)
+        incomplete[rank] = _incomplete_positions(states)
         per_key: dict[str, RankGroupIndex] = {}
         with_counters = {k for k, g in zip(keys, d.dump.groups, strict=True) if g.p2p}
         for local, key in enumerate(keys):
@@ -151,7 +176,7 @@ def match(run: Run) -> Matched:
                 merged.p2p_positions += gi.p2p_positions
                 continue
             per_key[key] = gi
-            progress[key][rank] = _progress(d, local, gi)
+            progress[key][rank] = _progress(d, local, gi, incomplete[rank])
             members[key][tuple(g.ranks)].append(rank)
             meta.setdefault(key, (g.desc, g.backend))
             for pc in g.p2p:

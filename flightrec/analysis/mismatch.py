@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import replace
+from operator import itemgetter
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
@@ -72,13 +73,13 @@ def _signatures(
     pos = gi.positions
     # Columns sliced at C speed, then one tuple per entry; only distinct tuples (a handful per
     # rank) are resolved through the dump's tables into comparable values.
+    if not pos:
+        return {}
+    take = _taker(pos)
     raws = list(
         zip(
-            *(
-                [c[name][i] for i in pos]
-                for name in ("op", "reduce_op", "peer", "inputs", "outputs")
-            ),
-            [c["flags"][i] & pb.OBJECT_API for i in pos],
+            *(take(c[name]) for name in ("op", "reduce_op", "peer", "inputs", "outputs")),
+            [f & pb.OBJECT_API for f in take(c["flags"])],
             strict=True,
         )
     )
@@ -105,7 +106,18 @@ def _signatures(
             key = tuple(getter(rec) for _, getter in FIELDS)
             cache[raw] = canon.setdefault(key, len(canon))
     # seq 0 is not a collective sequence number (P2P and unnumbered entries): never compared.
-    return {s: sig for s, sig in zip(gi.seqs, map(cache.__getitem__, raws), strict=True) if s > 0}
+    table = dict(zip(gi.seqs, map(cache.__getitem__, raws), strict=True))
+    table.pop(0, None)
+    return table
+
+
+def _taker(positions: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
+    """A C-speed gather of ``positions`` from a column (always returning a sequence)."""
+    if len(positions) == 1:
+        only = positions[0]
+        return lambda col: (col[only],)
+    get = itemgetter(*positions)
+    return lambda col: get(col)  # type: ignore[no-any-return]
 
 
 def _vote(values: dict[int, Hashable]) -> tuple[Hashable | None, tuple[int, ...]]:

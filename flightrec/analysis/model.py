@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
-from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -190,13 +189,14 @@ class RankDump:
         return tuple(g.name or ",".join(map(str, g.ranks)) for g in self.dump.groups)
 
     @cached_property
-    def columns(self) -> Mapping[str, Sequence[int]]:
-        """The entry columns as typed arrays (one C-speed copy each)."""
+    def columns(self) -> Mapping[str, list[int]]:
+        """The entry columns as lists (one C-speed copy each)."""
         e = self.dump.entries
-        # Typed arrays, not lists: 8 bytes a value instead of a pointer plus an int object, which
-        # matters at thousands of ranks (issue 8).
+        # Lists: copying a protobuf column into a list is C speed (into an array it is not), and
+        # most columns hold small interned indices, which Python shares, so a list costs about
+        # the 8 bytes a value an array would.
         return {
-            name: array("q" if name in ("seq", "p2p_seq") else "i", getattr(e, name))
+            name: list(getattr(e, name))
             for name in (
                 "group",
                 "seq",
