@@ -4,7 +4,7 @@ Reusable by anyone who needs real dumps (integration tests, sample recording)::
 
     from tests.integration.jobs import start_job
 
-    with start_job("scenario.py", ["stall", "--rank-to-stall", "2"], world_size=4,
+    with start_job("scenario.py", ["stall", "--stall-rank", "2"], world_size=4,
                    env={"FLIGHTREC_TIMEOUT": "2"}) as job:
         job.wait_for_dumps(count=4, timeout=30)
     dumps = job.dumps()          # {rank: [(path, flightrec_pb2.Dump), ...]} oldest first
