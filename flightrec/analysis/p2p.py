@@ -7,7 +7,7 @@ group table say how many each side issued even when the ring overwrote the entri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import networkx as nx
 
@@ -17,13 +17,19 @@ from flightrec.analysis.waits import Node
 from flightrec.report.ranges import ranks_phrase
 
 
-def cycle_finding(graph: nx.DiGraph, members: Sequence[Node], waits: dict[Node, float]) -> Finding:
+def cycle_finding(
+    graph: nx.DiGraph,
+    members: Sequence[Node],
+    waits: dict[Node, float],
+    where: Mapping[Node, str] | None = None,
+) -> Finding:
     """A deadlock finding for one strongly connected set of the wait-for graph.
 
     Args:
         graph: the wait-for graph.
         members: the nodes of one cycle component (ranks and operations).
         waits: longest wait per operation node.
+        where: ``file:line`` of the user code that issued each operation node, where known.
 
     Returns:
         ``p2p_deadlock`` when a P2P operation is on the cycle, else ``deadlock``.
@@ -43,19 +49,22 @@ def cycle_finding(graph: nx.DiGraph, members: Sequence[Node], waits: dict[Node, 
             continue
         attrs = graph.nodes[node]
         waiters = tuple(sorted(int(p[1]) for p in graph.predecessors(node) if p[0] == "rank"))  # type: ignore[call-overload]
+        at = f" at {where[node]}" if where and node in where else ""
         if node[0] == "p2p":
             is_p2p = True
+            sender, receiver = int(attrs["sender"]), int(attrs["receiver"])
+            waiter = waiters[0] if waiters else receiver
+            other, word = (sender, "from") if waiter == receiver else (receiver, "to")
             steps.append(
-                f"rank {waiters[0] if waiters else '?'} in {attrs['op']} "
-                f"(rank {attrs['sender']} -> rank {attrs['receiver']} #{attrs['seq']}, group {attrs['group']}) "
-                f"waits on rank {attrs['receiver'] if waiters and waiters[0] == attrs['sender'] else attrs['sender']}"
+                f"rank {waiter} waits in {attrs['op']} {word} rank {other} "
+                f"(#{attrs['seq']} on group {attrs['group']}){at}"
             )
-            pg: tuple[int, ...] = (int(attrs["sender"]), int(attrs["receiver"]))
+            pg: tuple[int, ...] = (sender, receiver)
         else:
             missing = sorted(int(s[1]) for s in graph.successors(node))
             steps.append(
-                f"{ranks_phrase(waiters)} in {attrs['op']} #{attrs['seq']} on group {attrs['group']} "
-                f"wait on {ranks_phrase(missing)}"
+                f"{ranks_phrase(waiters)} wait in {attrs['op']} #{attrs['seq']} on group "
+                f"{attrs['group']}{at} for {ranks_phrase(missing)}"
             )
             pg = tuple(attrs["pg_ranks"])
         consequences.append(

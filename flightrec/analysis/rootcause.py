@@ -15,7 +15,7 @@ from collections.abc import Iterable
 import networkx as nx
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Consequence, Culprit, Finding, FindingKind
+from flightrec.analysis.model import Consequence, Culprit, Finding, FindingKind, user_frame
 from flightrec.analysis.not_arrived import culprit_state, rank_finding
 from flightrec.analysis.p2p import cycle_finding
 from flightrec.analysis.waits import Node, Wait
@@ -165,7 +165,7 @@ def root_causes(
         consequences = [_consequence(graph, n, longest) for n in ops]
         weight = len({n for n in above if n[0] == "rank"} | {n for n in members if n[0] == "rank"})
         if is_cycle:
-            scored.append((weight, 1, cycle_finding(graph, members, longest)))
+            scored.append((weight, 1, cycle_finding(graph, members, longest, _locations(m, waits))))
             continue
         node = members[0]
         if node[0] == "rank":
@@ -214,6 +214,17 @@ def root_causes(
         leading += [f for f in rest if (f.process_group, f.seq) == at and f not in leading]
     trailing = [f for f in rest if f not in leading]
     return leading + roots + trailing, explained
+
+
+def _locations(m: Matched, waits: list[Wait]) -> dict[Node, str]:
+    """``file:line`` of the user code behind each blocked operation (first waiter's)."""
+    out: dict[Node, str] = {}
+    for w in waits:
+        if w.node not in out:
+            frame = user_frame(m.dump(w.rank).record(w.position).stack)
+            if frame is not None:
+                out[w.node] = frame.where()
+    return out
 
 
 def _component(cond: nx.DiGraph, node: Node) -> int:
