@@ -41,8 +41,19 @@ def _first_tensor(value: Any) -> Any:
 
 
 def _reduce_name(op: Any) -> str:
-    name = getattr(op, "name", None)
-    return str(name) if name else str(op).rsplit(".", 1)[-1]
+    """"SUM", "MAX", ... for a RedOpType or a ReduceOp object (PREMUL_SUM with its factor)."""
+    inner = getattr(op, "op", None)  # a ReduceOp object wraps a RedOpType
+    name = getattr(op, "name", None) or getattr(inner, "name", None)
+    if not name:
+        return str(op).rsplit(".", 1)[-1]
+    if name == "PREMUL_SUM" and inner is not None:
+        try:
+            factor = op.factor
+        except Exception:
+            factor = None
+        # A tensor factor's value lives on the device: reading it would synchronize the GPU.
+        return f"PREMUL_SUM({factor:g})" if isinstance(factor, int | float) else "PREMUL_SUM"
+    return str(name)
 
 
 class Recorder:
@@ -141,12 +152,16 @@ class Recorder:
         return self.strings.of(name, lambda: name)
 
     def red_slow(self, op: Any) -> int:
-        """String index of a reduce op on a cache miss (unhashable custom ops included)."""
-        try:
-            return self.strings.of(op, lambda: _reduce_name(op))
-        except TypeError:
-            name = _reduce_name(op)
-            return self.strings.of(name, lambda: name)
+        """String index of a reduce op on a cache miss.
+
+        Only the RedOpType enum members are cached by object: ReduceOp objects (PREMUL_SUM
+        with a factor) are often built per call, and caching each would grow the table
+        without bound; they are interned by name.
+        """
+        name = _reduce_name(op)
+        if type(op).__name__ == "RedOpType":
+            return self.strings.of(op, lambda: name)
+        return self.strings.of(name, lambda: name)
 
     def op_index(self, name: str) -> int:
         """String index of an operation name (interned once per wrapper at install)."""

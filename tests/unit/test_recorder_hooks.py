@@ -198,3 +198,16 @@ def test_nccl_completion_is_tracked_without_blocking(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stderr
     assert "STATES [3, 3, 3, 3] cuda:0 GPU-" in out.stdout
+
+
+def test_reduce_op_names_stay_bounded(rt: Runtime) -> None:
+    from flightrec.recorder.recorder import _reduce_name
+
+    assert _reduce_name(dist.ReduceOp.SUM) == "SUM"
+    assert _reduce_name(dist.ReduceOp(dist.ReduceOp.MAX)) == "MAX"
+    assert _reduce_name(dist._make_nccl_premul_sum(2.0)) == "PREMUL_SUM(2)"
+    assert _reduce_name(dist._make_nccl_premul_sum(torch.tensor(3.0))) == "PREMUL_SUM"
+    before = len(rt.recorder.strings.values)
+    for _ in range(5):  # a new ReduceOp object per call, as FSDP builds them
+        rt.recorder.red_slow(dist._make_nccl_premul_sum(2.0))
+    assert len(rt.recorder.strings.values) == before + 1
