@@ -41,7 +41,7 @@ def _first_tensor(value: Any) -> Any:
 
 
 def _reduce_name(op: Any) -> str:
-    """"SUM", "MAX", ... for a RedOpType or a ReduceOp object (PREMUL_SUM with its factor)."""
+    """The name of a RedOpType or ReduceOp object: "SUM", "MAX", "PREMUL_SUM(2)"."""
     inner = getattr(op, "op", None)  # a ReduceOp object wraps a RedOpType
     name = getattr(op, "name", None) or getattr(inner, "name", None)
     if not name:
