@@ -1,7 +1,8 @@
 """Desync: members of a group issued different numbers of collectives and nobody waits.
 
 A hang shows up in the wait-for graph; this pass covers what remains, such as a rank that ran
-fewer iterations and exited cleanly, or a rank that ran ahead with asynchronous collectives.
+fewer iterations and exited cleanly. Ranks ahead only by collectives still in flight (a dump
+taken while the job runs) are in step.
 """
 
 from __future__ import annotations
@@ -28,9 +29,17 @@ def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
     for key, info in m.groups.items():
         if key in explained:
             continue
-        counters = {r: p.last_seq for r, p in info.progress.items() if r in info.ranks}
+        members = {r: p for r, p in info.progress.items() if r in info.ranks}
+        counters = {r: p.last_seq for r, p in members.items()}
         if len(set(counters.values())) < 2:
             continue
+        # Ranks ahead only by collectives still in flight are not out of step: someone must
+        # have completed a collective that another member never issued.
+        done = [p.last_completed for p in members.values()]
+        if min(done) >= 0 and max(done) <= min(counters.values()):
+            continue
+        if min(done) < 0 and max(counters.values()) - min(counters.values()) < 2:
+            continue  # no completion tracking: one in flight is indistinguishable from drift
         counts = Counter(counters.values())
         common, n = counts.most_common(1)[0]
         if n * 2 <= len(counters):

@@ -23,6 +23,9 @@ from flightrec.proto import flightrec_pb2 as pb
 
 Node = tuple[object, ...]
 
+# Dumps asked for by a person or by code, not by a hang.
+_SNAPSHOTS = frozenset({pb.API_CALL, pb.SIGNAL_USR1, pb.CLI_TRIGGER})
+
 
 def rank_node(rank: int) -> Node:
     """Graph node of a rank."""
@@ -96,6 +99,10 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
             op = d.string(cols["op"][pos])
             enq = d.dump.entries.enqueue_ns[pos]
             waited = d.age_s(enq)
+            if d.header.reason in _SNAPSHOTS and waited < d.header.timeout_s:
+                # A dump taken on request from a running job catches operations in flight;
+                # one younger than the job's own hang timeout is not a hang.
+                continue
             if cols["flags"][pos] & pb.IS_P2P:
                 peer, n = cols["peer"][pos], cols["p2p_seq"][pos]
                 sending = bool(cols["flags"][pos] & pb.SEND)
