@@ -46,11 +46,9 @@ def {name}({params}):
     if not _rec.enabled or _tid in _active:
         return _orig({call})
     try:
-        _info = _by_pg.get({group})
+        _info = _by_pg.get({group}) or _rec.group_slow({group})
         if _info is None:
-            _info = _rec.group_slow({group})
-            if _info is None:
-                return _orig({call})
+            raise _NotRecorded
         _t0 = _now()
 {tensors}
 {order}
@@ -64,7 +62,11 @@ def {name}({params}):
               _thread, _stk, _in, _out, _dev, {flags})
         _active[_tid] = _rid
     except Exception:
+        # Not recorded (no default group yet, a rank outside the group, or arguments torch
+        # will reject): torch runs, once, and raises its own error if there is one.
+        _info = None
         _active.pop(_tid, None)
+    if _info is None:
         return _orig({call})
     try:
         _result = _orig({call})
@@ -78,6 +80,10 @@ def {name}({params}):
         _done(_buf, _off + OFF_COMPLETE, _now(), COMPLETED)
     return _result
 """
+
+
+class _NotRecorded(Exception):
+    """Raised inside a generated wrapper to take the plain-call path."""
 
 
 _STACK = """\
@@ -202,6 +208,7 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
         "_rid_at": RID.unpack_from,
         "_done": DONE.pack_into,
         "OFF_COMPLETE": OFF_COMPLETE,
+        "_NotRecorded": _NotRecorded,
         "_capture": rec.stacks.capture,
         "_tcaches": rec.stacks.threads,
         "_reds": rec.strings.index,

@@ -211,3 +211,22 @@ def test_reduce_op_names_stay_bounded(rt: Runtime) -> None:
     for _ in range(5):  # a new ReduceOp object per call, as FSDP builds them
         rt.recorder.red_slow(dist._make_nccl_premul_sum(2.0))
     assert len(rt.recorder.strings.values) == before + 1
+
+
+def test_unrecorded_calls_run_torch_exactly_once(rt: Runtime) -> None:
+    from flightrec.recorder.codegen import generate
+    from flightrec.recorder.specs import spec_for
+
+    calls: list[object] = []
+
+    def fake(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
+        calls.append(tensor)
+        raise ValueError("torch says no")
+
+    wrapper = generate(spec_for("all_reduce", rt.hooks.originals["all_reduce"]), fake, rt.recorder)
+    before = len(entries(rt))
+    with pytest.raises(ValueError, match="torch says no"):  # a rank outside the group
+        wrapper(torch.ones(1), group=dist.GroupMember.NON_GROUP_MEMBER)
+    with pytest.raises(ValueError, match="torch says no"):  # recording cannot read the tensor
+        wrapper("not a tensor")
+    assert len(calls) == 2 and len(entries(rt)) == before
