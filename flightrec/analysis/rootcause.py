@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterable
+from dataclasses import replace
 
 import networkx as nx
 
@@ -232,16 +233,4 @@ def _component(cond: nx.DiGraph, node: Node) -> int:
 
 
 def _with_consequences(f: Finding, consequences: list[Consequence]) -> Finding:
-    from dataclasses import replace
-
     return replace(f, consequences=tuple(consequences))
-
-
-def describe_consequences(f: Finding) -> list[str]:
-    """One line per consequence: ``ranks 0-1,3 wait in all_reduce #7 on group 0 (12.0 s)``."""
-    return [
-        f"{ranks_phrase(c.waiting)} wait in {c.op} #{c.seq} on group {c.process_group} "
-        f"[ranks {compress(c.pg_ranks)}]" + (f" for {c.waited_s:.1f} s" if c.waited_s else "")
-        for c in f.consequences
-        if c.waiting
-    ]
