@@ -118,7 +118,8 @@ def rank_finding(
         kind = FindingKind.MISSING_DUMP
         if primary is not None:
             summary = (
-                f"{who} left no dump; {ranks_phrase(primary.waiting)} wait for "
+                f"{who} left no dump; {ranks_phrase(primary.waiting)} "
+                f"{'waits' if len(primary.waiting) == 1 else 'wait'} for "
                 f"{'it' if len(ranks) == 1 else 'them'} in {what} (a process killed hard, by a "
                 "crash, the OOM killer or an abort, leaves no dump)"
             )

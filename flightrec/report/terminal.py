@@ -99,7 +99,7 @@ class TerminalRenderer:
                 where = f"{len(cs)} {desc + ' ' if desc else ''}groups"
             lines.append(
                 _sentence(waiting, f"wait in {op} #{seq} on {where}")
-                + (f" for {longest:.1f} s" if longest else "")
+                + (f" for {longest:.1f} s" if longest >= 0.05 else "")
             )
         if lines:
             self.console.print(Text("Blocked because of it", style="bold"))
