@@ -61,6 +61,10 @@ class DumpBuilder:
         self._specs: dict[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]], int] = {
             ((), (), ()): 0
         }
+        # Entries repeat a handful of call sites and tensor signatures: remember the index of
+        # each distinct raw value so it is interned once, not once per entry.
+        self._raw_stacks: dict[tuple[FrameTuple, ...], int] = {(): 0}
+        self._raw_specs: dict[tuple[TensorTuple, ...], int] = {(): 0}
         self._cols: dict[str, list[int]] = {
             field.name: [] for field in pb.Entries.DESCRIPTOR.fields
         }
@@ -91,20 +95,29 @@ class DumpBuilder:
 
     def stack(self, frames: Iterable[FrameTuple]) -> int:
         """Index of a stack given innermost frame first; 0 for an empty stack."""
-        key = tuple(self.frame(f, n, ln) for f, n, ln in frames)
+        raw = tuple(frames)
+        known = self._raw_stacks.get(raw)
+        if known is not None:
+            return known
+        key = tuple(self.frame(f, n, ln) for f, n, ln in raw)
         index = self._stacks.get(key)
         if index is None:
             index = len(self._dump.stacks)
             self._stacks[key] = index
             self._dump.stacks.add(frames=key)
+        self._raw_stacks[raw] = index
         return index
 
     def tensors(self, tensors: Iterable[TensorTuple]) -> int:
         """Index of a tensor signature (list of (shape, dtype)); 0 for no tensors."""
+        raw = tuple((tuple(shape), dtype) for shape, dtype in tensors)
+        known = self._raw_specs.get(raw)
+        if known is not None:
+            return known
         ndim: list[int] = []
         dims: list[int] = []
         dtypes: list[int] = []
-        for shape, dtype in tensors:
+        for shape, dtype in raw:
             ndim.append(len(shape))
             dims.extend(shape)
             dtypes.append(self.string(dtype))
@@ -114,6 +127,7 @@ class DumpBuilder:
             index = len(self._dump.tensor_specs)
             self._specs[key] = index
             self._dump.tensor_specs.add(ndim=key[0], dims=key[1], dtype=key[2])
+        self._raw_specs[raw] = index
         return index
 
     def group(

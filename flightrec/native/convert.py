@@ -137,39 +137,8 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
             ],
             members_known=g.members_known,
         )
-    # Entries repeat a handful of call sites and tensor signatures: intern each distinct
-    # value once instead of once per entry.
-    stacks: dict[tuple[tuple[str, str, int], ...], int] = {}
-    specs: dict[tuple[tuple[tuple[int, ...], str], ...], int] = {}
     for ev in entries:
-        stack = stacks.get(tuple(ev.stack))
-        if stack is None:
-            stack = stacks[tuple(ev.stack)] = b.stack(ev.stack)
-        inputs = specs.get(tuple(ev.inputs))
-        if inputs is None:
-            inputs = specs[tuple(ev.inputs)] = b.tensors(ev.inputs)
-        outputs = specs.get(tuple(ev.outputs))
-        if outputs is None:
-            outputs = specs[tuple(ev.outputs)] = b.tensors(ev.outputs)
-        b.entry_raw(
-            record_id=ev.record_id,
-            group=ev.group,
-            seq=ev.seq,
-            p2p_seq=ev.p2p_seq,
-            op=b.string(ev.op),
-            reduce_op=b.string(ev.reduce_op),
-            peer=ev.peer,
-            state=ev.state,
-            enqueue_ns=ev.enqueue_ns,
-            start_ns=ev.start_ns,
-            complete_ns=ev.complete_ns,
-            thread=b.string(ev.thread),
-            stack=stack,
-            inputs=inputs,
-            outputs=outputs,
-            flags=ev.flags,
-            device=b.string(ev.device),
-        )
+        b.entry(ev)
 
     default = next((g for g in mine if g.desc == "default_pg"), mine[0] if mine else None)
     backend = (default.backend if default else "") or next(
