@@ -58,6 +58,8 @@ class _DumpReasonEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enu
     """`flightrec trigger`"""
     CONVERTED: _DumpReason.ValueType  # 9
     """written by `flightrec convert` from a PyTorch native dump"""
+    BLACKBOX: _DumpReason.ValueType  # 10
+    """read back from a rank's on-disk ring (.ring): the process died or exited without dumping"""
 
 class DumpReason(_DumpReason, metaclass=_DumpReasonEnumTypeWrapper): ...
 
@@ -78,6 +80,8 @@ CLI_TRIGGER: DumpReason.ValueType  # 8
 """`flightrec trigger`"""
 CONVERTED: DumpReason.ValueType  # 9
 """written by `flightrec convert` from a PyTorch native dump"""
+BLACKBOX: DumpReason.ValueType  # 10
+"""read back from a rank's on-disk ring (.ring): the process died or exited without dumping"""
 global___DumpReason = DumpReason
 
 class _State:
