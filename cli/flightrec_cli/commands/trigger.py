@@ -17,16 +17,18 @@ def register(app: typer.Typer) -> None:
 def trigger_command(
     host: Annotated[
         str | None,
-        typer.Option("--host", help="Store host of the job [default: $MASTER_ADDR or 127.0.0.1]."),
+        typer.Option(
+            "--host", help="Store host of the job (default: $MASTER_ADDR, else 127.0.0.1)."
+        ),
     ] = None,
     port: Annotated[
-        int | None, typer.Option("--port", help="Store port of the job [default: $MASTER_PORT].")
+        int | None, typer.Option("--port", help="Store port of the job (default: $MASTER_PORT).")
     ] = None,
     job_id: Annotated[
         str | None,
         typer.Option(
             "--job-id",
-            help="The job's FLIGHTREC_JOB_ID, if it set one [default: $FLIGHTREC_JOB_ID].",
+            help="The job's FLIGHTREC_JOB_ID, if it set one (default: $FLIGHTREC_JOB_ID).",
         ),
     ] = None,
     timeout: Annotated[
