@@ -59,7 +59,7 @@ def {name}({params}):
         _rid = _next_id()
         _off = ((_rid - 1) % _capacity) * _SIZE
         _pack(_buf, _off, _rid, _t0, 0, ENQUEUED, _seq, _p2p, _info.index, _OP, {red_index}, {peer},
-              _thread, _stk, _in, _out, _dev, {flags})
+              _thread, _stk, _in, _out, _dev, {flags}, _rid)
         _active[_tid] = _rid
     except Exception:
         # Not recorded (no default group yet, a rank outside the group, or arguments torch

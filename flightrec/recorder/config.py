@@ -42,6 +42,9 @@ class Config:
     """FLIGHTREC_DUMP_ON_EXIT: dump at normal exit too."""
     job_id: str = ""
     """FLIGHTREC_JOB_ID or TORCHELASTIC_RUN_ID: namespaces store keys; empty when unknown."""
+    blackbox: bool = True
+    """FLIGHTREC_BLACKBOX: keep the ring in a memory-mapped file under FLIGHTREC_DIR (on
+    unless set to something other than 1/true/yes) so a rank that dies hard leaves evidence."""
 
 
 def is_true(value: str | None) -> bool:
@@ -113,4 +116,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         stack_depth=_integer(env, "FLIGHTREC_STACK_DEPTH", DEFAULT_STACK_DEPTH, 0, MAX_STACK_DEPTH),
         dump_on_exit=is_true(env.get("FLIGHTREC_DUMP_ON_EXIT")),
         job_id=job_id_from_env(env),
+        blackbox=env.get("FLIGHTREC_BLACKBOX") is None or is_true(env.get("FLIGHTREC_BLACKBOX")),
     )

@@ -88,6 +88,8 @@ class Dumper:
         self._lock = threading.Lock()  # one dump at a time; never held by the hot path
         self._warned = False
         self.last_path: Path | None = None
+        self.exit_dumped = False
+        """An exit dump was written: the black box is superseded and can go."""
 
     def dump(self, reason: int, detail: str = "", requested_by: int = -1) -> Path | None:
         """Write one dump now.

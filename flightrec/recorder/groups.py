@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from flightrec.recorder.completion import is_gpu
@@ -108,6 +109,8 @@ class GroupRegistry:
         self.by_pg: dict[Any, GroupInfo] = {}
         self.groups: list[GroupInfo] = []
         self._lock = threading.Lock()
+        self.on_new: Callable[[GroupInfo], None] | None = None
+        """Told of each new group under the lock (the black box's journal)."""
 
     def get(self, pg: Any) -> GroupInfo:
         """The info of ``pg``, created on first sight."""
@@ -119,4 +122,6 @@ class GroupRegistry:
                     info = _describe(pg, len(self.groups))
                     self.groups.append(info)
                     self.by_pg[pg] = info
+                    if self.on_new is not None:
+                        self.on_new(info)
         return info

@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from flightrec.blackbox.writer import BlackBox
 from flightrec.builder import COALESCED, IS_P2P, SEND
 from flightrec.recorder import completion
 from flightrec.recorder.config import Config
 from flightrec.recorder.groups import GroupInfo, GroupRegistry
-from flightrec.recorder.ring import COMPLETED, ENQUEUED, FAILED, Ring
+from flightrec.recorder.ring import COMPLETED, ENQUEUED, FAILED, SLOT_SIZE, Ring
 from flightrec.recorder.stacks import StackTable
 from flightrec.recorder.tables import StringTable, TensorTable
 
@@ -56,6 +57,19 @@ def _reduce_name(op: Any) -> str:
     return str(name)
 
 
+def _open_blackbox(config: Config) -> BlackBox | None:
+    """The on-disk ring, or None when it is off or cannot be created (one warning)."""
+    if not config.blackbox:
+        return None
+    try:
+        return BlackBox(
+            config.directory, config.buffer, SLOT_SIZE, config.stack_depth, config.timeout_s
+        )
+    except Exception as exc:  # a read-only or full disk must not stop the job
+        log.warning("flightrec: black box off (ring kept in memory only): %s", exc)
+        return None
+
+
 class Recorder:
     """Everything one process records: the ring, the intern tables, the group counters."""
 
@@ -63,11 +77,16 @@ class Recorder:
         import torch.distributed.distributed_c10d as c10d
 
         self.config = config
-        self.ring = Ring(config.buffer)
+        self.blackbox = _open_blackbox(config)
+        self.ring = Ring(config.buffer, self.blackbox.slots if self.blackbox else None)
         self.strings = StringTable()
         self.tensors = TensorTable()
         self.stacks = StackTable(config.stack_depth)
         self.groups = GroupRegistry()
+        if self.blackbox is not None:
+            bb = self.blackbox
+            self.strings.on_new, self.tensors.on_new = bb.on_string, bb.on_tensors
+            self.stacks.on_new, self.groups.on_new = bb.on_stack, bb.on_group
         self.active: dict[int, int] = {}
         """Thread ident -> record id of the call it is inside (reentrancy guard + holds_recorder)."""
         self.enabled = True

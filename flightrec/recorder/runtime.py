@@ -17,6 +17,7 @@ from typing import Any
 
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.recorder.config import Config, from_env
+from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.hooks import Hooks
 from flightrec.recorder.recorder import Recorder
@@ -37,6 +38,7 @@ class Runtime:
         self.recorder = Recorder(config)
         self.dumper = Dumper(self.recorder, config.job_id)
         self.hooks = Hooks()
+        self.ddp = DDPHooks()
         self.namespace = os.environ.get("FLIGHTREC_JOB_ID", "").strip() or DEFAULT_NAMESPACE
         self.watchdog: Watchdog | None = None
         self.poller: Poller | None = None
@@ -45,6 +47,11 @@ class Runtime:
         self._last_error_dump = 0
         self.recorder.on_first_use = self.start_background
         self.recorder.on_error = self._on_error
+        self._identified = False
+        # atexit runs handlers last-registered first: the exit dump (if any) is written before
+        # the black box decides whether it is still needed.
+        if self.recorder.blackbox is not None:
+            atexit.register(self._close_blackbox)
         if config.dump_on_exit:
             atexit.register(self._at_exit)
 
@@ -52,6 +59,10 @@ class Runtime:
     def enable(self) -> None:
         self.recorder.enabled = True
         self.hooks.install(self.recorder, self.start_background, self._after_destroy)
+        try:
+            self.ddp.install(lambda: self.recorder.enabled)
+        except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
+            log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -60,6 +71,7 @@ class Runtime:
     def disable(self) -> None:
         self.recorder.enabled = False
         self.hooks.uninstall()
+        self.ddp.uninstall()
         self.signals.uninstall()
         with self._lock:
             if self.watchdog is not None:
@@ -99,6 +111,38 @@ class Runtime:
                         log.warning("flightrec: dump requests through the store are off: %s", exc)
             if not self.signals.installed:
                 self.signals.install()
+        self._identify_blackbox()
+
+    def _identify_blackbox(self) -> None:
+        """Once the default group exists, write rank, world and job into the black box."""
+        bb = self.recorder.blackbox
+        if bb is None or self._identified:
+            return
+        from flightrec.recorder.dumper import _dist_info, _torch_version
+
+        rank, world, backend, store = _dist_info()
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            return
+        self._identified = True
+        try:
+            bb.identify(rank, world, self.config.job_id or store, backend, _torch_version())
+        except Exception as exc:
+            log.warning("flightrec: could not label the black box: %s", exc)
+
+    def _close_blackbox(self) -> None:
+        """At normal exit: a healthy ring (or one a dump just superseded) is deleted."""
+        bb = self.recorder.blackbox
+        if bb is None:
+            return
+        ring = self.recorder.ring
+        dumped = self.dumper.exit_dumped
+        healthy = dumped or not (ring.pending_slots() or ring.failed_any())
+        try:
+            bb.close(healthy)
+        except Exception as exc:
+            log.warning("flightrec: could not close the black box: %s", exc)
 
     # -- triggers -------------------------------------------------------------------------
     def dump(self, reason: int, detail: str = "", requested_by: int = -1) -> Path | None:
@@ -155,8 +199,9 @@ class Runtime:
             used = dist.is_available() and dist.is_initialized()
         except Exception:
             used = False
-        if used or self.recorder.ring.pending_slots() or self.recorder.groups.groups:
-            self.dump(pb.PROCESS_EXIT, "process exit")
+        needed = used or self.recorder.ring.pending_slots() or self.recorder.groups.groups
+        if needed and self.dump(pb.PROCESS_EXIT, "process exit") is not None:
+            self.dumper.exit_dumped = True
 
 
 def _on_torch_thread() -> bool:

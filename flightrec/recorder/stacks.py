@@ -10,6 +10,7 @@ alive, so an ``id()`` in a key can never be reused by another code object.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from types import CodeType, FrameType
 
 from flightrec.builder import FrameTuple
@@ -72,6 +73,8 @@ class StackTable:
         self._index: dict[tuple[int, ...], int] = {(): 0}
         self._stacks: list[RawStack] = [()]
         self._symbols: dict[tuple[int, int], FrameTuple] = {}
+        self.on_new: Callable[[int, RawStack], None] | None = None
+        """Told of each new stack under the lock (the black box's journal)."""
         self.threads: dict[int, _ThreadCache] = {}
         """Per-thread caches; the generated wrappers read ``top``/``top_index`` directly."""
         self._lock = threading.Lock()
@@ -166,6 +169,8 @@ class StackTable:
                 index = len(self._stacks)
                 self._stacks.append(raw)
                 self._index[key] = index
+                if self.on_new is not None:
+                    self.on_new(index, raw)
         return index
 
     def purge(self, live: dict[int, FrameType]) -> None:

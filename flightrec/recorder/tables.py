@@ -23,6 +23,8 @@ class Interner:
         self.index: dict[Hashable, int] = {}
         self.values: list[Any] = [empty]
         self._lock = threading.Lock()
+        self.on_new: Callable[[int, Any], None] | None = None
+        """Told of each new value under the lock, in index order (the black box's journal)."""
 
     def add(self, key: Hashable, make: Callable[[], Any]) -> int:
         """Index of ``key``, building its value with ``make()`` the first time."""
@@ -30,8 +32,11 @@ class Interner:
             index = self.index.get(key)
             if index is None:
                 index = len(self.values)
-                self.values.append(make())
+                value = make()
+                self.values.append(value)
                 self.index[key] = index
+                if self.on_new is not None:
+                    self.on_new(index, value)
             return index
 
 

@@ -55,6 +55,8 @@ class Watchdog:
     def check(self, now_ns: int) -> None:
         """One scan (the thread calls this; tests call it with a fake clock)."""
         rec = self._recorder
+        if rec.blackbox is not None:
+            rec.blackbox.heartbeat()
         rec.tracker.poll()
         rec.stacks.purge(sys._current_frames())
         if self._last_fire and now_ns - self._last_fire < self._timeout_ns:

@@ -1,0 +1,77 @@
+"""The black-box file format: a header page, then the ring's binary slots, plus a tables journal.
+
+A rank's ring lives in ``<FLIGHTREC_DIR>/flightrec-rank00003-<host>-<pid>.ring`` (before the
+rank is known: ``flightrec-<host>-<pid>.ring``), memory-mapped, so every entry the hot path
+writes is in the kernel's page cache the moment it is written: a process killed with SIGKILL,
+ended by ``os._exit`` or aborted inside gloo/NCCL leaves it behind without running any code.
+
+Layout of the ``.ring`` file:
+  * bytes 0..4095: the header (``HEADER``), rewritten in place when the rank becomes known,
+    by a heartbeat from the watchdog, and at exit;
+  * then ``capacity`` slots of ``SLOT_SIZE`` bytes in the recorder's own slot format
+    (``flightrec.recorder.ring.SLOT``), slot ``i`` holding record ids ``i+1, i+1+capacity...``.
+
+The interned tables the slots refer to (strings, tensor signatures, stacks, groups) go to a
+sibling ``.ring.tables`` file, one JSON line per new value, appended when the value is first
+interned (rare: a few dozen lines per job). A torn last line is ignored by the reader.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+
+MAGIC = b"FRBLKBOX"
+VERSION = 1
+HEADER_SIZE = 4096
+"""One page, so the slot region can be mapped page-aligned on its own."""
+RING_SUFFIX = ".ring"
+TABLES_SUFFIX = ".ring.tables"
+SOURCE = "flightrec-blackbox"
+"""``Header.source`` of a dump read back from a black-box file."""
+
+# Little-endian, no implicit padding: this is a file format.
+HEADER = struct.Struct("<8sIIIIqiiIIdqqqq64s128s32s32s16s")
+HEAD_FIELDS = (
+    "magic", "version", "header_size", "slot_size", "capacity", "pid", "rank", "world_size",
+    "status", "stack_depth", "timeout_s", "start_wall_ns", "start_mono_ns", "beat_wall_ns",
+    "beat_mono_ns", "hostname", "job_id", "backend", "torch_version", "flightrec_version",
+)  # fmt: skip
+# Offsets for in-place updates; they follow the format above.
+OFF_STATUS = 40
+STATUS = struct.Struct("<I")
+OFF_BEAT = 72
+BEAT = struct.Struct("<qq")
+
+
+class Status(enum.IntEnum):
+    """How the process that owned a black-box file ended, as far as the file can tell."""
+
+    RUNNING = 1
+    """Never closed: the process is still running, or died without running Python's exit."""
+    EXITED = 2
+    """Exited through Python's normal exit path with unfinished or failed operations."""
+    CLEAN = 3
+    """Exited healthy; the file is normally deleted instead (kept only if deleting failed)."""
+
+
+def ring_name(rank: int, host: str, pid: int) -> str:
+    """File name of a ring: by rank once known (``rank < 0``: not yet known)."""
+    host = "".join(c if c.isalnum() or c in "-_." else "_" for c in host)[:64]
+    if rank < 0:
+        return f"flightrec-{host}-{pid}{RING_SUFFIX}"
+    return f"flightrec-rank{rank:05d}-{host}-{pid}{RING_SUFFIX}"
+
+
+def text(raw: bytes) -> str:
+    """A fixed-size, NUL-padded header string."""
+    return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def fixed(value: str, size: int) -> bytes:
+    """``value`` encoded and cut to fit a fixed-size header field (on a character boundary)."""
+    data = value.encode("utf-8")
+    while len(data) > size:
+        value = value[:-1]
+        data = value.encode("utf-8")
+    return data

@@ -1,0 +1,259 @@
+"""Reading a black box back into a dump: that rank's evidence when it wrote no dump itself.
+
+The result is an ordinary ``pb.Dump`` with an honest header: ``source`` is
+``"flightrec-blackbox"``, ``reason`` is ``BLACKBOX`` and ``reason_detail`` says how the
+process ended as far as the file can tell. It has no thread stacks (nobody was there to take
+them); the last entries' own stacks say where the rank last called into torch.distributed.
+
+Slots are checked one by one, so a slot torn by a kill in the middle of its write is dropped,
+never misread: its record id must be stored twice (first and last word) and agree with its
+position, its state must be a real state, and every table index must resolve.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+from flightrec.blackbox.format import (
+    HEAD_FIELDS,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    SOURCE,
+    TABLES_SUFFIX,
+    VERSION,
+    Status,
+    text,
+)
+from flightrec.builder import DumpBuilder
+from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
+from flightrec.proto import flightrec_pb2 as pb
+from flightrec.recorder.ring import SLOT, SLOT_SIZE, Slot
+
+
+def is_blackbox(path: str | Path) -> bool:
+    """Whether ``path`` starts with the black-box magic bytes (False when unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(MAGIC)) == MAGIC
+    except OSError:
+        return False
+
+
+class Tables:
+    """The journal's tables: strings, tensor signatures, frames, stacks and groups."""
+
+    def __init__(self) -> None:
+        self.strings: dict[int, str] = {0: ""}
+        self.tensors: dict[int, list[tuple[list[int], str]]] = {0: []}
+        self.frames: dict[int, tuple[str, str, int]] = {}
+        self.stacks: dict[int, list[int]] = {0: []}
+        self.groups: dict[int, tuple[str, str, list[int], str]] = {}
+        self.bad_lines = 0
+
+
+def read_tables(path: Path) -> Tables:
+    """Parse a ``.ring.tables`` journal; unparseable lines (a torn last write) are counted."""
+    t = Tables()
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return t
+    for line in data.splitlines():
+        try:
+            rec = json.loads(line)
+            kind, index = rec[0], int(rec[1])
+            if kind == "s":
+                t.strings[index] = str(rec[2])
+            elif kind == "t":
+                t.tensors[index] = [(list(map(int, s)), str(d)) for s, d in rec[2]]
+            elif kind == "f":
+                t.frames[index] = (str(rec[2]), str(rec[3]), int(rec[4]))
+            elif kind == "k":
+                t.stacks[index] = [int(f) for f in rec[2]]
+            elif kind == "g":
+                t.groups[index] = (str(rec[2]), str(rec[3]), [int(r) for r in rec[4]], str(rec[5]))
+            else:
+                t.bad_lines += 1
+        except (ValueError, TypeError, IndexError, KeyError):
+            t.bad_lines += 1
+    return t
+
+
+def _header(path: Path, data: bytes) -> dict[str, Any]:
+    if len(data) < HEADER_SIZE or not data.startswith(MAGIC):
+        raise NotADumpError(path, "not a flightrec black-box file (no magic bytes)")
+    head = dict(zip(HEAD_FIELDS, HEADER.unpack_from(data, 0), strict=True))
+    if head["version"] != VERSION:
+        raise UnsupportedVersionError(
+            path,
+            f"black-box format version {head['version']}; this flightrec reads version {VERSION}",
+        )
+    if head["slot_size"] != SLOT_SIZE or head["header_size"] != HEADER_SIZE:
+        raise UnsupportedVersionError(
+            path, f"black-box slots of {head['slot_size']} bytes; this flightrec uses {SLOT_SIZE}"
+        )
+    if len(data) < HEADER_SIZE + head["capacity"] * SLOT_SIZE:
+        raise CorruptDumpError(path, "black-box file is shorter than its ring")
+    for key in ("hostname", "job_id", "backend", "torch_version", "flightrec_version"):
+        head[key] = text(head[key])
+    return head
+
+
+def _valid(s: Slot, tail: int, index: int, capacity: int, t: Tables) -> bool:
+    return (
+        s.record_id == tail
+        and (s.record_id - 1) % capacity == index
+        and 1 <= s.state <= 4
+        and s.group in t.groups
+        and all(i in t.strings for i in (s.op, s.reduce_op, s.thread, s.device))
+        and s.stack in t.stacks
+        and s.inputs in t.tensors
+        and s.outputs in t.tensors
+    )
+
+
+def read_slots(path: Path, data: bytes, capacity: int, t: Tables) -> tuple[list[Slot], int]:
+    """The ring's valid entries, oldest first, and the number of torn or unresolvable slots."""
+    region = data[HEADER_SIZE : HEADER_SIZE + capacity * SLOT_SIZE]
+    entries: list[Slot] = []
+    dropped = 0
+    for index, values in enumerate(SLOT.iter_unpack(region)):
+        if not values[0]:
+            continue
+        s = Slot._make(values[:-1])
+        if _valid(s, values[-1], index, capacity, t):
+            entries.append(s)
+        else:
+            dropped += 1
+    entries.sort(key=lambda s: s.record_id)
+    return entries, dropped
+
+
+def _alive(host: str, pid: int) -> bool:
+    """Whether the process is still running (only knowable on the host that wrote the file)."""
+    if host != socket.gethostname() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # exists, owned by someone else
+    return True
+
+
+def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
+    who = f"pid {head['pid']} on {head['hostname'] or 'unknown host'}"
+    status = head["status"]
+    if status == Status.EXITED:
+        what = (
+            f"black box of {who}: the process exited with unfinished or failed operations "
+            "and wrote no exit dump"
+        )
+    elif status == Status.CLEAN:
+        what = f"black box of {who}: the process exited healthy"
+    elif _alive(head["hostname"], head["pid"]):
+        what = f"black box of {who}: the process is still running (a live view of its ring)"
+    else:
+        what = (
+            f"black box of {who}: the process died without running any Python exit code "
+            "(SIGKILL, OOM killer, os._exit, or an abort inside the backend)"
+        )
+    what += f"; {n} entries recovered"
+    if dropped:
+        what += f", {dropped} torn or unresolvable slots dropped"
+    return what
+
+
+def read_blackbox(path: str | Path) -> pb.Dump:
+    """Turn a black-box file (and its ``.ring.tables`` journal) into a dump.
+
+    Args:
+        path: the ``.ring`` file.
+
+    Returns:
+        A dump whose header says ``source="flightrec-blackbox"``, ``reason=BLACKBOX``.
+
+    Raises:
+        NotADumpError: not a black-box file.
+        UnsupportedVersionError: written by a flightrec with another slot layout.
+        CorruptDumpError: the file is shorter than its header says.
+    """
+    p = Path(path)
+    try:
+        data = p.read_bytes()
+    except OSError as exc:
+        raise CorruptDumpError(p, f"cannot read: {exc.strerror or exc}") from None
+    head = _header(p, data)
+    tables = read_tables(p.with_name(p.name.removesuffix(".ring") + TABLES_SUFFIX))
+    entries, dropped = read_slots(p, data, head["capacity"], tables)
+
+    b = DumpBuilder()
+    h = b.header
+    h.rank, h.world_size = head["rank"], head["world_size"]
+    h.hostname, h.pid = head["hostname"], head["pid"]
+    h.local_rank = -1
+    h.device = "cpu" if "nccl" not in head["backend"] else ""
+    h.job_id, h.backend = head["job_id"], head["backend"]
+    h.torch_version, h.flightrec_version = head["torch_version"], head["flightrec_version"]
+    h.reason = pb.BLACKBOX
+    h.reason_detail = _detail(head, len(entries), dropped)
+    # The last sign of life: the newest heartbeat or entry time, on the monotonic clock.
+    last = max(
+        [head["beat_mono_ns"], head["start_mono_ns"]]
+        + [max(e.enqueue_ns, e.complete_ns) for e in entries]
+    )
+    h.mono_time_ns = last
+    h.wall_time_ns = head["start_wall_ns"] + (last - head["start_mono_ns"])
+    h.buffer_capacity = head["capacity"]
+    h.entries_recorded = entries[-1].record_id if entries else 0
+    h.stack_depth, h.timeout_s = head["stack_depth"], head["timeout_s"]
+    h.dump_index = 0
+    h.requested_by = -1
+    h.source = SOURCE
+
+    g_map: dict[int, int] = {}
+    for index, (name, desc, ranks, backend) in sorted(tables.groups.items()):
+        mine = [e for e in entries if e.group == index]
+        g_map[index] = b.group(
+            name, ranks, desc=desc, backend=backend,
+            last_seq=max((e.seq for e in mine), default=0),
+            p2p=_p2p_counters(mine),
+        )  # fmt: skip
+    s_map = {i: b.string(s) for i, s in tables.strings.items()}
+    k_map = {0: 0}
+    t_map = {0: 0}
+    for e in entries:
+        if e.stack not in k_map:
+            frames = [tables.frames[f] for f in tables.stacks[e.stack] if f in tables.frames]
+            k_map[e.stack] = b.stack(frames)
+        for ti in (e.inputs, e.outputs):
+            if ti not in t_map:
+                t_map[ti] = b.tensors((tuple(shape), dtype) for shape, dtype in tables.tensors[ti])
+        b.entry_raw(
+            record_id=e.record_id, group=g_map[e.group], seq=e.seq, p2p_seq=e.p2p_seq,
+            op=s_map[e.op], reduce_op=s_map[e.reduce_op], peer=e.peer, state=e.state,
+            enqueue_ns=e.enqueue_ns, start_ns=0, complete_ns=e.complete_ns,
+            thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
+            outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
+        )  # fmt: skip
+    return b.build()
+
+
+def _p2p_counters(entries: list[Slot]) -> list[tuple[int, int, int]]:
+    """(peer, sends, recvs) from the highest P2P ordinals still in the ring."""
+    from flightrec.builder import IS_P2P, SEND
+
+    sends: dict[int, int] = {}
+    recvs: dict[int, int] = {}
+    for e in entries:
+        if e.flags & IS_P2P:
+            side = sends if e.flags & SEND else recvs
+            side[e.peer] = max(side.get(e.peer, 0), e.p2p_seq)
+    peers = sorted(set(sends) | set(recvs))
+    return [(p, sends.get(p, 0), recvs.get(p, 0)) for p in peers]

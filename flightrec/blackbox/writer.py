@@ -1,0 +1,191 @@
+"""Writing a black box: the ring's slots in a memory-mapped file, the tables in a journal.
+
+The recorder's hot path does not know the ring is on disk: ``slots`` is an ``mmap`` object
+that ``struct.pack_into`` writes into exactly as it writes into a ``bytearray``. Only the rare
+slow paths (a new string, tensor signature, stack or group) append a line to the journal, and
+the watchdog refreshes a heartbeat in the header. Nothing here raises into the job: a failure
+to create the files leaves the recorder on an in-memory ring (one warning), and a failed
+journal write is counted and reported once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import mmap
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from types import CodeType
+from typing import Any
+
+from flightrec.blackbox.format import (
+    BEAT,
+    HEADER,
+    HEADER_SIZE,
+    MAGIC,
+    OFF_BEAT,
+    OFF_STATUS,
+    STATUS,
+    TABLES_SUFFIX,
+    VERSION,
+    Status,
+    fixed,
+    ring_name,
+)
+from flightrec.recorder.stacks import line_of
+
+log = logging.getLogger("flightrec")
+
+
+class BlackBox:
+    """One process's black-box files.
+
+    Args:
+        directory: FLIGHTREC_DIR (created if missing).
+        capacity: ring capacity in slots.
+        slot_size: bytes per slot (the recorder's ``SLOT_SIZE``).
+        stack_depth: FLIGHTREC_STACK_DEPTH, stored for the reader.
+        timeout_s: FLIGHTREC_TIMEOUT, stored for the reader.
+
+    Raises:
+        OSError: the files cannot be created or mapped.
+    """
+
+    def __init__(
+        self, directory: str, capacity: int, slot_size: int, stack_depth: int, timeout_s: float
+    ) -> None:
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.host = socket.gethostname()
+        self.pid = os.getpid()
+        self.path = self.directory / ring_name(-1, self.host, self.pid)
+        size = HEADER_SIZE + capacity * slot_size
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)  # sparse zeros: every slot starts empty (record id 0)
+            self.head = mmap.mmap(fd, HEADER_SIZE)
+            self.slots = mmap.mmap(fd, capacity * slot_size, offset=HEADER_SIZE)
+        finally:
+            os.close(fd)
+        self._tables_fd = os.open(
+            self._tables_path(self.path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
+        )
+        self._lock = threading.Lock()  # journal lines of different tables never interleave
+        self._frames: dict[tuple[str, str, int], int] = {}
+        self._symbols: dict[tuple[int, int], int] = {}
+        self._codes: list[CodeType] = []  # keeps ids in _symbols from being reused
+        self._failed = False
+        self.closed = False
+        from flightrec import __version__
+
+        self._fields: dict[str, Any] = {
+            "magic": MAGIC, "version": VERSION, "header_size": HEADER_SIZE,
+            "slot_size": slot_size, "capacity": capacity, "pid": self.pid, "rank": -1,
+            "world_size": 0, "status": int(Status.RUNNING), "stack_depth": stack_depth,
+            "timeout_s": float(timeout_s), "start_wall_ns": time.time_ns(),
+            "start_mono_ns": time.monotonic_ns(), "beat_wall_ns": 0, "beat_mono_ns": 0,
+            "hostname": fixed(self.host, 64), "job_id": b"", "backend": b"",
+            "torch_version": b"", "flightrec_version": fixed(__version__, 16),
+        }  # fmt: skip
+        self._write_header()
+
+    @staticmethod
+    def _tables_path(ring: Path) -> Path:
+        return ring.with_name(ring.name[: -len(".ring")] + TABLES_SUFFIX)
+
+    def _write_header(self) -> None:
+        HEADER.pack_into(self.head, 0, *self._fields.values())
+
+    # -- identity and liveness ---------------------------------------------------------------
+    def identify(
+        self, rank: int, world_size: int, job_id: str, backend: str, torch_version: str
+    ) -> None:
+        """Record who this process is (once its default group exists); name the files by rank."""
+        f = self._fields
+        f["rank"], f["world_size"] = rank, world_size
+        f["job_id"], f["backend"] = fixed(job_id, 128), fixed(backend, 32)
+        f["torch_version"] = fixed(torch_version, 32)
+        f["beat_wall_ns"], f["beat_mono_ns"] = time.time_ns(), time.monotonic_ns()
+        self._write_header()
+        target = self.directory / ring_name(rank, self.host, self.pid)
+        if rank >= 0 and target != self.path and not self.closed:
+            try:
+                os.replace(self._tables_path(self.path), self._tables_path(target))
+                os.replace(self.path, target)
+                self.path = target
+            except OSError as exc:
+                log.warning("flightrec: could not rename the black box %s: %s", self.path, exc)
+
+    def heartbeat(self) -> None:
+        """Note that the process is alive now (the reader bounds the time of death with it)."""
+        BEAT.pack_into(self.head, OFF_BEAT, time.time_ns(), time.monotonic_ns())
+
+    def close(self, healthy: bool) -> None:
+        """At exit: delete the files of a healthy process, or mark them as evidence.
+
+        The maps stay open: other threads may still write a slot while the interpreter exits,
+        and writing into an unlinked mapping is harmless.
+        """
+        if self.closed:
+            return
+        self.closed = True
+        status = Status.CLEAN if healthy else Status.EXITED
+        self._fields["status"] = int(status)
+        STATUS.pack_into(self.head, OFF_STATUS, int(status))
+        self.heartbeat()
+        if healthy:
+            for p in (self._tables_path(self.path), self.path):
+                # If deleting fails, the header says CLEAN and the loader sets the file aside.
+                with contextlib.suppress(OSError):
+                    p.unlink()
+        with contextlib.suppress(OSError):
+            os.close(self._tables_fd)
+
+    # -- the tables journal (called under the tables' own locks, on first sight only) ------
+    def _append(self, records: list[list[Any]]) -> None:
+        data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
+        try:
+            os.write(self._tables_fd, data)
+        except (OSError, ValueError) as exc:
+            if not self._failed:
+                self._failed = True
+                log.warning("flightrec: black-box tables not written (%s): %s", self.path, exc)
+
+    def on_string(self, index: int, value: Any) -> None:
+        """A new string table entry."""
+        with self._lock:
+            self._append([["s", index, str(value)]])
+
+    def on_tensors(self, index: int, value: Any) -> None:
+        """A new tensor signature: ``((shape, dtype), ...)``."""
+        with self._lock:
+            self._append([["t", index, [[list(shape), dtype] for shape, dtype in value]]])
+
+    def on_stack(self, index: int, raw: Any) -> None:
+        """A new stack: ``((code, f_lasti), ...)``, symbolized here, once per new frame."""
+        with self._lock:
+            records: list[list[Any]] = []
+            ids: list[int] = []
+            for code, lasti in raw:
+                key = (id(code), lasti)
+                fid = self._symbols.get(key)
+                if fid is None:
+                    sym = (code.co_filename, code.co_qualname, line_of(code, lasti))
+                    fid = self._frames.get(sym)
+                    if fid is None:
+                        fid = self._frames[sym] = len(self._frames) + 1
+                        records.append(["f", fid, *sym])
+                    self._symbols[key] = fid
+                    self._codes.append(code)
+                ids.append(fid)
+            records.append(["k", index, ids])
+            self._append(records)
+
+    def on_group(self, info: Any) -> None:
+        """A new process group (a ``GroupInfo``)."""
+        with self._lock:
+            self._append([["g", info.index, info.name, info.desc, list(info.ranks), info.backend]])
