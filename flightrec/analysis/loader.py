@@ -16,6 +16,9 @@ from pathlib import Path
 from types import ModuleType
 
 from flightrec.analysis.model import FileProblem, RankDump
+from flightrec.blackbox import SOURCE as BLACKBOX_SOURCE
+from flightrec.blackbox import is_blackbox, read_blackbox
+from flightrec.blackbox.format import TABLES_SUFFIX
 from flightrec.dumpfile import SUFFIX, has_magic, read_dump
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.proto import flightrec_pb2 as pb
@@ -73,6 +76,8 @@ def read_any(path: str | Path) -> pb.Dump | list[pb.Dump]:
     """
     if has_magic(path):
         return read_dump(path)
+    if is_blackbox(path):
+        return read_blackbox(path)
     native = _native()
     sniff = getattr(native, "sniff", None)
     read_native = getattr(native, "read_native", None)
@@ -100,8 +105,8 @@ def discover(root: Path) -> Iterator[Path]:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
         for name in sorted(filenames):
             # Temporaries of an atomic write in progress, editor droppings, hidden files.
-            if name.startswith("."):
-                continue
+            if name.startswith(".") or name.endswith(TABLES_SUFFIX):
+                continue  # (a black box's tables are read with its .ring file)
             path = Path(dirpath) / name
             if path.is_file():
                 yield path
@@ -109,6 +114,32 @@ def discover(root: Path) -> Iterator[Path]:
 
 def _order_key(d: RankDump) -> tuple[int, int, str]:
     return (d.header.wall_time_ns, d.header.dump_index, d.path)
+
+
+def _prefer_dumps(candidates: list[RankDump], notes: list[str]) -> list[RankDump]:
+    """Drop black boxes a real dump of the same process supersedes, and healthy leftovers.
+
+    A black box is a rank's evidence only when its process wrote no dump of its own (it died
+    hard, or exited without one); a process that dumped said more there (thread stacks).
+    """
+    dumped = {
+        (d.header.hostname, d.header.pid) for d in candidates if d.header.source != BLACKBOX_SOURCE
+    }
+    kept: list[RankDump] = []
+    superseded = 0
+    for d in candidates:
+        if d.header.source == BLACKBOX_SOURCE and (
+            (d.header.hostname, d.header.pid) in dumped or d.header.rank < 0 or len(d) == 0
+        ):
+            superseded += 1
+            continue
+        kept.append(d)
+    if superseded:
+        notes.append(
+            f"set aside {superseded} black-box file(s) of processes that also wrote a dump "
+            "or recorded nothing"
+        )
+    return kept or candidates
 
 
 def load_dir(path: str | Path, view: View = View.LATEST) -> Run:
@@ -154,6 +185,7 @@ def load_dir(path: str | Path, view: View = View.LATEST) -> Run:
         raise NoDumpsError(f"{root}: no readable dump ({what}{extra})")
 
     notes: list[str] = []
+    candidates = _prefer_dumps(candidates, notes)
     # Dumps of several jobs in one folder cannot be merged: keep the most recent job's.
     by_job: dict[str, list[RankDump]] = defaultdict(list)
     for d in candidates:
