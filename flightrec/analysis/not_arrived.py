@@ -32,7 +32,7 @@ def culprit_state(m: Matched, rank: int) -> Culprit:
     d = m.run.dumps.get(rank)
     if d is None:
         return Culprit.NO_DUMP
-    if d.header.reason == pb.PROCESS_EXIT:
+    if d.header.reason in (pb.PROCESS_EXIT, pb.BLACKBOX):
         return Culprit.EXITED
     return Culprit.OUTSIDE
 
@@ -68,7 +68,13 @@ def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
             "location": frame_json(lf) if lf else None,
             "seconds_before_dump": round(d.age_s(last.complete_ns), 3),
         }
-    if frame is not None:
+    if d.header.reason == pb.BLACKBOX and last is not None:
+        # Read back from its black box: no stacks at death, only its last recorded calls.
+        lf = user_frame(last.stack)
+        phrase = f"it died after completing {last.op} #{last.seq}" + (
+            f"; its last call was at {lf.where()}" if lf else ""
+        )
+    elif frame is not None:
         phrase = f"it was in {frame.function} at {frame.where()}"
     elif last is not None:
         word = "completed" if d.tracks_completion else "issued"
@@ -145,6 +151,12 @@ def rank_finding(
         summary = f"{who}{ident} {verb} {what or 'the operation its peers wait in'}; " + "; ".join(
             phrases
         )
+        if len(ranks) == 1 and d.header.reason == pb.BLACKBOX:
+            # "Rank 1 (host, pid) died after completing all_reduce #4; its last call was at
+            # train.py:30; it never entered all_reduce #5 ..."
+            summary = f"{who}{ident} {phrases[0].removeprefix('it ')}; it never entered " + (
+                what or "the operation its peers wait in"
+            )
     return Finding(
         kind=kind.value,
         ranks=ranks,

@@ -79,6 +79,7 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
                 rank, Status.WAITING, rec.op, rec.group, number, user_frame(rec.stack)
             )
             continue
-        status = Status.EXITED if d.header.reason == pb.PROCESS_EXIT else Status.OUTSIDE
+        exited = d.header.reason in (pb.PROCESS_EXIT, pb.BLACKBOX)
+        status = Status.EXITED if exited else Status.OUTSIDE
         states[rank] = RankState(rank, status, location=user_frame(d.current_stack()))
     return states
