@@ -8,6 +8,7 @@ entry. Passes then materialise ``CollectiveRecord``s only where they look closel
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from flightrec.analysis.loader import Run
@@ -82,7 +83,7 @@ class Matched:
         d = self.run.dumps[rank]
         if not d.tracks_completion:
             return d.record(len(d) - 1) if len(d) else None
-        states = d.dump.entries.state
+        states = d.columns["state"]
         for i in range(len(d) - 1, -1, -1):
             if states[i] == _COMPLETED:
                 return d.record(i)
@@ -110,7 +111,7 @@ def _progress(
     return GroupProgress(last_seq, last_completed, gi.seqs[0] if gi.seqs else 0)
 
 
-def _incomplete_positions(states: list[int]) -> tuple[int, ...]:
+def _incomplete_positions(states: Sequence[int]) -> tuple[int, ...]:
     """Positions of entries that did not complete, found from the newest end.
 
     A healthy ring is almost all completed, with the few outstanding entries at its end: count

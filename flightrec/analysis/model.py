@@ -1,8 +1,9 @@
 """The analysis model: nouns that every pass and renderer shares.
 
-Per-rank data stays columnar: a ``RankDump`` keeps the packed protobuf columns as they were
-parsed and materialises a ``CollectiveRecord`` only for the few entries a pass looks at closely
-(a group's frontier, a disagreement). Findings are frozen data; renderers format them.
+Per-rank data stays columnar: a ``RankDump`` keeps the entry columns as narrow typed arrays
+(a few bytes per value, so 16,384 ranks of 2,000 entries fit in a few GB) and materialises a
+``CollectiveRecord`` only for the few entries a pass looks at closely (a group's frontier, a
+disagreement). Findings are frozen data; renderers format them.
 """
 
 from __future__ import annotations
@@ -10,10 +11,17 @@ from __future__ import annotations
 import dataclasses
 import enum
 import re
+from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 
+from google.protobuf.internal.containers import (
+    RepeatedCompositeFieldContainer,
+    RepeatedScalarFieldContainer,
+)
+
+from flightrec.dumpfile import ENTRY_COLUMNS
 from flightrec.proto import flightrec_pb2 as pb
 
 
@@ -150,20 +158,151 @@ class ThreadInfo:
     stack: tuple[FrameInfo, ...]
 
 
+def _narrow(values: Sequence[int]) -> array[int]:
+    """The smallest array type that holds ``values``: most columns are small interned indices."""
+    if not values:
+        return array("B")
+    lo, hi = min(values), max(values)
+    for code, bits in (("B", 8), ("H", 16), ("I", 32)):
+        if lo >= 0 and hi < 1 << bits:
+            return array(code, values)
+    for code, bits in (("b", 8), ("h", 16), ("i", 32)):
+        if -(1 << (bits - 1)) <= lo and hi < 1 << (bits - 1):
+            return array(code, values)
+    return array("Q" if lo >= 0 and hi >= 1 << 63 else "q", values)
+
+
+class EntriesView:
+    """The ``Entries`` columns of one dump as compact typed arrays (same names as the schema).
+
+    Reads like ``pb.Entries`` (``e.state[i]``, ``len(e.record_id)``) at a fraction of its
+    memory: a 16,384-rank job keeps every rank's ring in memory at once.
+    """
+
+    __slots__ = ENTRY_COLUMNS
+
+    record_id: array[int]
+    group: array[int]
+    seq: array[int]
+    p2p_seq: array[int]
+    op: array[int]
+    reduce_op: array[int]
+    peer: array[int]
+    state: array[int]
+    enqueue_ns: array[int]
+    start_ns: array[int]
+    complete_ns: array[int]
+    thread: array[int]
+    stack: array[int]
+    inputs: array[int]
+    outputs: array[int]
+    flags: array[int]
+    device: array[int]
+
+    def __init__(self, columns: Mapping[str, array[int]]) -> None:
+        for name in ENTRY_COLUMNS:
+            setattr(self, name, columns[name])
+
+    @classmethod
+    def of(cls, entries: pb.Entries) -> EntriesView:
+        """Copy a parsed ``Entries`` message into narrow arrays (one C-speed slice each)."""
+        return cls({name: _narrow(getattr(entries, name)[:]) for name in ENTRY_COLUMNS})
+
+    def columns(self) -> dict[str, array[int]]:
+        """Column name -> array."""
+        return {name: getattr(self, name) for name in ENTRY_COLUMNS}
+
+
+class DumpView:
+    """A parsed dump with its entries held as ``EntriesView``; reads like ``pb.Dump``.
+
+    Attributes:
+        meta: the dump without its entries (header, groups, interned tables, threads).
+        entries: the entry columns.
+    """
+
+    __slots__ = ("entries", "meta")
+
+    def __init__(self, meta: pb.Dump, entries: EntriesView) -> None:
+        self.meta = meta
+        self.entries = entries
+
+    @property
+    def header(self) -> pb.Header:
+        """The dump header."""
+        return self.meta.header
+
+    @property
+    def groups(self) -> RepeatedCompositeFieldContainer[pb.ProcessGroup]:
+        """Process groups, in local index order."""
+        return self.meta.groups
+
+    @property
+    def strings(self) -> RepeatedScalarFieldContainer[str]:
+        """Interned strings."""
+        return self.meta.strings
+
+    @property
+    def frames(self) -> RepeatedCompositeFieldContainer[pb.Frame]:
+        """Interned frames."""
+        return self.meta.frames
+
+    @property
+    def stacks(self) -> RepeatedCompositeFieldContainer[pb.Stack]:
+        """Interned stacks."""
+        return self.meta.stacks
+
+    @property
+    def tensor_specs(self) -> RepeatedCompositeFieldContainer[pb.TensorSpec]:
+        """Interned tensor signatures."""
+        return self.meta.tensor_specs
+
+    @property
+    def threads(self) -> RepeatedCompositeFieldContainer[pb.ThreadState]:
+        """Every thread's stack at dump time."""
+        return self.meta.threads
+
+
+def _meta_of(dump: pb.Dump) -> pb.Dump:
+    """Everything of ``dump`` but its entries (copied field by field: the entries are the bulk)."""
+    meta = pb.Dump(magic=dump.magic, schema_major=dump.schema_major, schema_minor=dump.schema_minor)
+    meta.header.CopyFrom(dump.header)
+    meta.groups.extend(dump.groups)
+    meta.strings.extend(dump.strings)
+    meta.frames.extend(dump.frames)
+    meta.stacks.extend(dump.stacks)
+    meta.tensor_specs.extend(dump.tensor_specs)
+    meta.threads.extend(dump.threads)
+    return meta
+
+
 class RankDump:
-    """One rank's chosen dump, columns kept as parsed.
+    """One rank's chosen dump: its tables as parsed, its entry columns as narrow arrays.
+
+    Picklable (compactly) so that loader processes can hand it to the analysing process.
 
     Attributes:
         path: the file it came from.
-        dump: the parsed protobuf message.
+        dump: the dump; ``dump.entries`` holds typed arrays instead of protobuf columns.
     """
 
-    def __init__(self, path: str, dump: pb.Dump) -> None:
+    def __init__(self, path: str, dump: pb.Dump | DumpView) -> None:
         self.path = path
+        if not isinstance(dump, DumpView):
+            dump = DumpView(_meta_of(dump), EntriesView.of(dump.entries))
         self.dump = dump
         self._frame_cache: dict[int, FrameInfo] = {}
         self._stack_cache: dict[int, tuple[FrameInfo, ...]] = {}
         self._spec_cache: dict[int, tuple[TensorInfo, ...]] = {}
+
+    def __getstate__(self) -> tuple[str, bytes, dict[str, array[int]]]:
+        return (self.path, self.dump.meta.SerializeToString(), self.dump.entries.columns())
+
+    def __setstate__(self, state: tuple[str, bytes, dict[str, array[int]]]) -> None:
+        path, meta_bytes, columns = state
+        meta = pb.Dump()
+        meta.ParseFromString(meta_bytes)
+        self.__init__(path, DumpView(meta, EntriesView(columns)))  # type: ignore[misc]
 
     @property
     def header(self) -> pb.Header:
@@ -189,27 +328,9 @@ class RankDump:
         return tuple(g.name or ",".join(map(str, g.ranks)) for g in self.dump.groups)
 
     @cached_property
-    def columns(self) -> Mapping[str, list[int]]:
-        """The entry columns as lists (one C-speed copy each)."""
-        e = self.dump.entries
-        # Lists: copying a protobuf column into a list is C speed (into an array it is not), and
-        # most columns hold small interned indices, which Python shares, so a list costs about
-        # the 8 bytes a value an array would.
-        return {
-            name: list(getattr(e, name))
-            for name in (
-                "group",
-                "seq",
-                "p2p_seq",
-                "op",
-                "reduce_op",
-                "peer",
-                "state",
-                "flags",
-                "inputs",
-                "outputs",
-            )
-        }
+    def columns(self) -> Mapping[str, array[int]]:
+        """The entry columns by name (typed arrays)."""
+        return self.dump.entries.columns()
 
     def __len__(self) -> int:
         return len(self.dump.entries.record_id)
@@ -218,7 +339,7 @@ class RankDump:
     def tracks_completion(self) -> bool:
         """Whether entry states are real. Converted gloo dumps leave every entry ``ENQUEUED``."""
         e = self.dump.entries
-        return any(s != pb.ENQUEUED for s in e.state) or any(e.complete_ns)
+        return e.state.count(pb.ENQUEUED) != len(e.state) or any(e.complete_ns)
 
     def string(self, index: int) -> str:
         """String table lookup."""
