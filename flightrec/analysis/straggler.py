@@ -1,20 +1,33 @@
 """Stragglers: a rank that arrives last at collectives, again and again, while nothing hangs.
 
-A collective completes on every member at about the same moment (when the last one arrives),
-so each rank's own wait, complete minus enqueue on its own monotonic clock, shows who arrived
-last without comparing clocks across hosts: the last arriver waited least. A straggler is
-last at most of the recent collectives it took part in, by a clear margin.
+In a synchronous collective every member waits for the slowest, so durations all look alike;
+the signal is who arrives last. Arrivals (enqueue times) of different ranks are compared on
+one clock, aligned from the dumps themselves (``clocks.group_arrivals``: completions of one
+collective are simultaneous). A straggler is last at most of the recent collectives it took
+part in, by a margin well above ordinary jitter and above the alignment's own uncertainty.
+
+Rank 0 often does legitimate extra work between steps (logging, evaluation, checkpoint
+writes): when it is the late one, the finding says so and carries low confidence.
 """
 
 from __future__ import annotations
 
+import re
 from collections import Counter, defaultdict
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from statistics import median
 
+from flightrec.analysis.clocks import GroupArrivals, group_arrivals
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Finding, FindingKind
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.analysis.model import Finding, FindingKind, is_library_frame
+
+# Words in a function or file name that say "extra work a coordinating rank does".
+_EXTRA_WORK = re.compile(
+    r"log|print|save|checkpoint|ckpt|write|wandb|tensorboard|eval|metric", re.I
+)
+# Ranks listed per finding in the lateness table.
+TABLE_RANKS = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,14 +37,108 @@ class StragglerOptions:
     Attributes:
         recent: completed collectives per group looked at (the newest ones).
         min_samples: collectives a rank must have taken part in to be judged.
-        min_fraction: share of them at which it must have arrived last.
-        min_margin_ms: how much later than the others' median it must have arrived (median).
+        min_fraction: share of them at which it must have arrived last, late.
+        min_margin_ms: how much after the next-latest member an arrival must be to count as
+            late (raised to three times the clock alignment's jitter where that is larger).
     """
 
-    recent: int = 64
+    recent: int = 128
     min_samples: int = 5
-    min_fraction: float = 0.6
+    min_fraction: float = 0.5
     min_margin_ms: float = 5.0
+
+
+@dataclass(slots=True)
+class _Tally:
+    taken: int = 0
+    last: int = 0
+    late: list[float] = field(default_factory=list)
+    """Margins (ms) behind the next-latest member, where it was last by a clear margin."""
+    behind: list[float] = field(default_factory=list)
+    """Arrival minus the other members' median arrival (ms), every collective."""
+    waited_ns: int = 0
+    delay_ns: int = 0
+    groups: Counter[str] = field(default_factory=Counter)
+    ops: Counter[str] = field(default_factory=Counter)
+    spread_ns: float = 0.0
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile (0..1) by nearest rank; 0.0 for no values."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _median_without(ordered: Sequence[int], j: int) -> float:
+    """Median of sorted ``ordered`` without its element ``j``, in O(1)."""
+    n = len(ordered) - 1
+
+    def at(k: int) -> int:
+        return ordered[k if k < j else k + 1]
+
+    return float(at(n // 2)) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+
+
+def _tally_group(
+    m: Matched, ga: GroupArrivals, opt: StragglerOptions, t: dict[int, _Tally]
+) -> None:
+    n = len(ga.ranks)
+    floor_ns = opt.min_margin_ms * 1e6
+    for i in range(len(ga.seqs)):
+        at = sorted((ga.arrivals[r][i], r) for r in ga.ranks)
+        (a_last, last), (a_second, second) = at[-1], at[-2]
+        margin = a_last - a_second
+        values = [a for a, _ in at]
+        for j, (a, r) in enumerate(at):
+            tr = t[r]
+            tr.taken += 1
+            tr.behind.append((a - _median_without(values, j)) / 1e6)
+        tl = t[last]
+        tl.last += 1
+        # Alignment jitter of the two ranks compared bounds what a margin can mean.
+        noise = 3.0 * (ga.spread_ns[last] ** 2 + ga.spread_ns[second] ** 2) ** 0.5
+        tl.spread_ns = max(tl.spread_ns, ga.spread_ns[last])
+        if margin < max(floor_ns, noise):
+            continue
+        tl.late.append(margin / 1e6)
+        tl.waited_ns += margin * (n - 1)
+        tl.delay_ns += margin
+        tl.groups[ga.group] += 1
+        d = m.dump(last)
+        tl.ops[d.string(d.columns["op"][ga.positions[last][i]])] += 1
+
+
+def lateness_table(tallies: dict[int, _Tally], keep: Sequence[int]) -> list[dict[str, object]]:
+    """Per-rank lateness rows, latest first: the ``keep`` ranks plus the latest others."""
+    rows = sorted(
+        tallies.items(), key=lambda kv: (-(median(kv[1].behind) if kv[1].behind else 0.0), kv[0])
+    )
+    chosen = [r for r, _ in rows[:TABLE_RANKS]]
+    chosen += [r for r in keep if r not in chosen]
+    out: list[dict[str, object]] = []
+    for r, tr in rows:
+        if r not in chosen:
+            continue
+        out.append(
+            {
+                "rank": r,
+                "collectives": tr.taken,
+                "last_share": round(len(tr.late) / tr.taken, 3) if tr.taken else 0.0,
+                "median_behind_ms": round(median(tr.behind), 3) if tr.behind else 0.0,
+                "p90_behind_ms": round(percentile(tr.behind, 0.9), 3),
+            }
+        )
+    return out
+
+
+def _extra_work_hint(m: Matched, rank: int) -> str | None:
+    """Where rank's own code does extra work, if its stack at dump time says so."""
+    for frame in m.dump(rank).current_stack():
+        if not is_library_frame(frame) and _EXTRA_WORK.search(f"{frame.function} {frame.file}"):
+            return f"{frame.function} ({frame.where()})"
+    return None
 
 
 def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list[Finding]:
@@ -42,76 +149,70 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
         options: thresholds; defaults when None.
 
     Returns:
-        ``straggler`` findings, the most consistent straggler first.
+        ``straggler`` findings, the most consistent straggler first; empty for a healthy job.
     """
     opt = options or StragglerOptions()
-    taken: Counter[int] = Counter()
-    last: Counter[int] = Counter()
-    margins: dict[int, list[float]] = defaultdict(list)
-    groups_of: dict[int, Counter[str]] = defaultdict(Counter)
-    ops_of: dict[int, Counter[str]] = defaultdict(Counter)
+    tallies: dict[int, _Tally] = defaultdict(_Tally)
     for key, info in m.groups.items():
-        waits: dict[int, dict[int, int]] = {}
-        for r in info.ranks:
-            gi = m.index.get(r, {}).get(key)
-            if gi is None or not m.dump(r).tracks_completion:
-                continue
-            e = m.dump(r).dump.entries
-            table: dict[int, int] = {}
-            for seq, pos in zip(gi.seqs[-opt.recent :], gi.positions[-opt.recent :], strict=True):
-                if e.state[pos] == pb.COMPLETED and e.complete_ns[pos] and e.enqueue_ns[pos]:
-                    table[seq] = e.complete_ns[pos] - e.enqueue_ns[pos]
-            waits[r] = table
-        if len(waits) < 2:
+        if len(info.ranks) < 2:
             continue
-        seqs = set.intersection(*(set(t) for t in waits.values()))
-        for seq in seqs:
-            per = {r: t[seq] for r, t in waits.items()}
-            late = min(per.items(), key=lambda kv: kv[1])[0]
-            margin_ms = (median(v for r, v in per.items() if r != late) - per[late]) / 1e6
-            for r in per:
-                taken[r] += 1
-            if margin_ms >= opt.min_margin_ms:
-                last[late] += 1
-                margins[late].append(margin_ms)
-                groups_of[late][key] += 1
-                at = m.index[late][key].position_of(seq)
-                if at is not None:
-                    ops_of[late][m.dump(late).string(m.dump(late).columns["op"][at])] += 1
-    findings: list[tuple[float, Finding]] = []
-    for r, n in last.items():
-        total = taken[r]
-        if total < opt.min_samples or n / total < opt.min_fraction:
+        ga = group_arrivals(m, key, opt.recent)
+        if ga is not None:
+            _tally_group(m, ga, opt, tallies)
+    blamed: list[tuple[float, int]] = []
+    for r, tr in tallies.items():
+        if tr.taken < opt.min_samples or len(tr.late) / tr.taken < opt.min_fraction:
             continue
-        typical = median(margins[r])
-        if typical < opt.min_margin_ms:
+        if median(tr.late) < opt.min_margin_ms:
             continue
-        group = groups_of[r].most_common(1)[0][0]
-        info = m.groups[group]
-        d = m.dump(r)
-        summary = (
-            f"Rank {r} ({d.describe()}) arrived last at {n} of the {total} recent collectives it "
-            f"took part in, typically {typical:.1f} ms after the others "
-            f"(groups {', '.join(sorted(groups_of[r]))}); nothing hangs, but every peer waits for it"
+        blamed.append((len(tr.late) / tr.taken, r))
+    blamed.sort(key=lambda kv: (-kv[0], kv[1]))
+    table = lateness_table(tallies, [r for _, r in blamed]) if blamed else []
+    return [_finding(m, r, tallies[r], table) for _, r in blamed]
+
+
+def _finding(m: Matched, r: int, tr: _Tally, table: list[dict[str, object]]) -> Finding:
+    n, total = len(tr.late), tr.taken
+    typical, p90 = median(tr.late), percentile(tr.late, 0.9)
+    group = tr.groups.most_common(1)[0][0]
+    info = m.groups[group]
+    d = m.dump(r)
+    summary = (
+        f"Rank {r} ({d.describe()}) arrived last at {n} of the {total} recent collectives it "
+        f"took part in ({100 * n / total:.0f}%), typically {typical:.1f} ms after the next-latest "
+        f"rank (p90 {p90:.1f} ms); the other ranks waited about {tr.waited_ns / 1e9:.2f} "
+        f"rank-seconds for it ({tr.delay_ns / 1e9:.2f} s of job time). Nothing hangs"
+    )
+    evidence: dict[str, object] = {
+        "last_arrivals": n,
+        "collectives": total,
+        "last_share": round(n / total, 3),
+        "median_lateness_ms": round(typical, 3),
+        "p90_lateness_ms": round(p90, 3),
+        "others_waited_s": round(tr.waited_ns / 1e9, 3),
+        "job_delay_s": round(tr.delay_ns / 1e9, 3),
+        "groups": dict(tr.groups),
+        "clock_jitter_ms": round(tr.spread_ns / 1e6, 3),
+        "confidence": "high",
+        "lateness_by_rank": table,
+    }
+    if r == 0:
+        # The coordinating rank logs, evaluates and writes checkpoints while the others go on:
+        # lateness there is often by design, so it is reported as such, not as a fault.
+        hint = _extra_work_hint(m, r)
+        evidence["confidence"] = "low"
+        evidence["likely_cause"] = "rank 0 extra work (logging, checkpoint writes)"
+        summary += (
+            "; rank 0 often does extra work between steps (logging, checkpoint writes)"
+            + (f", e.g. {hint}" if hint else "")
+            + ": if that is expected, this is by design rather than a fault (low confidence)"
         )
-        findings.append(
-            (
-                n / total,
-                Finding(
-                    kind=FindingKind.STRAGGLER.value,
-                    ranks=(r,),
-                    summary=summary,
-                    process_group=group,
-                    pg_ranks=info.ranks,
-                    op=ops_of[r].most_common(1)[0][0] if ops_of[r] else None,
-                    evidence={
-                        "last_arrivals": n,
-                        "collectives": total,
-                        "median_lateness_ms": round(typical, 3),
-                        "groups": dict(groups_of[r]),
-                    },
-                ),
-            )
-        )
-    findings.sort(key=lambda t: -t[0])
-    return [f for _, f in findings]
+    return Finding(
+        kind=FindingKind.STRAGGLER.value,
+        ranks=(r,),
+        summary=summary,
+        process_group=group,
+        pg_ranks=info.ranks,
+        op=tr.ops.most_common(1)[0][0] if tr.ops else None,
+        evidence=evidence,
+    )

@@ -1,0 +1,324 @@
+"""Put every rank's timestamps on one clock, estimated from the dumps themselves.
+
+Each dump records times on its rank's monotonic clock, plus one anchor pair (wall and monotonic
+time at dump) that maps them to that host's wall clock. Hosts' wall clocks disagree by
+milliseconds (NTP), and drift apart slowly, which is as much as the lateness a straggler shows.
+The dumps hold a better reference: a synchronous collective completes on all its members at
+nearly the same moment, when the last one arrives. So for two ranks of one group, the
+difference of their completion times of the same collective is their clock offset plus a
+little jitter; its median over many collectives is robust against outliers (a rank descheduled
+on its way out), and entries that never completed (hangs, failures) are simply not used.
+
+Two levels are provided:
+
+* ``group_arrivals``: per group and collective, each member's arrival on the clock of the
+  group's anchor member: one robust offset per member when its completion differences are
+  stable, else each collective aligned on its own completions, so slow drift between hosts
+  over a long ring does not masquerade as lateness.
+* ``estimate_offsets``: one constant offset per rank against a reference rank (groups chained
+  through shared members), with its uncertainty, for timelines and reports.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from statistics import median
+
+from flightrec.analysis.matching import Matched
+from flightrec.proto import flightrec_pb2 as pb
+
+_COMPLETED = pb.COMPLETED
+# 1.4826 x median absolute deviation estimates a normal spread's sigma, ignoring outliers.
+_MAD_SIGMA = 1.4826
+# Completion differences of two ranks that vary less than this (sigma) are one constant offset.
+STABLE_NS = 1_000_000
+# Fewer shared completions than this cannot estimate an offset.
+MIN_LINK_SAMPLES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class Timed:
+    """One completed collective of one rank, times on the rank's wall-anchored clock (ns)."""
+
+    seq: int
+    position: int
+    """Entry position in the rank's ring."""
+    enqueue_ns: int
+    complete_ns: int
+
+
+@dataclass(frozen=True, slots=True)
+class GroupArrivals:
+    """Members' arrivals at a group's completed collectives, on the anchor member's clock.
+
+    Attributes:
+        group: the group key.
+        anchor: the member whose clock the others are aligned to.
+        ranks: members with usable times, sorted.
+        seqs: collectives completed by every one of ``ranks``, increasing.
+        arrivals: per rank, arrival (enqueue) per collective, parallel to ``seqs`` (ns).
+        completions: per rank, completion per collective on the same clock (ns).
+        spread_ns: per rank, per-collective jitter of its completions against the anchor's:
+            how far apart "simultaneous" completions are, i.e. how precisely arrivals compare.
+        positions: per rank, ring positions parallel to ``seqs``.
+    """
+
+    group: str
+    anchor: int
+    ranks: tuple[int, ...]
+    seqs: tuple[int, ...]
+    arrivals: Mapping[int, Sequence[int]]
+    completions: Mapping[int, Sequence[int]]
+    spread_ns: Mapping[int, float]
+    positions: Mapping[int, Sequence[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class RankClock:
+    """One rank's clock relative to the reference rank.
+
+    Attributes:
+        rank: global rank.
+        offset_ns: add to nothing, subtract from the rank's wall-anchored time to get reference
+            time (0 for the reference rank).
+        uncertainty_ns: one-sigma error of ``offset_ns`` (standard errors summed along the
+            chain of groups that links the rank to the reference).
+        spread_ns: sigma of the per-collective completion differences on the last link.
+        drift_ns: how much the completion differences moved over the ring (5th to 95th
+            percentile): clock drift or steps, which a constant offset cannot follow.
+        samples: completions the last link was estimated from.
+        via: the rank it was linked through (itself for the reference).
+    """
+
+    rank: int
+    offset_ns: int
+    uncertainty_ns: float
+    spread_ns: float
+    drift_ns: int
+    samples: int
+    via: int
+
+
+@dataclass(frozen=True, slots=True)
+class ClockAlignment:
+    """Every rank's offset against one reference rank.
+
+    Attributes:
+        reference: the reference rank (lowest rank with completed collectives); -1 when none.
+        clocks: per aligned rank.
+        unaligned: ranks with a dump whose clock could not be linked (no shared completed
+            collective); their wall-clock anchor is used as is.
+    """
+
+    reference: int
+    clocks: Mapping[int, RankClock]
+    unaligned: tuple[int, ...]
+
+    def offset_ns(self, rank: int) -> int:
+        """The rank's offset (0 when unaligned)."""
+        c = self.clocks.get(rank)
+        return c.offset_ns if c else 0
+
+    @property
+    def max_uncertainty_ns(self) -> float:
+        """The largest offset uncertainty among aligned ranks."""
+        return max((c.uncertainty_ns for c in self.clocks.values()), default=0.0)
+
+
+def base_ns(m: Matched, rank: int) -> int:
+    """What to add to ``rank``'s monotonic times to put them on its host's wall clock.
+
+    0 when the dump has no wall-clock anchor: offsets then absorb the whole difference.
+    """
+    h = m.dump(rank).header
+    return h.wall_time_ns - h.mono_time_ns if h.wall_time_ns and h.mono_time_ns else 0
+
+
+def completed_times(m: Matched, group: str, recent: int) -> dict[int, dict[int, Timed]]:
+    """Per member of ``group``: its newest ``recent`` completed collectives, by seq.
+
+    Members without a dump, or whose dump does not track completion, are left out.
+    """
+    out: dict[int, dict[int, Timed]] = {}
+    for r in m.groups[group].ranks:
+        gi = m.index.get(r, {}).get(group)
+        if gi is None or not gi.seqs or not m.dump(r).tracks_completion:
+            continue
+        e = m.dump(r).dump.entries
+        base = base_ns(m, r)
+        table: dict[int, Timed] = {}
+        for seq, pos in zip(gi.seqs[-recent:], gi.positions[-recent:], strict=True):
+            if e.state[pos] == _COMPLETED and e.complete_ns[pos] and e.enqueue_ns[pos]:
+                table[seq] = Timed(seq, pos, e.enqueue_ns[pos] + base, e.complete_ns[pos] + base)
+        if table:
+            out[r] = table
+    return out
+
+
+def _sigma(values: Sequence[float]) -> float:
+    if len(values) < 2:
+        return 0.0
+    mid = median(values)
+    return _MAD_SIGMA * median(abs(v - mid) for v in values)
+
+
+def jitter_ns(diffs: Sequence[float]) -> float:
+    """Per-collective disagreement of completions, free of slow drift.
+
+    The spread of successive differences (divided by sqrt 2) measures the jitter of single
+    completions whatever the clocks' drift does over the whole ring.
+    """
+    steps = [b - a for a, b in itertools.pairwise(diffs)]
+    return _sigma(steps) / math.sqrt(2) if len(steps) >= 2 else 0.0
+
+
+def local_offsets(diffs: Sequence[int]) -> list[float]:
+    """Offset per collective from the completion differences of two ranks.
+
+    When the differences stay put (sigma under ``STABLE_NS``), one constant offset, their
+    median: robust against single odd completions. When they wander (clock drift over a long
+    ring, an NTP step), each collective is aligned on its own completion: the only reference
+    that moves with the clocks.
+    """
+    if not diffs:
+        return []
+    if _sigma(diffs) < STABLE_NS:
+        whole = float(median(diffs))
+        return [whole] * len(diffs)
+    return [float(d) for d in diffs]
+
+
+def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals | None:
+    """Arrivals of a group's members at the collectives all of them completed, on one clock.
+
+    Args:
+        m: the lined-up histories.
+        group: group key.
+        recent: newest completed collectives per member looked at.
+
+    Returns:
+        The aligned arrivals, or None when fewer than two members have ``MIN_LINK_SAMPLES``
+        collectives in common.
+    """
+    times = completed_times(m, group, recent)
+    if len(times) < 2:
+        return None
+    seqs = sorted(set.intersection(*(set(t) for t in times.values())))
+    if len(seqs) < MIN_LINK_SAMPLES:
+        return None
+    ranks = tuple(sorted(times))
+    anchor = ranks[0]
+    ref = [times[anchor][s].complete_ns for s in seqs]
+    arrivals: dict[int, list[int]] = {}
+    completions: dict[int, list[int]] = {}
+    spread: dict[int, float] = {}
+    positions: dict[int, list[int]] = {}
+    for r in ranks:
+        mine = [times[r][s] for s in seqs]
+        diffs = [t.complete_ns - c for t, c in zip(mine, ref, strict=True)]
+        offs = local_offsets(diffs)
+        arrivals[r] = [round(t.enqueue_ns - o) for t, o in zip(mine, offs, strict=True)]
+        completions[r] = [round(t.complete_ns - o) for t, o in zip(mine, offs, strict=True)]
+        spread[r] = jitter_ns(diffs)
+        positions[r] = [t.position for t in mine]
+    return GroupArrivals(
+        group, anchor, ranks, tuple(seqs), arrivals, completions, spread, positions
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Link:
+    offset_ns: float
+    stderr_ns: float
+    spread_ns: float
+    drift_ns: int
+    samples: int
+
+
+def _links(m: Matched, recent: int) -> dict[tuple[int, int], _Link]:
+    """Offset of b against a for pairs (a, b) that share completed collectives."""
+    links: dict[tuple[int, int], _Link] = {}
+    for key in m.groups:
+        times = completed_times(m, key, recent)
+        if len(times) < 2:
+            continue
+        ranks = sorted(times)
+        anchor = max(ranks, key=lambda r: (len(times[r]), -r))
+        for r in ranks:
+            if r == anchor or ((anchor, r) in links and links[(anchor, r)].samples >= recent):
+                continue
+            common = sorted(set(times[r]) & set(times[anchor]))
+            if len(common) < MIN_LINK_SAMPLES:
+                continue
+            diffs = [times[r][s].complete_ns - times[anchor][s].complete_ns for s in common]
+            spread = jitter_ns(diffs)
+            # Standard error of a median: about 1.25 sigma / sqrt(n); a floor of 1 us keeps a
+            # perfectly regular (simulated) spread from claiming infinite precision. Drift adds
+            # its own sigma: a constant offset is only as good as the clocks are steady.
+            wander = math.sqrt(max(0.0, _sigma(diffs) ** 2 - spread**2))
+            stderr = 1.2533 * max(spread, 1_000.0) / math.sqrt(len(diffs)) + wander
+            ordered = sorted(diffs)
+            drift = ordered[(len(ordered) * 95) // 100 - 1] - ordered[len(ordered) // 20]
+            link = _Link(float(median(diffs)), stderr, spread, drift, len(diffs))
+            old = links.get((anchor, r))
+            if old is None or link.stderr_ns < old.stderr_ns:
+                links[(anchor, r)] = link
+                links[(r, anchor)] = _Link(
+                    -link.offset_ns, stderr, spread, link.drift_ns, link.samples
+                )
+    return links
+
+
+def estimate_offsets(m: Matched, recent: int = 256) -> ClockAlignment:
+    """One offset per rank against the reference rank, chained through shared groups.
+
+    Ranks are linked to the anchor of each group they share; the chain to the reference
+    is the one of least accumulated variance (Dijkstra over the links).
+
+    Args:
+        m: the lined-up histories.
+        recent: newest completed collectives per rank and group used.
+
+    Returns:
+        The alignment; ranks that share no completed collective with the rest are listed as
+        unaligned.
+    """
+    links = _links(m, recent)
+    neighbours: dict[int, list[int]] = {}
+    for a, b in links:
+        neighbours.setdefault(a, []).append(b)
+    if not neighbours:
+        return ClockAlignment(-1, {}, tuple(sorted(m.run.dumps)))
+    reference = min(neighbours)
+    clocks: dict[int, RankClock] = {reference: RankClock(reference, 0, 0.0, 0.0, 0, 0, reference)}
+    variance: dict[int, float] = {reference: 0.0}
+    offset: dict[int, float] = {reference: 0.0}
+    heap: list[tuple[float, int]] = [(0.0, reference)]
+    done: set[int] = set()
+    while heap:
+        var, a = heapq.heappop(heap)
+        if a in done:
+            continue
+        done.add(a)
+        for b in neighbours[a]:
+            link = links[(a, b)]
+            v = var + link.stderr_ns**2
+            if b not in done and v < variance.get(b, math.inf):
+                variance[b] = v
+                offset[b] = offset[a] + link.offset_ns
+                clocks[b] = RankClock(
+                    b,
+                    round(offset[b]),
+                    math.sqrt(v),
+                    link.spread_ns,
+                    link.drift_ns,
+                    link.samples,
+                    a,
+                )
+                heapq.heappush(heap, (v, b))
+    unaligned = tuple(r for r in sorted(m.run.dumps) if r not in clocks)
+    return ClockAlignment(reference, clocks, unaligned)
