@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
-from flightrec.analysis.clocks import GroupArrivals, group_arrivals
+from flightrec.analysis.clocks import GroupArrivals, estimate_offsets, group_arrivals
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind, is_library_frame
 
@@ -167,11 +167,34 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
             continue
         blamed.append((len(tr.late) / tr.taken, r))
     blamed.sort(key=lambda kv: (-kv[0], kv[1]))
-    table = lateness_table(tallies, [r for _, r in blamed]) if blamed else []
-    return [_finding(m, r, tallies[r], table) for _, r in blamed]
+    if not blamed:
+        return []
+    table = lateness_table(tallies, [r for _, r in blamed])
+    clock = clock_summary(m, opt.recent)
+    return [_finding(m, r, tallies[r], table, clock) for _, r in blamed]
 
 
-def _finding(m: Matched, r: int, tr: _Tally, table: list[dict[str, object]]) -> Finding:
+def clock_summary(m: Matched, recent: int = 128) -> dict[str, object]:
+    """How the ranks' clocks line up, JSON-ready: reference, offsets and their uncertainty."""
+    a = estimate_offsets(m, recent)
+    offsets = [abs(c.offset_ns) for c in a.clocks.values()]
+    return {
+        "reference_rank": a.reference,
+        "method": "median of completion differences of shared collectives",
+        "max_offset_ms": round(max(offsets, default=0) / 1e6, 3),
+        "max_uncertainty_ms": round(a.max_uncertainty_ns / 1e6, 4),
+        "max_drift_ms": round(max((c.drift_ns for c in a.clocks.values()), default=0) / 1e6, 3),
+        "unaligned_ranks": list(a.unaligned),
+    }
+
+
+def _finding(
+    m: Matched,
+    r: int,
+    tr: _Tally,
+    table: list[dict[str, object]],
+    clock: dict[str, object],
+) -> Finding:
     n, total = len(tr.late), tr.taken
     typical, p90 = median(tr.late), percentile(tr.late, 0.9)
     group = tr.groups.most_common(1)[0][0]
@@ -195,6 +218,7 @@ def _finding(m: Matched, r: int, tr: _Tally, table: list[dict[str, object]]) -> 
         "clock_jitter_ms": round(tr.spread_ns / 1e6, 3),
         "confidence": "high",
         "lateness_by_rank": table,
+        "clock": clock,
     }
     if r == 0:
         # The coordinating rank logs, evaluates and writes checkpoints while the others go on:

@@ -10,6 +10,15 @@ if TYPE_CHECKING:  # the renderer only reads the report; no import cycle at run 
     from flightrec.analysis.model import Finding
 
 SCHEMA = "flightrec.report/1"
+# Straggler evidence also given at the top level of its finding.
+STRAGGLER_FIELDS = (
+    "last_share",
+    "median_lateness_ms",
+    "p90_lateness_ms",
+    "others_waited_s",
+    "job_delay_s",
+    "confidence",
+)
 
 
 def finding_to_dict(f: Finding) -> dict[str, Any]:
@@ -25,6 +34,11 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
     }
     if f.field is not None:
         out["field"] = f.field
+    if f.kind == "straggler":
+        # The numbers a reader acts on, next to the verdict; the rest stays in ``evidence``.
+        for key in STRAGGLER_FIELDS:
+            if key in f.evidence:
+                out[key] = f.evidence[key]
     if f.consequences:
         out["consequences"] = [
             {

@@ -25,6 +25,8 @@ MAX_GROUPS = 12
 MAX_FRAMES = 14
 MAX_OTHER_FINDINGS = 20
 MAX_LINES = 12
+BAR_WIDTH = 16
+STRAGGLER_ROWS = 8
 
 _SINGULAR = {"wait": "waits", "are": "is"}
 
@@ -63,6 +65,7 @@ class TerminalRenderer:
                 if len(others) > MAX_OTHER_FINDINGS:
                     c.print(Text(f"  ... and {len(others) - MAX_OTHER_FINDINGS} more (see --json)"))
             self._consequences(report.findings[0])
+            self._stragglers(report)
         self._where(report)
         self._progress(report)
         if report.findings:
@@ -107,6 +110,59 @@ class TerminalRenderer:
                 self.console.print(Text(f"  {line}"))
             if len(lines) > MAX_LINES:
                 self.console.print(Text(f"  ... and {len(lines) - MAX_LINES} more", style="dim"))
+
+    def _stragglers(self, report: Report) -> None:
+        """The straggler table: per-rank lateness on aligned clocks, with bars."""
+        found = [f for f in report.findings if f.kind == "straggler"]
+        if not found:
+            return
+        rows = found[0].evidence.get("lateness_by_rank")
+        if not isinstance(rows, list) or not rows:
+            return
+        blamed = {r for f in found for r in f.ranks}
+        low = {r for f in found if f.evidence.get("confidence") == "low" for r in f.ranks}
+        table = Table(
+            title="Arrival lateness per rank (aligned clocks)",
+            title_justify="left",
+            title_style="bold",
+            show_edge=False,
+            expand=False,
+        )
+        for name, justify in (
+            ("rank", "right"),
+            ("host", "left"),
+            ("last", "right"),
+            ("behind", "right"),
+            ("p90", "right"),
+            ("", "left"),
+        ):
+            table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+        scale = max((float(r.get("median_behind_ms", 0.0)) for r in rows), default=0.0)
+        for row in rows[:STRAGGLER_ROWS]:
+            rank = int(row["rank"])
+            behind = float(row.get("median_behind_ms", 0.0))
+            d = report.run.dumps.get(rank)
+            style = "red" if rank in blamed - low else "yellow" if rank in low else ""
+            table.add_row(
+                str(rank),
+                d.header.hostname if d else "?",
+                f"{100 * float(row.get('last_share', 0.0)):.0f}%",
+                f"{behind:.1f} ms",
+                f"{float(row.get('p90_behind_ms', 0.0)):.1f} ms",
+                Text(_bar(behind, scale), style=style or "dim"),
+                style=style,
+            )
+        self.console.print(table)
+        clock = found[0].evidence.get("clock")
+        if isinstance(clock, dict):
+            line = (
+                f"  clocks aligned on rank {clock.get('reference_rank')} from simultaneous "
+                f"completions: offsets up to {clock.get('max_offset_ms')} ms, uncertainty "
+                f"up to {clock.get('max_uncertainty_ms')} ms"
+            )
+            if clock.get("unaligned_ranks"):
+                line += f"; not aligned: ranks {compress(clock['unaligned_ranks'])}"
+            self.console.print(Text(line, style="dim"))
 
     def _where(self, report: Report) -> None:
         by_state: dict[str, list[int]] = defaultdict(list)
@@ -193,6 +249,14 @@ class TerminalRenderer:
         if run.problems:
             line += f"; {len(run.problems)} file(s) could not be used (listed on stderr)"
         self.console.print(Text(line, style="dim"))
+
+
+def _bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
+    """A bar of ``value`` against ``scale`` in eighth-blocks; empty for values at or below 0."""
+    if value <= 0 or scale <= 0:
+        return ""
+    eighths = round(width * 8 * min(1.0, value / scale))
+    return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
 
 
 def _stack_text(stack: tuple[FrameInfo, ...]) -> Group:
