@@ -12,6 +12,7 @@ from rich.console import Console
 from flightrec.analysis import AnalysisOptions, View, analyze_dir
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
+from flightrec.report.trace import TraceRenderer
 
 
 def register(app: typer.Typer) -> None:
@@ -27,6 +28,14 @@ def analyze_command(
         View,
         typer.Option("--view", help="Which dump to use for a rank that dumped more than once."),
     ] = View.LATEST,
+    trace: Annotated[
+        Path | None,
+        typer.Option(
+            "--trace",
+            metavar="OUT.json",
+            help="Also write a timeline (Chrome trace / Perfetto JSON) of every rank's operations.",
+        ),
+    ] = None,
 ) -> None:
     """Diagnose a hung or slow job from its dumps: which rank, which collective, which line.
 
@@ -36,6 +45,8 @@ def analyze_command(
     report = analyze_dir(str(path), AnalysisOptions(view=view))
     for problem in report.run.problems:
         typer.echo(f"flightrec: skipped {problem}", err=True)
+    if trace is not None:
+        trace.write_text(TraceRenderer().render(report), encoding="utf-8")
     if as_json:
         sys.stdout.write(JsonRenderer().render(report))
     else:
