@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flightrec.analysis.desync import find_desyncs
-from flightrec.analysis.loader import Run, View, load_dir, read_any
+from flightrec.analysis.loader import Progress, Run, View, load_dir, read_any
 from flightrec.analysis.matching import Matched, match
 from flightrec.analysis.mismatch import find_mismatches
 from flightrec.analysis.model import (
@@ -38,6 +38,7 @@ __all__ = [
     "Finding",
     "FindingKind",
     "ProcessGroupInfo",
+    "Progress",
     "RankDump",
     "RankState",
     "Report",
@@ -55,9 +56,13 @@ class AnalysisOptions:
 
     Attributes:
         view: which dump to use for ranks that dumped more than once.
+        workers: processes that read dump files (None: the usable CPUs; 1: this process only).
+        progress: called as ``progress(files_done, files_total)`` while files are read.
     """
 
     view: View = View.LATEST
+    workers: int | None = None
+    progress: Progress | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,4 +131,4 @@ def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:
         NoDumpsError: no readable dump under ``path``.
     """
     options = options or AnalysisOptions()
-    return analyze(load_dir(path, options.view))
+    return analyze(load_dir(path, options.view, workers=options.workers, progress=options.progress))

@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import enum
 import importlib
+import multiprocessing
 import os
 from collections import defaultdict
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
 from flightrec.analysis.model import FileProblem, RankDump
+from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.blackbox import SOURCE as BLACKBOX_SOURCE
 from flightrec.blackbox import is_blackbox, read_blackbox
 from flightrec.blackbox.format import TABLES_SUFFIX
@@ -42,6 +44,8 @@ class Run:
     world_size: int
     problems: tuple[FileProblem, ...]
     notes: tuple[str, ...]
+    indexes: dict[int, RankIndex] = field(default_factory=dict)
+    """Per rank, its ring's index when the loader built it (else the analysis builds it)."""
 
     @property
     def ranks_with_dump(self) -> tuple[int, ...]:
@@ -142,12 +146,100 @@ def _prefer_dumps(candidates: list[RankDump], notes: list[str]) -> list[RankDump
     return kept or candidates
 
 
-def load_dir(path: str | Path, view: View = View.LATEST) -> Run:
+Progress = Callable[[int, int], None]
+"""Called as ``progress(files_done, files_total)`` while loading."""
+
+# Below this many files a worker pool costs more than it saves.
+_PARALLEL_FROM = 256
+_CHUNK = 64
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    """What reading one file gave: dumps, or a problem, or a file that is not ours (skipped)."""
+
+    dumps: tuple[RankDump, ...] = ()
+    indexes: tuple[RankIndex, ...] = ()
+    """Parallel to ``dumps``."""
+    problem: FileProblem | None = None
+    skipped: bool = False
+
+
+def _read_one(file: Path, root: Path) -> _Outcome:
+    try:
+        result = read_any(file)
+    except NotADumpError as exc:
+        if file == root or _looks_like_dump(file):
+            return _Outcome(problem=FileProblem(str(file), exc.reason))
+        return _Outcome(skipped=True)
+    except DumpError as exc:
+        return _Outcome(problem=FileProblem(str(file), exc.reason))
+    except OSError as exc:
+        return _Outcome(problem=FileProblem(str(file), f"cannot read: {exc.strerror or exc}"))
+    dumps = result if isinstance(result, list) else [result]
+    # The compact form right away: the parsed protobuf entries are dropped with ``result``;
+    # the per-rank index is built here too, in the worker, where the CPU time is parallel.
+    compact = tuple(RankDump(str(file), d) for d in dumps)
+    return _Outcome(dumps=compact, indexes=tuple(index_rank(d) for d in compact))
+
+
+def _read_chunk(args: tuple[Sequence[Path], Path]) -> list[_Outcome]:
+    files, root = args
+    return [_read_one(f, root) for f in files]
+
+
+def _read_all(
+    files: list[Path], root: Path, workers: int, progress: Progress | None
+) -> Iterator[_Outcome]:
+    """Read every file, in worker processes when there are many; results in file order."""
+    total = len(files)
+    if progress:
+        progress(0, total)
+    if (
+        workers <= 1
+        or total < _PARALLEL_FROM
+        or "fork" not in multiprocessing.get_all_start_methods()
+    ):
+        for i, f in enumerate(files, 1):
+            yield _read_one(f, root)
+            if progress and (i % _CHUNK == 0 or i == total):
+                progress(i, total)
+        return
+    chunks = [(files[i : i + _CHUNK], root) for i in range(0, total, _CHUNK)]
+    # Workers parse and validate at C speed and send back compact RankDumps (typed arrays
+    # pickle as raw bytes), never protobuf objects. fork: no re-import, and the parent's
+    # memory is still small at this point.
+    with multiprocessing.get_context("fork").Pool(workers) as pool:
+        done = 0
+        for outcomes in pool.imap(_read_chunk, chunks):
+            yield from outcomes
+            done += len(outcomes)
+            if progress:
+                progress(done, total)
+
+
+def default_workers() -> int:
+    """Loader processes to use: the CPUs this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def load_dir(
+    path: str | Path,
+    view: View = View.LATEST,
+    *,
+    workers: int | None = None,
+    progress: Progress | None = None,
+) -> Run:
     """Read every dump under ``path`` and choose one dump per rank.
 
     Args:
         path: a folder (searched recursively) or a single dump file.
         view: which dump to keep for a rank that dumped several times.
+        workers: loader processes (default: the usable CPUs; 1 reads in this process).
+        progress: called as ``progress(files_done, files_total)`` while files are read.
 
     Returns:
         The chosen dumps, the problems met (one per bad file) and notes about choices made.
@@ -162,23 +254,15 @@ def load_dir(path: str | Path, view: View = View.LATEST) -> Run:
     problems: list[FileProblem] = []
     candidates: list[RankDump] = []
     skipped = 0
-    for file in discover(root):
-        try:
-            result = read_any(file)
-        except NotADumpError as exc:
-            if file == root or _looks_like_dump(file):
-                problems.append(FileProblem(str(file), exc.reason))
-            else:
-                skipped += 1
-            continue
-        except DumpError as exc:
-            problems.append(FileProblem(str(file), exc.reason))
-            continue
-        except OSError as exc:
-            problems.append(FileProblem(str(file), f"cannot read: {exc.strerror or exc}"))
-            continue
-        for dump in result if isinstance(result, list) else [result]:
-            candidates.append(RankDump(str(file), dump))
+    built: dict[int, RankIndex] = {}
+    files = list(discover(root))
+    for outcome in _read_all(files, root, workers or default_workers(), progress):
+        if outcome.problem is not None:
+            problems.append(outcome.problem)
+        skipped += outcome.skipped
+        candidates.extend(outcome.dumps)
+        for d, ri in zip(outcome.dumps, outcome.indexes, strict=True):
+            built[id(d)] = ri
     if not candidates:
         what = f"{len(problems)} unreadable" if problems else "none readable"
         extra = f", {skipped} other files skipped" if skipped else ""
@@ -230,4 +314,5 @@ def load_dir(path: str | Path, view: View = View.LATEST) -> Run:
             f"of each ({picked})"
         )
     world_size = max(max(d.header.world_size for d in chosen.values()), max(chosen) + 1)
-    return Run(chosen, world_size, tuple(problems), tuple(notes))
+    indexes = {r: built[id(d)] for r, d in chosen.items() if id(d) in built}
+    return Run(chosen, world_size, tuple(problems), tuple(notes), indexes)

@@ -1,48 +1,23 @@
 """Line ranks' histories up: per process group by sequence number, P2P by peer pair.
 
-One pass over each rank's packed columns builds small integer indexes (positions of each
-group's entries, counters, incomplete entries); nothing here creates a Python object per
-entry. Passes then materialise ``CollectiveRecord``s only where they look closely.
+Each rank's ring is indexed on its own (``rankindex``, in the loader's workers); this merges
+those small per-rank indexes into per-group views, with no Python work per entry. Passes then materialise ``CollectiveRecord``s only where they look closely.
 """
 
 from __future__ import annotations
 
-from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from flightrec.analysis.loader import Run
 from flightrec.analysis.model import CollectiveRecord, GroupProgress, ProcessGroupInfo, RankDump
+from flightrec.analysis.rankindex import RankGroupIndex, index_rank
 from flightrec.proto import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED
 _IS_P2P = pb.IS_P2P
 _SEND = pb.SEND
-
-
-@dataclass(slots=True)
-class RankGroupIndex:
-    """Where one group's entries sit in one rank's ring."""
-
-    seqs: list[int] = field(default_factory=list)
-    """Collective seqs in ring order."""
-    positions: list[int] = field(default_factory=list)
-    """Entry positions, parallel to ``seqs``."""
-    p2p_positions: list[int] = field(default_factory=list)
-    """Positions of P2P entries on this group."""
-
-    def position_of(self, seq: int) -> int | None:
-        """Ring position of collective ``seq``, if still in the ring."""
-        # Seqs are increasing in ring order, so the entry sits at a fixed offset from the first.
-        if not self.seqs:
-            return None
-        i = seq - self.seqs[0]
-        if 0 <= i < len(self.seqs) and self.seqs[i] == seq:
-            return self.positions[i]
-        for s, p in zip(self.seqs, self.positions, strict=True):  # a gap: fall back
-            if s == seq:
-                return p
-        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +34,8 @@ class Matched:
     """(group, rank, peer) -> (sends issued to peer, receives issued from peer)."""
     incomplete: dict[int, tuple[int, ...]]
     """Per rank: positions of entries that did not complete (enqueued, started, failed)."""
+    signatures: dict[int, tuple[tuple[Hashable, ...], ...]] = field(default_factory=dict)
+    """Per rank: signature id -> compared values, for ``RankGroupIndex.signature_ids``."""
 
     def dump(self, rank: int) -> RankDump:
         """The chosen dump of ``rank``."""
@@ -111,23 +88,6 @@ def _progress(
     return GroupProgress(last_seq, last_completed, gi.seqs[0] if gi.seqs else 0)
 
 
-def _incomplete_positions(states: Sequence[int]) -> tuple[int, ...]:
-    """Positions of entries that did not complete, found from the newest end.
-
-    A healthy ring is almost all completed, with the few outstanding entries at its end: count
-    them at C speed, then walk back only until all are found.
-    """
-    left = len(states) - states.count(_COMPLETED)
-    found: list[int] = []
-    i = len(states) - 1
-    while left and i >= 0:
-        if states[i] != _COMPLETED:
-            found.append(i)
-            left -= 1
-        i -= 1
-    return tuple(reversed(found))
-
-
 def match(run: Run) -> Matched:
     """Index every rank's ring by group and merge the groups' views.
 
@@ -143,28 +103,16 @@ def match(run: Run) -> Matched:
     progress: dict[str, dict[int, GroupProgress]] = defaultdict(dict)
     members: dict[str, dict[tuple[int, ...], list[int]]] = defaultdict(lambda: defaultdict(list))
     meta: dict[str, tuple[str, str]] = {}
+    signatures: dict[int, tuple[tuple[Hashable, ...], ...]] = {}
     for rank, d in run.dumps.items():
         keys = d.group_keys
-        per_local = [RankGroupIndex() for _ in keys]
         cols = d.columns
-        groups, seqs, flags, states = cols["group"], cols["seq"], cols["flags"], cols["state"]
-        # One comprehension per group present (a handful) instead of a Python loop body per
-        # entry: this pass touches every entry of every rank.
-        # A stable sort by group keeps ring order inside each group.
-        order = sorted(range(len(groups)), key=groups.__getitem__)
-        has_p2p = any(f & _IS_P2P for f in set(flags))
-        start = 0
-        for local, count in sorted(Counter(groups).items()):
-            gi = per_local[local]
-            mine = order[start : start + count]
-            start += count
-            if has_p2p:
-                gi.p2p_positions = [i for i in mine if flags[i] & _IS_P2P]
-                gi.positions = [i for i in mine if not flags[i] & _IS_P2P]
-            else:
-                gi.positions = mine
-            gi.seqs = [seqs[i] for i in gi.positions]
-        incomplete[rank] = _incomplete_positions(states)
+        flags = cols["flags"]
+        # Built by the loader's workers; dumps assembled in memory are indexed here.
+        ri = run.indexes.get(rank) or index_rank(d)
+        per_local = ri.groups
+        incomplete[rank] = ri.incomplete
+        signatures[rank] = ri.signatures
         per_key: dict[str, RankGroupIndex] = {}
         with_counters = {k for k, g in zip(keys, d.dump.groups, strict=True) if g.p2p}
         for local, key in enumerate(keys):
@@ -172,9 +120,10 @@ def match(run: Run) -> Matched:
             gi = per_local[local]
             if key in per_key:  # the same group listed twice: merge, ring order preserved
                 merged = per_key[key]
-                merged.seqs += gi.seqs
-                merged.positions += gi.positions
-                merged.p2p_positions += gi.p2p_positions
+                merged.seqs = [*merged.seqs, *gi.seqs]
+                merged.positions = [*merged.positions, *gi.positions]
+                merged.p2p_positions = [*merged.p2p_positions, *gi.p2p_positions]
+                merged.signature_ids = None  # ids of two tables; compared entry by entry
                 continue
             per_key[key] = gi
             progress[key][rank] = _progress(d, local, gi, incomplete[rank])
@@ -208,4 +157,4 @@ def match(run: Run) -> Matched:
         memberships[key] = {m: tuple(sorted(rs)) for m, rs in views.items()}
         desc, backend = meta[key]
         infos[key] = ProcessGroupInfo(key, desc, ranks, backend, dict(progress[key]))
-    return Matched(run, infos, index, memberships, p2p_counts, incomplete)
+    return Matched(run, infos, index, memberships, p2p_counts, incomplete, signatures)

@@ -1,0 +1,143 @@
+"""Everything about one rank that needs no other rank: where each group's entries sit in its
+ring, which entries are incomplete, and a fingerprint of each group's operation sequence.
+
+Built right after a dump is read, in the loader's worker processes, so that the per-entry work
+of a 16,384-rank job is spread over the CPUs; the analysing process only merges these small
+per-rank indexes. Positions and seqs are typed arrays (a few bytes per entry).
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections import Counter
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+
+from flightrec.analysis.model import RankDump
+from flightrec.analysis.signature import raw_signatures, resolve
+from flightrec.proto import flightrec_pb2 as pb
+
+_COMPLETED = pb.COMPLETED
+_IS_P2P = pb.IS_P2P
+
+# Signature ids are kept one byte per entry; a group with more distinct signatures than this
+# in one ring is compared entry by entry instead.
+_MAX_LOCAL_SIGNATURES = 255
+
+
+def _compact(values: Sequence[int]) -> array[int]:
+    for code in ("H", "I", "Q"):
+        try:
+            return array(code, values)
+        except OverflowError:
+            continue
+    raise OverflowError("value does not fit 64 bits")
+
+
+@dataclass(slots=True)
+class RankGroupIndex:
+    """Where one group's entries sit in one rank's ring."""
+
+    seqs: Sequence[int] = field(default_factory=list)
+    """Collective seqs in ring order."""
+    positions: Sequence[int] = field(default_factory=list)
+    """Entry positions, parallel to ``seqs``."""
+    p2p_positions: Sequence[int] = field(default_factory=list)
+    """Positions of P2P entries on this group."""
+    signature_ids: bytes | None = None
+    """Per collective entry (parallel to ``seqs``): an id into ``RankIndex.signatures``; None
+    when the ring holds too many distinct signatures for one byte each."""
+
+    def position_of(self, seq: int) -> int | None:
+        """Ring position of collective ``seq``, if still in the ring."""
+        # Seqs are increasing in ring order, so the entry sits at a fixed offset from the first.
+        if not self.seqs:
+            return None
+        i = seq - self.seqs[0]
+        if 0 <= i < len(self.seqs) and self.seqs[i] == seq:
+            return self.positions[i]
+        for s, p in zip(self.seqs, self.positions, strict=True):  # a gap: fall back
+            if s == seq:
+                return p
+        return None
+
+    @property
+    def contiguous(self) -> bool:
+        """Seqs run first, first + 1, ... with no gap and no unnumbered (seq 0) entry."""
+        return (
+            bool(self.seqs)
+            and self.seqs[0] > 0
+            and self.seqs[-1] - self.seqs[0] + 1 == len(self.seqs)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class RankIndex:
+    """One rank's ring, indexed by local group."""
+
+    groups: tuple[RankGroupIndex, ...]
+    """Per local group index of the dump."""
+    incomplete: tuple[int, ...]
+    """Positions of entries that did not complete (enqueued, started, failed)."""
+    signatures: tuple[tuple[Hashable, ...], ...]
+    """Signature id -> the compared fields' values (see ``signature.FIELDS``)."""
+
+
+def incomplete_positions(states: Sequence[int]) -> tuple[int, ...]:
+    """Positions of entries that did not complete, found from the newest end.
+
+    A healthy ring is almost all completed, with the few outstanding entries at its end: count
+    them at C speed, then walk back only until all are found.
+    """
+    left = len(states) - states.count(_COMPLETED)  # type: ignore[attr-defined]
+    found: list[int] = []
+    i = len(states) - 1
+    while left and i >= 0:
+        if states[i] != _COMPLETED:
+            found.append(i)
+            left -= 1
+        i -= 1
+    return tuple(reversed(found))
+
+
+def index_rank(d: RankDump) -> RankIndex:
+    """Index one rank's ring by local group and fingerprint each group's sequence.
+
+    Args:
+        d: the rank's dump.
+
+    Returns:
+        Positions, seqs and signature ids per local group, plus the incomplete entries.
+    """
+    cols = d.columns
+    groups, seqs, flags = cols["group"], cols["seq"], cols["flags"]
+    per_local = [RankGroupIndex() for _ in d.dump.groups]
+    # A stable sort by group keeps ring order inside each group; one comprehension per group
+    # present (a handful) instead of a Python loop body per entry.
+    order = sorted(range(len(groups)), key=groups.__getitem__)
+    has_p2p = any(f & _IS_P2P for f in set(flags))
+    signatures: dict[tuple[Hashable, ...], int] = {}
+    start = 0
+    for local, count in sorted(Counter(groups).items()):
+        mine = order[start : start + count]
+        start += count
+        if local >= len(per_local):
+            continue
+        gi = per_local[local]
+        if has_p2p:
+            gi.p2p_positions = _compact([i for i in mine if flags[i] & _IS_P2P])
+            positions = [i for i in mine if not flags[i] & _IS_P2P]
+        else:
+            positions = mine
+        gi.positions = _compact(positions)
+        gi.seqs = _compact([seqs[i] for i in positions])
+        raws = raw_signatures(d, positions)
+        ids: dict[tuple[int, ...], int] = {}
+        for raw in set(raws):
+            ids[raw] = signatures.setdefault(resolve(d, raw), len(signatures))
+        if len(signatures) <= _MAX_LOCAL_SIGNATURES:
+            gi.signature_ids = bytes(map(ids.__getitem__, raws))
+    if len(signatures) > _MAX_LOCAL_SIGNATURES:
+        for gi in per_local:
+            gi.signature_ids = None
+    return RankIndex(tuple(per_local), incomplete_positions(cols["state"]), tuple(signatures))
