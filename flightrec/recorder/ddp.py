@@ -42,6 +42,11 @@ def recording_allreduce_hook(process_group: Any, bucket: Any) -> Any:
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
+# DDP checks a hook's annotations against torch's own classes; ours are strings here
+# (``from __future__ import annotations``) and would be refused, so DDP sees none.
+recording_allreduce_hook.__annotations__ = {}
+
+
 class DDPHooks:
     """Wraps ``DistributedDataParallel`` so models built while tracing get the recording hook."""
 
@@ -59,7 +64,7 @@ class DDPHooks:
             return
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
-        except ImportError:
+        except Exception:  # torch.nn is still loading (tracing starts inside `import torch`)
             return
         init, register = DDP.__init__, DDP.register_comm_hook
         builtin = getattr(DDP, "_register_builtin_comm_hook", None)

@@ -59,10 +59,7 @@ class Runtime:
     def enable(self) -> None:
         self.recorder.enabled = True
         self.hooks.install(self.recorder, self.start_background, self._after_destroy)
-        try:
-            self.ddp.install(lambda: self.recorder.enabled)
-        except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
-            log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
+        self._install_ddp()
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
@@ -80,6 +77,17 @@ class Runtime:
             if self.poller is not None:
                 self.poller.stop()
                 self.poller = None
+
+    def _install_ddp(self) -> None:
+        """Wrap DDP; at start-up torch.nn may not be importable yet (torch.distributed loads
+        first), so this is tried again when the default group is created, before any DDP
+        model can exist."""
+        if self.ddp.installed or not self.recorder.enabled:
+            return
+        try:
+            self.ddp.install(lambda: self.recorder.enabled)
+        except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
+            log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
 
     def _after_destroy(self) -> None:
         """The default group (and with it, usually, the store) is gone: stop polling it.
@@ -111,6 +119,7 @@ class Runtime:
                         log.warning("flightrec: dump requests through the store are off: %s", exc)
             if not self.signals.installed:
                 self.signals.install()
+        self._install_ddp()
         self._identify_blackbox()
 
     def _identify_blackbox(self) -> None:

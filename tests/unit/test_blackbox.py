@@ -1,0 +1,122 @@
+"""The black box's file format: written through the recorder's own ring and tables, read back."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from flightrec.blackbox import is_blackbox, read_blackbox
+from flightrec.blackbox.format import HEADER_SIZE, Status
+from flightrec.blackbox.writer import BlackBox
+from flightrec.errors import NotADumpError, UnsupportedVersionError
+from flightrec.proto import flightrec_pb2 as pb
+from flightrec.recorder.groups import GroupInfo
+from flightrec.recorder.ring import COMPLETED, ENQUEUED, SLOT_SIZE, Ring
+from flightrec.recorder.stacks import StackTable
+from flightrec.recorder.tables import StringTable, TensorTable
+
+
+class Recording:
+    """A ring and tables wired to a black box, as ``Recorder`` wires them."""
+
+    def __init__(self, directory: Path, capacity: int = 8) -> None:
+        self.bb = BlackBox(str(directory), capacity, SLOT_SIZE, 4, 2.0)
+        self.ring = Ring(capacity, self.bb.slots)
+        self.strings, self.tensors, self.stacks = StringTable(), TensorTable(), StackTable(4)
+        self.strings.on_new, self.tensors.on_new = self.bb.on_string, self.bb.on_tensors
+        self.stacks.on_new = self.bb.on_stack
+        self.group = GroupInfo(0, "0", "default_pg", (0, 1, 2, 3), "gloo")
+        self.bb.on_group(self.group)
+
+    def call(self, op: str, shape: tuple[int, ...], done: bool = True) -> int:
+        """One collective issued from this function's caller, as the hot path records it."""
+        stack = self.stacks.capture(sys._getframe(1), 1)
+        sig = self.tensors.add(("sig", shape), lambda: ((shape, "float32"),))
+        rid = self.ring.append(
+            100, ENQUEUED, self.group.next_seq(), 0, 0, self.strings.of(op, lambda: op), 0, -1,
+            self.strings.of("MainThread", lambda: "MainThread"), stack, sig, sig,
+            self.strings.of("cpu", lambda: "cpu"), 0,
+        )  # fmt: skip
+        if done:
+            self.ring.finish(rid, COMPLETED, 200)
+        return rid
+
+
+def train_step(rec: Recording, n: int) -> None:
+    for _ in range(n):
+        rec.call("all_reduce", (4,))  # the line a reader must name
+
+
+def test_a_killed_process_leaves_its_entries_stacks_and_groups(tmp_path: Path) -> None:
+    rec = Recording(tmp_path)
+    rec.bb.identify(1, 4, "job-7", "gloo", "2.x")
+    train_step(rec, 3)
+    rec.call("broadcast", (2, 2), done=False)
+    # Nothing is flushed or closed: this is what a SIGKILL leaves.
+    ring = tmp_path / f"flightrec-rank00001-{rec.bb.host}-{rec.bb.pid}.ring"
+    assert rec.bb.path == ring and is_blackbox(ring)
+    dump = read_blackbox(ring)
+    h = dump.header
+    assert (h.rank, h.world_size, h.job_id, h.backend) == (1, 4, "job-7", "gloo")
+    assert h.reason == pb.BLACKBOX and h.source == "flightrec-blackbox"
+    assert "still running" in h.reason_detail  # this test's own process wrote it
+    e = dump.entries
+    assert [dump.strings[o] for o in e.op] == ["all_reduce"] * 3 + ["broadcast"]
+    assert list(e.seq) == [1, 2, 3, 4]
+    assert list(e.state) == [COMPLETED] * 3 + [ENQUEUED]
+    spec = dump.tensor_specs[e.inputs[3]]
+    assert list(spec.dims) == [2, 2] and [dump.strings[d] for d in spec.dtype] == ["float32"]
+    top = dump.frames[dump.stacks[e.stack[0]].frames[0]]
+    assert dump.strings[top.name] == "train_step" and top.line > 0
+    assert dump.strings[top.file] == __file__
+    g = dump.groups[0]
+    assert (g.name, list(g.ranks), g.last_seq) == ("0", [0, 1, 2, 3], 4)
+
+
+def test_torn_slots_and_journal_lines_are_dropped(tmp_path: Path) -> None:
+    rec = Recording(tmp_path)
+    train_step(rec, 2)
+    # A kill in the middle of writing slot 1: its last word (the record id copy) is stale.
+    rec.bb.slots[2 * SLOT_SIZE - 8 : 2 * SLOT_SIZE] = (99).to_bytes(8, "little")
+    with open(rec.bb._tables_path(rec.bb.path), "ab") as f:
+        f.write(b'["s", 77, "half a li')
+    dump = read_blackbox(rec.bb.path)
+    assert list(dump.entries.record_id) == [1]
+    assert "1 torn or unresolvable slots dropped" in dump.header.reason_detail
+
+
+def test_the_ring_wraps_and_the_reader_keeps_the_newest(tmp_path: Path) -> None:
+    rec = Recording(tmp_path, capacity=4)
+    train_step(rec, 10)
+    dump = read_blackbox(rec.bb.path)
+    assert list(dump.entries.record_id) == [7, 8, 9, 10]
+    assert dump.header.entries_recorded == 10
+
+
+def test_healthy_exit_deletes_the_files_unhealthy_exit_keeps_them(tmp_path: Path) -> None:
+    healthy = Recording(tmp_path / "a")
+    train_step(healthy, 1)
+    healthy.bb.close(healthy=True)
+    assert list((tmp_path / "a").iterdir()) == []
+    healthy.call("all_reduce", (4,))  # a late write into the unlinked map is harmless
+
+    sick = Recording(tmp_path / "b")
+    sick.call("all_reduce", (4,), done=False)
+    sick.bb.close(healthy=False)
+    dump = read_blackbox(sick.bb.path)
+    assert "exited with unfinished or failed operations" in dump.header.reason_detail
+    assert int.from_bytes(sick.bb.head[40:44], "little") == Status.EXITED
+
+
+def test_other_files_and_versions_are_refused(tmp_path: Path) -> None:
+    other = tmp_path / "x.ring"
+    other.write_bytes(b"\0" * HEADER_SIZE)
+    assert not is_blackbox(other)
+    with pytest.raises(NotADumpError):
+        read_blackbox(other)
+    rec = Recording(tmp_path)
+    rec.bb.head[8:12] = (99).to_bytes(4, "little")
+    with pytest.raises(UnsupportedVersionError, match="version 99"):
+        read_blackbox(rec.bb.path)
