@@ -21,6 +21,7 @@ from flightrec.dumpfile import dump_filename, write_dump
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.simulate.faults import Fault, Outcome, mismatched, op_keys, play_out
 from flightrec.simulate.layout import GroupKind, Layout
+from flightrec.simulate.native import write_native
 from flightrec.simulate.schedule import MS, OpTemplate, step_length, step_template
 
 EPOCH_NS = 1_790_000_000 * 10**9  # wall clock of the job's start (late 2026)
@@ -356,13 +357,16 @@ def _first_waiter(p: _Plan) -> int:
 _PLAN: _Plan | None = None
 
 
-def _write_range(args: tuple[str, int, int]) -> None:
-    out, lo, hi = args
+def _write_range(args: tuple[str, int, int, str]) -> None:
+    out, lo, hi, form = args
     assert _PLAN is not None
     for rank in range(lo, hi):
         if rank in _PLAN.dead:
             continue
         dump = build_rank_dump(_PLAN, rank)
+        if form == "native":
+            write_native(dump, out)
+            continue
         reason = pb.DumpReason.Name(dump.header.reason)
         write_dump(dump, out, dump_filename(rank, 0, reason, dump.header.pid))
 
@@ -372,8 +376,16 @@ def _init(p: _Plan) -> None:
     _PLAN = p
 
 
-def simulate(config: SimConfig, out: str | Path, processes: int = 1) -> dict[str, Any]:
+def simulate(
+    config: SimConfig, out: str | Path, processes: int = 1, form: str = "flightrec"
+) -> dict[str, Any]:
     """Write one dump per live rank into ``out``; return the expected first finding (empty for healthy).
+
+    Args:
+        config: the job and its fault.
+        out: the folder to write into.
+        processes: writer processes.
+        form: ``flightrec`` (protobuf dumps) or ``native`` (PyTorch's pickle form, same rings).
 
     Raises:
         ValueError: the fault cannot be injected in this layout.
@@ -383,7 +395,9 @@ def simulate(config: SimConfig, out: str | Path, processes: int = 1) -> dict[str
     Path(out).mkdir(parents=True, exist_ok=True)
     world = config.layout.world
     chunk = max(1, world // (processes * 8))
-    ranges = [(str(out), lo, min(world, lo + chunk)) for lo in range(0, world, chunk)]
+    if form not in ("flightrec", "native"):
+        raise ValueError(f"unknown dump format {form!r} (flightrec or native)")
+    ranges = [(str(out), lo, min(world, lo + chunk), form) for lo in range(0, world, chunk)]
     if processes > 1 and world > 64:
         ctx = multiprocessing.get_context("fork")
         with ctx.Pool(processes, initializer=_init, initargs=(p,)) as pool:

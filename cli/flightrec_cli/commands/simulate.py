@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import json
 import os
 from pathlib import Path
@@ -11,6 +12,15 @@ import typer
 
 from flightrec.errors import UsageError
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
+
+
+class DumpFormat(enum.Enum):
+    """File format of the simulated dumps."""
+
+    FLIGHTREC = "flightrec"
+    """flightrec's protobuf dumps."""
+    NATIVE = "native"
+    """PyTorch's native Flight Recorder pickles, named like torch's (``nccl_trace_rank_N``)."""
 
 
 def register(app: typer.Typer) -> None:
@@ -34,16 +44,25 @@ def simulate_command(
     processes: Annotated[int, typer.Option("--processes", min=1, help="Writer processes.")] = min(
         4, os.cpu_count() or 1
     ),
+    form: Annotated[
+        DumpFormat,
+        typer.Option(
+            "--format",
+            help="flightrec dumps, or PyTorch's native pickle form (nccl_trace_rank_N) of the "
+            "same job, for comparing with fr_trace.",
+        ),
+    ] = DumpFormat.FLIGHTREC,
 ) -> None:
     """Write realistic flightrec dumps of a tp/pp/dp job with one fault; print the expected verdict."""
     try:
         config = SimConfig(parse_layout(layout, ranks), entries, fault, fault_rank, seed=seed)
-        expected = simulate(config, out, processes=processes)
+        expected = simulate(config, out, processes=processes, form=form.value)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     verdict = {
         "scenario": f"simulate-{fault.value}",
-        "description": f"{ranks} ranks, {layout}, {entries} entries, {fault.value} on rank {fault_rank}",
+        "description": f"{ranks} ranks, {layout}, {entries} entries, {fault.value} on rank "
+        f"{fault_rank}, {form.value} format",
         "world_size": ranks,
         "exit_status": 1 if expected else 0,
         "first_finding": expected or None,
