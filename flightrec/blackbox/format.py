@@ -29,6 +29,8 @@ RING_SUFFIX = ".ring"
 TABLES_SUFFIX = ".ring.tables"
 SOURCE = "flightrec-blackbox"
 """``Header.source`` of a dump read back from a black-box file."""
+DIED = "the process died without running any Python exit code"
+"""In ``reason_detail`` of a black box whose process is gone without a trace of exiting."""
 
 # Little-endian, no implicit padding: this is a file format.
 HEADER = struct.Struct("<8sIIIIqiiIIdqqqq64s128s32s32s16s")

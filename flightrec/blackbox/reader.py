@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.blackbox.format import (
+    DIED,
     HEAD_FIELDS,
     HEADER,
     HEADER_SIZE,
@@ -33,6 +34,11 @@ from flightrec.builder import DumpBuilder
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.recorder.ring import SLOT, SLOT_SIZE, Slot
+
+
+def died(header: pb.Header) -> bool:
+    """Whether a dump is a black box whose process died hard (not exited, not still running)."""
+    return header.source == SOURCE and DIED in header.reason_detail
 
 
 def is_blackbox(path: str | Path) -> bool:
@@ -161,7 +167,7 @@ def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
         what = f"black box of {who}: the process is still running (a live view of its ring)"
     else:
         what = (
-            f"black box of {who}: the process died without running any Python exit code "
+            f"black box of {who}: {DIED} "
             "(SIGKILL, OOM killer, os._exit, or an abort inside the backend)"
         )
     what += f"; {n} entries recovered"

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import inspect
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
+from flightrec.analysis import analyze
+from flightrec.analysis.loader import load_dir
 from flightrec.blackbox import is_blackbox, read_blackbox
 from flightrec.blackbox.format import HEADER_SIZE, Status
 from flightrec.blackbox.writer import BlackBox
+from flightrec.builder import DumpBuilder, EntryValues
+from flightrec.dumpfile import dump_filename, write_dump
 from flightrec.errors import NotADumpError, UnsupportedVersionError
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.recorder.groups import GroupInfo
@@ -120,3 +127,39 @@ def test_other_files_and_versions_are_refused(tmp_path: Path) -> None:
     rec.bb.head[8:12] = (99).to_bytes(4, "little")
     with pytest.raises(UnsupportedVersionError, match="version 99"):
         read_blackbox(rec.bb.path)
+
+
+def test_a_rank_that_died_with_nobody_waiting_is_still_named(tmp_path: Path) -> None:
+    # Rank 1 died after its last collective; rank 0 finished the same three and dumped.
+    rec = Recording(tmp_path, capacity=8)
+    rec.group = GroupInfo(0, "0", "default_pg", (0, 1), "gloo")
+    rec.bb.on_group(rec.group)
+    rec.bb.identify(1, 2, "job-7", "gloo", "2.x")
+    train_step(rec, 3)
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True)  # fmt: skip
+    rec.bb.head[24:32] = int(gone.stdout).to_bytes(8, "little")  # a process that no longer runs
+    b = DumpBuilder()
+    h = b.header
+    h.rank, h.world_size, h.job_id, h.pid, h.reason = 0, 2, "job-7", 1, pb.API_CALL
+    h.source = "flightrec"
+    h.wall_time_ns, h.mono_time_ns = time.time_ns(), 10_000
+    b.group("0", [0, 1], desc="default_pg", backend="gloo", last_seq=3)
+    for seq in (1, 2, 3):
+        b.entry(EntryValues(seq, 0, "all_reduce", seq=seq, state=pb.COMPLETED, enqueue_ns=100,
+                            complete_ns=200, thread="MainThread", device="cpu",
+                            inputs=[((4,), "float32")], outputs=[((4,), "float32")]))  # fmt: skip
+    write_dump(b.build(), tmp_path, dump_filename(0, 0, "API_CALL", 1))
+
+    report = analyze(load_dir(tmp_path))
+    first = report.findings[0]
+    line = (
+        inspect.getsource(train_step)
+        .splitlines()
+        .index('        rec.call("all_reduce", (4,))  # the line a reader must name')
+        + train_step.__code__.co_firstlineno
+    )
+    assert first.kind == "dead_rank" and first.ranks == (1,)
+    assert "died after completing all_reduce #3" in first.summary
+    assert f"its last call was at unit/test_blackbox.py:{line}" in first.summary, first.summary
+    assert "never entered" not in first.summary
