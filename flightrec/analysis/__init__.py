@@ -30,6 +30,7 @@ from flightrec.analysis.skips import annotate_shifts
 from flightrec.analysis.states import RankState, Status, rank_states
 from flightrec.analysis.straggler import find_stragglers
 from flightrec.analysis.waits import build_wait_graph
+from flightrec.blackbox import died
 
 __all__ = [
     "AnalysisOptions",
@@ -110,6 +111,10 @@ def analyze(run: Run) -> Report:
     findings += find_desyncs(m, explained)
     findings += find_stragglers(m)
     blamed = {r for f in findings for r in f.ranks}
+    # A rank whose black box says it died is news even when nobody was left waiting on it.
+    for rank, d in sorted(run.dumps.items()):
+        if rank not in blamed and died(d.header):
+            findings.append(rank_finding(m, [rank], Culprit.EXITED, None, ()))
     quiet_missing = [r for r in run.missing_ranks if r not in blamed]
     if quiet_missing:
         findings.append(rank_finding(m, quiet_missing, Culprit.NO_DUMP, None, ()))

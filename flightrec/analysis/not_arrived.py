@@ -154,8 +154,8 @@ def rank_finding(
         if len(ranks) == 1 and d.header.reason == pb.BLACKBOX:
             # "Rank 1 (host, pid) died after completing all_reduce #4; its last call was at
             # train.py:30; it never entered all_reduce #5 ..."
-            summary = f"{who}{ident} {phrases[0].removeprefix('it ')}; it never entered " + (
-                what or "the operation its peers wait in"
+            summary = f"{who}{ident} {phrases[0].removeprefix('it ')}" + (
+                f"; it never entered {what}" if what else ""
             )
     return Finding(
         kind=kind.value,
