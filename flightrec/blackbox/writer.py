@@ -105,6 +105,8 @@ class BlackBox:
         self, rank: int, world_size: int, job_id: str, backend: str, torch_version: str
     ) -> None:
         """Record who this process is (once its default group exists); name the files by rank."""
+        if not self.owned():
+            return
         f = self._fields
         f["rank"], f["world_size"] = rank, world_size
         f["job_id"], f["backend"] = fixed(job_id, 128), fixed(backend, 32)
@@ -120,8 +122,18 @@ class BlackBox:
             except OSError as exc:
                 log.warning("flightrec: could not rename the black box %s: %s", self.path, exc)
 
+    def owned(self) -> bool:
+        """False in a forked child: the mapping is shared with the parent, whose file it is.
+
+        A child never renames, marks or deletes the parent's black box (a ``fork()``ed child
+        that exits through ``sys.exit`` runs the parent's atexit handlers).
+        """
+        return os.getpid() == self.pid
+
     def heartbeat(self) -> None:
         """Note that the process is alive now (the reader bounds the time of death with it)."""
+        if not self.owned():
+            return
         BEAT.pack_into(self.head, OFF_BEAT, time.time_ns(), time.monotonic_ns())
 
     def close(self, healthy: bool) -> None:
@@ -130,7 +142,7 @@ class BlackBox:
         The maps stay open: other threads may still write a slot while the interpreter exits,
         and writing into an unlinked mapping is harmless.
         """
-        if self.closed:
+        if self.closed or not self.owned():
             return
         self.closed = True
         status = Status.CLEAN if healthy else Status.EXITED

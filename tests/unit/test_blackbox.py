@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import subprocess
 import sys
 import time
@@ -163,3 +164,16 @@ def test_a_rank_that_died_with_nobody_waiting_is_still_named(tmp_path: Path) -> 
     assert "died after completing all_reduce #3" in first.summary
     assert f"its last call was at unit/test_blackbox.py:{line}" in first.summary, first.summary
     assert "never entered" not in first.summary
+
+
+def test_a_forked_child_never_touches_its_parents_black_box(tmp_path: Path) -> None:
+    rec = Recording(tmp_path)
+    train_step(rec, 1)
+    pid = os.fork()
+    if pid == 0:  # the child: what its inherited atexit handler would do
+        rec.bb.close(healthy=True)
+        rec.bb.identify(5, 8, "other", "gloo", "")
+        os._exit(0)
+    assert os.waitpid(pid, 0)[1] == 0
+    assert rec.bb.path.exists()
+    assert read_blackbox(rec.bb.path).header.rank == -1
