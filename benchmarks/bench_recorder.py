@@ -7,6 +7,8 @@ deep (a realistic training-loop depth), in four modes:
   b  PyTorch's recorder at its default (on),                      flightrec off
   c  flightrec on, 16-frame stacks,                               PyTorch's recorder off
   d  flightrec on, no stacks (FLIGHTREC_STACK_DEPTH=0),           PyTorch's recorder off
+  e  as c, with the black box off (FLIGHTREC_BLACKBOX=0: the ring in memory, not in a
+     memory-mapped file): c against e is what the black box costs
 
 Each measurement is a separate process; processes of the four modes are interleaved so that
 drift on a shared machine hits every mode alike. Each process reports the median of its
@@ -41,6 +43,9 @@ MODES = {
           {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "16"}),
     "d": ("flightrec on (no stacks), torch FR off",
           {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "0"}),
+    "e": ("flightrec on (16-frame stacks), no black box",
+          {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "16",
+           "FLIGHTREC_BLACKBOX": "0"}),
 }  # fmt: skip
 
 
@@ -235,14 +240,14 @@ def main() -> None:
     print(f"  flightrec without stacks adds    {med['d'] - med['a']:6.2f} us/call  (d - a)")
     if torch_cost > 0:
         print(f"  ratio flightrec / PyTorch recorder: {fr_cost / torch_cost:.2f}")
-    for mode in ("c", "d"):
+    for mode in ("c", "d", "e"):
         # Same process, alternating batches through the wrapper and through torch's own
         # function: immune to load from other processes, which the cross-process figures
         # are not on a shared machine.
         print(f"  ({mode}) paired in-process cost of flightrec: "
               f"{statistics.median(paired[mode]):6.2f} us/call  "
               f"[{', '.join(f'{x:.2f}' for x in paired[mode])}]")  # fmt: skip
-    for mode in ("c", "d"):
+    for mode in ("c", "d", "e"):
         print(f"  ({mode}) recording work alone (no-op collective, warm caches): "
               f"{statistics.median(noop[mode]):5.2f} us/call")  # fmt: skip
     print(f"dump of a full {opts.entries}-entry ring with stacks: "
