@@ -9,6 +9,6 @@ reader needs no torch.
 from __future__ import annotations
 
 from flightrec.blackbox.format import RING_SUFFIX, SOURCE, Status
-from flightrec.blackbox.reader import died, is_blackbox, read_blackbox
+from flightrec.blackbox.reader import died, ended, is_blackbox, read_blackbox
 
-__all__ = ["RING_SUFFIX", "SOURCE", "Status", "died", "is_blackbox", "read_blackbox"]
+__all__ = ["RING_SUFFIX", "SOURCE", "Status", "died", "ended", "is_blackbox", "read_blackbox"]

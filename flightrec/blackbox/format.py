@@ -31,6 +31,9 @@ SOURCE = "flightrec-blackbox"
 """``Header.source`` of a dump read back from a black-box file."""
 DIED = "the process died without running any Python exit code"
 """In ``reason_detail`` of a black box whose process is gone without a trace of exiting."""
+RUNNING_NOW = "the process is still running"
+"""In ``reason_detail`` of a black box read while its process runs (it did not answer a dump
+request, say because it is stuck in C++ holding the GIL)."""
 
 # Little-endian, no implicit padding: this is a file format.
 HEADER = struct.Struct("<8sIIIIqiiIIdqqqq64s128s32s32s16s")

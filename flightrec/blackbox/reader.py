@@ -24,6 +24,7 @@ from flightrec.blackbox.format import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
+    RUNNING_NOW,
     SOURCE,
     TABLES_SUFFIX,
     VERSION,
@@ -39,6 +40,11 @@ from flightrec.recorder.ring import SLOT, SLOT_SIZE, Slot
 def died(header: pb.Header) -> bool:
     """Whether a dump is a black box whose process died hard (not exited, not still running)."""
     return header.source == SOURCE and DIED in header.reason_detail
+
+
+def ended(header: pb.Header) -> bool:
+    """Whether a dump is a black box whose process is gone (died, or exited without a dump)."""
+    return header.source == SOURCE and RUNNING_NOW not in header.reason_detail
 
 
 def is_blackbox(path: str | Path) -> bool:
@@ -164,7 +170,7 @@ def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
     elif status == Status.CLEAN:
         what = f"black box of {who}: the process exited healthy"
     elif _alive(head["hostname"], head["pid"]):
-        what = f"black box of {who}: the process is still running (a live view of its ring)"
+        what = f"black box of {who}: {RUNNING_NOW} (a live view of its ring)"
     else:
         what = (
             f"black box of {who}: {DIED} "

@@ -177,3 +177,30 @@ def test_a_forked_child_never_touches_its_parents_black_box(tmp_path: Path) -> N
     assert os.waitpid(pid, 0)[1] == 0
     assert rec.bb.path.exists()
     assert read_blackbox(rec.bb.path).header.rank == -1
+
+
+def test_a_live_rank_that_never_dumped_is_read_from_its_black_box(tmp_path: Path) -> None:
+    # Rank 1 is alive (this process) but wrote no dump; rank 0 waits in all_reduce #4.
+    rec = Recording(tmp_path, capacity=8)
+    rec.group = GroupInfo(0, "0", "default_pg", (0, 1), "gloo")
+    rec.bb.on_group(rec.group)
+    rec.bb.identify(1, 2, "job-7", "gloo", "2.x")
+    train_step(rec, 3)
+    b = DumpBuilder()
+    h = b.header
+    h.rank, h.world_size, h.job_id, h.pid, h.reason = 0, 2, "job-7", 1, pb.WATCHDOG_TIMEOUT
+    h.source, h.timeout_s = "flightrec", 1.0
+    h.wall_time_ns, h.mono_time_ns = time.time_ns(), 60_000_000_000
+    b.group("0", [0, 1], desc="default_pg", backend="gloo", last_seq=4)
+    for seq in (1, 2, 3, 4):
+        b.entry(EntryValues(seq, 0, "all_reduce", seq=seq, enqueue_ns=100,
+                            state=pb.COMPLETED if seq < 4 else pb.ENQUEUED,
+                            complete_ns=200 if seq < 4 else 0, thread="MainThread",
+                            device="cpu", inputs=[((4,), "float32")],
+                            outputs=[((4,), "float32")]))  # fmt: skip
+    write_dump(b.build(), tmp_path, dump_filename(0, 0, "WATCHDOG_TIMEOUT", 1))
+
+    first = analyze(load_dir(tmp_path)).findings[0]
+    assert first.kind == "not_arrived" and first.ranks == (1,), first.summary
+    assert "wrote no dump; its black box shows all_reduce #3 done" in first.summary
+    assert "died" not in first.summary
