@@ -18,6 +18,7 @@ from flightrec.analysis.model import (
     FrameInfo,
     user_frame,
 )
+from flightrec.blackbox import died, ended
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.report.ranges import compress, ranks_phrase
 
@@ -32,7 +33,7 @@ def culprit_state(m: Matched, rank: int) -> Culprit:
     d = m.run.dumps.get(rank)
     if d is None:
         return Culprit.NO_DUMP
-    if d.header.reason in (pb.PROCESS_EXIT, pb.BLACKBOX):
+    if d.header.reason == pb.PROCESS_EXIT or ended(d.header):
         return Culprit.EXITED
     return Culprit.OUTSIDE
 
@@ -71,9 +72,12 @@ def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
     if d.header.reason == pb.BLACKBOX and last is not None:
         # Read back from its black box: no stacks at death, only its last recorded calls.
         lf = user_frame(last.stack)
-        phrase = f"it died after completing {last.op} #{last.seq}" + (
-            f"; its last call was at {lf.where()}" if lf else ""
-        )
+        at = f"; its last call was at {lf.where()}" if lf else ""
+        if ended(d.header):
+            verb = "died" if died(d.header) else "exited"
+            phrase = f"it {verb} after completing {last.op} #{last.seq}{at}"
+        else:  # alive but it never dumped: its ring, read from the file, is all there is
+            phrase = f"it wrote no dump; its black box shows {last.op} #{last.seq} done{at}"
     elif frame is not None:
         phrase = f"it was in {frame.function} at {frame.where()}"
     elif last is not None:
@@ -151,7 +155,7 @@ def rank_finding(
         summary = f"{who}{ident} {verb} {what or 'the operation its peers wait in'}; " + "; ".join(
             phrases
         )
-        if len(ranks) == 1 and d.header.reason == pb.BLACKBOX:
+        if len(ranks) == 1 and ended(d.header):
             # "Rank 1 (host, pid) died after completing all_reduce #4; its last call was at
             # train.py:30; it never entered all_reduce #5 ..."
             summary = f"{who}{ident} {phrases[0].removeprefix('it ')}" + (

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import FrameInfo, user_frame
 from flightrec.analysis.waits import Wait
+from flightrec.blackbox import ended
 from flightrec.proto import flightrec_pb2 as pb
 
 
@@ -79,7 +80,7 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
                 rank, Status.WAITING, rec.op, rec.group, number, user_frame(rec.stack)
             )
             continue
-        exited = d.header.reason in (pb.PROCESS_EXIT, pb.BLACKBOX)
+        exited = d.header.reason == pb.PROCESS_EXIT or ended(d.header)
         status = Status.EXITED if exited else Status.OUTSIDE
         states[rank] = RankState(rank, status, location=user_frame(d.current_stack()))
     return states
