@@ -27,6 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from statistics import median
+from typing import NamedTuple
 
 from flightrec.analysis.matching import Matched
 from flightrec.proto import flightrec_pb2 as pb
@@ -40,11 +41,9 @@ STABLE_NS = 1_000_000
 MIN_LINK_SAMPLES = 3
 
 
-@dataclass(frozen=True, slots=True)
-class Timed:
+class Timed(NamedTuple):
     """One completed collective of one rank, times on the rank's wall-anchored clock (ns)."""
 
-    seq: int
     position: int
     """Entry position in the rank's ring."""
     enqueue_ns: int
@@ -150,10 +149,13 @@ def completed_times(m: Matched, group: str, recent: int) -> dict[int, dict[int, 
             continue
         e = m.dump(r).dump.entries
         base = base_ns(m, r)
-        table: dict[int, Timed] = {}
-        for seq, pos in zip(gi.seqs[-recent:], gi.positions[-recent:], strict=True):
-            if e.state[pos] == _COMPLETED and e.complete_ns[pos] and e.enqueue_ns[pos]:
-                table[seq] = Timed(seq, pos, e.enqueue_ns[pos] + base, e.complete_ns[pos] + base)
+        state, enq, comp = e.state, e.enqueue_ns, e.complete_ns
+        # One comprehension per rank and group: this runs for every member of every group.
+        table = {
+            seq: Timed(pos, enq[pos] + base, comp[pos] + base)
+            for seq, pos in zip(gi.seqs[-recent:], gi.positions[-recent:], strict=True)
+            if state[pos] == _COMPLETED and comp[pos] and enq[pos]
+        }
         if table:
             out[r] = table
     return out

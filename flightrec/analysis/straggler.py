@@ -42,7 +42,7 @@ class StragglerOptions:
             late (raised to three times the clock alignment's jitter where that is larger).
     """
 
-    recent: int = 128
+    recent: int = 64
     min_samples: int = 5
     min_fraction: float = 0.5
     min_margin_ms: float = 5.0
