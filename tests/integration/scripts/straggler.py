@@ -12,6 +12,7 @@ Two ways to run it:
   ``--world`` ranks one after the other (fresh processes, ports and process groups each time);
   every rank of run k enables flightrec itself, dumps into ``DIR/run-k`` with ``flightrec.dump``
   when its loop ends, and exits. Fast enough to repeat a healthy job many times.
+  ``--cycle-slow`` makes rank ``k % world`` the slow one in run k.
 
 Progress markers on stdout: READY, STEP <n> (every 10 steps), DONE.
 """
@@ -30,8 +31,9 @@ import torch
 import torch.distributed as dist
 
 
-def loop(args: argparse.Namespace, rank: int) -> None:
+def loop(args: argparse.Namespace, rank: int, slow_rank: int | None = None) -> None:
     """The training loop: a little compute, then an all_reduce; the slow rank sleeps first."""
+    slow = args.slow_rank if slow_rank is None else slow_rank
     lo, hi = (float(x) / 1e3 for x in args.delay_ms.split(","))
     rng = random.Random(rank)
     t = torch.ones(256)
@@ -39,7 +41,7 @@ def loop(args: argparse.Namespace, rank: int) -> None:
     step = 0
     while args.steps <= 0 or step < args.steps:
         time.sleep(args.work_ms / 1e3)  # every rank's forward/backward
-        if rank == args.slow_rank:
+        if rank == slow:
             time.sleep(rng.uniform(lo, hi))  # the straggler's extra work, every step
         dist.all_reduce(t)
         step += 1
@@ -62,7 +64,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int) -> None:
+def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int, slow: int) -> None:
     os.environ.update(
         FLIGHTREC="1",
         FLIGHTREC_DIR=run_dir,
@@ -75,7 +77,7 @@ def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int) -> None:
 
     flightrec.enable()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
-    loop(args, rank)
+    loop(args, rank, slow)
     flightrec.dump("end of run")
     dist.destroy_process_group()
 
@@ -86,13 +88,14 @@ def runs(args: argparse.Namespace) -> int:
     for k in range(args.runs):
         run_dir = os.path.join(args.out, f"run-{k:03d}")
         port = _free_port()
+        slow = k % args.world if args.cycle_slow else args.slow_rank
         pids = []
         for rank in range(args.world):
             pid = os.fork()
             if pid == 0:  # the rank: run, then leave without unwinding the parent's stack
                 code = 0
                 try:
-                    _rank(args, run_dir, port, rank)
+                    _rank(args, run_dir, port, rank, slow)
                 except BaseException as e:  # reported through the exit status
                     print(f"rank {rank} of run {k}: {e!r}", file=sys.stderr, flush=True)
                     code = 1
@@ -114,6 +117,9 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=0, help="fork this many jobs in turn")
     parser.add_argument("--world", type=int, default=4, help="ranks per forked job")
     parser.add_argument("--out", default="", help="dump folder root for --runs")
+    parser.add_argument(
+        "--cycle-slow", action="store_true", help="with --runs: run k's slow rank is k %% world"
+    )
     args = parser.parse_args()
     if args.runs:
         sys.exit(1 if runs(args) else 0)
