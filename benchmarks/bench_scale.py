@@ -1,0 +1,228 @@
+"""Time and peak memory of `flightrec analyze` on simulated jobs of 1,024 / 4,096 / 16,384 ranks.
+
+Usage (from the repository root):
+    python benchmarks/bench_scale.py [--ranks 1024 4096 16384] [--entries 2000]
+        [--fault stall] [--cache /tmp/flightrec-bench]
+
+Each job is written once by `flightrec simulate` into the cache folder (reused on later runs),
+then analysed by `flightrec analyze --json` in a subprocess. Printed per size: wall time, peak
+resident memory of the analysing process tree (the parent plus its loader workers, sampled
+every 20 ms from /proc, and the largest single process as the kernel counts it), dump size
+per rank, and whether the first finding matches the simulator's expected.json.
+Never run two large analyses at once on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+TARGET_S = 60.0
+TARGET_GB = 6.0
+
+
+def child_env() -> dict[str, str]:
+    """Environment that makes subprocesses import this source tree."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli"), env.get("PYTHONPATH", "")])
+    return env
+
+
+def _tree_rss(pid: int) -> int:
+    """Resident bytes of ``pid`` and all its descendants (0 once gone)."""
+    children: dict[int, list[int]] = {}
+    rss: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        p = int(entry)
+        children.setdefault(int(fields[1]), []).append(p)
+        rss[p] = int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    total, todo = 0, [pid]
+    while todo:
+        p = todo.pop()
+        total += rss.get(p, 0)
+        todo += children.get(p, [])
+    return total
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One command's cost."""
+
+    wall_s: float
+    tree_peak_bytes: int
+    """Largest sampled sum of the RSS of the process and its descendants."""
+    max_rss_bytes: int
+    """Largest RSS of the process itself (kernel count, exact)."""
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def measure(cmd: list[str], cpus: int | None = None, timeout: float | None = None) -> Measured:
+    """Run ``cmd``; return wall time, peak memory and output.
+
+    Args:
+        cmd: the command.
+        cpus: pin it (and its workers) to this many CPUs when set.
+        timeout: seconds before it is killed.
+    """
+
+    def pin() -> None:
+        if cpus:
+            os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cpus])
+
+    out_path = Path(f"/tmp/bench-{os.getpid()}.out")
+    err_path = Path(f"/tmp/bench-{os.getpid()}.err")
+    with open(out_path, "w") as out, open(err_path, "w") as err:
+        start = time.perf_counter()
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=err,
+            env=child_env(),
+            preexec_fn=pin,  # affinity is set before exec, so workers inherit it
+        )
+        peak = 0
+        stop = threading.Event()
+
+        def sample() -> None:
+            nonlocal peak
+            while not stop.is_set():
+                peak = max(peak, _tree_rss(proc.pid))
+                stop.wait(0.02)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        killer = threading.Timer(timeout, proc.kill) if timeout else None
+        if killer:
+            killer.start()
+        # wait4: the child's own rusage, whose ru_maxrss (KiB) is the largest of it and its
+        # reaped workers, exact where sampling may miss a short spike.
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - start
+        if killer:
+            killer.cancel()
+        stop.set()
+        sampler.join()
+    max_rss = usage.ru_maxrss * 1024
+    stdout, stderr = out_path.read_text(), err_path.read_text()
+    out_path.unlink()
+    err_path.unlink()
+    code = os.waitstatus_to_exitcode(status)
+    return Measured(wall, max(peak, max_rss), max_rss, code, stdout, stderr)
+
+
+def generate(
+    cache: Path, ranks: int, entries: int, fault: str, fault_rank: int, form: str = "flightrec"
+) -> Path:
+    """The simulated job's folder, written by `flightrec simulate` unless already cached."""
+    folder = cache / f"{form}-{ranks}x{entries}-{fault}-{fault_rank}"
+    if (folder / "expected.json").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "flightrec_cli",
+            "simulate",
+            "--ranks",
+            str(ranks),
+            "--entries",
+            str(entries),
+            "--layout",
+            "tp=8,pp=4",
+            "--fault",
+            fault,
+            "--fault-rank",
+            str(fault_rank),
+            "--format",
+            form,
+            "--processes",
+            str(len(os.sched_getaffinity(0))),
+            "--out",
+            str(folder),
+        ],
+        check=True,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+    )
+    print(f"  generated {folder} in {time.perf_counter() - start:.1f} s", flush=True)
+    return folder
+
+
+def verdict_matches(report: dict[str, Any], expected: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the first finding agrees with expected.json on every field it states."""
+    findings: list[dict[str, Any]] = report.get("findings") or []
+    want: dict[str, Any] | None = expected.get("first_finding")
+    if not want:
+        return (not findings, "healthy" if not findings else f"unexpected {findings[0]}")
+    if not findings:
+        return False, "no finding"
+    first = findings[0]
+    wrong = [f"{k}={first.get(k)!r} (expected {v!r})" for k, v in want.items() if first.get(k) != v]
+    return (not wrong, "; ".join(wrong) or f"{first['kind']} {first['ranks']}")
+
+
+def folder_bytes(folder: Path) -> tuple[int, int]:
+    """(total bytes of dump files, number of dump files)."""
+    sizes = [p.stat().st_size for p in folder.iterdir() if p.name != "expected.json"]
+    return sum(sizes), len(sizes)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--fault", default="stall")
+    parser.add_argument("--fault-rank", type=int, default=517)
+    parser.add_argument("--cpus", type=int, default=2, help="CPUs the analysis may use")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/flightrec-bench"))
+    args = parser.parse_args()
+    print(
+        f"flightrec analyze, {args.entries} entries/rank, fault {args.fault}, "
+        f"{args.cpus} CPUs (targets at 16,384 ranks: <= {TARGET_S:.0f} s, <= {TARGET_GB:.0f} GB)"
+    )
+    ok = True
+    for ranks in args.ranks:
+        folder = generate(args.cache, ranks, args.entries, args.fault, args.fault_rank % ranks)
+        expected = json.loads((folder / "expected.json").read_text())
+        total, files = folder_bytes(folder)
+        m = measure(
+            [sys.executable, "-m", "flightrec_cli", "analyze", "--json", str(folder)],
+            cpus=args.cpus,
+        )
+        if m.returncode not in (0, 1):
+            print(f"{ranks:>6} ranks: analyze failed ({m.returncode}): {m.stderr[-500:]}")
+            ok = False
+            continue
+        good, why = verdict_matches(json.loads(m.stdout), expected)
+        ok &= good
+        print(
+            f"{ranks:>6} ranks: {m.wall_s:6.1f} s, peak {m.tree_peak_bytes / 2**30:5.2f} GB "
+            f"(tree; largest process {m.max_rss_bytes / 2**30:.2f} GB), "
+            f"{total / files / 1024:.0f} KB/rank, verdict {'OK' if good else 'WRONG'}: {why}",
+            flush=True,
+        )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
