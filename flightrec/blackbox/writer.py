@@ -59,6 +59,7 @@ class BlackBox:
         self, directory: str, capacity: int, slot_size: int, stack_depth: int, timeout_s: float
     ) -> None:
         self.directory = Path(directory)
+        self._made_dir = not self.directory.exists()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.host = socket.gethostname()
         self.pid = os.getpid()
@@ -154,6 +155,9 @@ class BlackBox:
                 # If deleting fails, the header says CLEAN and the loader sets the file aside.
                 with contextlib.suppress(OSError):
                     p.unlink()
+            if self._made_dir:  # a healthy run leaves the folder as it found it
+                with contextlib.suppress(OSError):
+                    self.directory.rmdir()  # only if empty: dumps stay
         with contextlib.suppress(OSError):
             os.close(self._tables_fd)
 

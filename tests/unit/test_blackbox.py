@@ -107,7 +107,7 @@ def test_healthy_exit_deletes_the_files_unhealthy_exit_keeps_them(tmp_path: Path
     healthy = Recording(tmp_path / "a")
     train_step(healthy, 1)
     healthy.bb.close(healthy=True)
-    assert list((tmp_path / "a").iterdir()) == []
+    assert not (tmp_path / "a").exists()  # the folder it created goes too, when empty
     healthy.call("all_reduce", (4,))  # a late write into the unlinked map is harmless
 
     sick = Recording(tmp_path / "b")
