@@ -3,16 +3,43 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from flightrec.analysis import AnalysisOptions, View, analyze_dir
+from flightrec.analysis import Progress as ProgressCallback
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.report.trace import TraceRenderer
+
+
+@contextmanager
+def _loading_bar() -> Iterator[ProgressCallback | None]:
+    """A progress bar on stderr while dump files load; nothing when stderr is not a terminal."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    with Progress(
+        TextColumn("Loading dumps"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+    ) as bar:
+        task = bar.add_task("load", total=None)
+
+        def update(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        yield update
 
 
 def register(app: typer.Typer) -> None:
@@ -42,7 +69,8 @@ def analyze_command(
     Exit status: 0 nothing found, 1 findings reported, 2 usage error or no readable dump.
     Files that cannot be read get one line each on stderr; the rest are still analysed.
     """
-    report = analyze_dir(str(path), AnalysisOptions(view=view))
+    with _loading_bar() as progress:
+        report = analyze_dir(str(path), AnalysisOptions(view=view, progress=progress))
     for problem in report.run.problems:
         typer.echo(f"flightrec: skipped {problem}", err=True)
     if trace is not None:
