@@ -143,6 +143,8 @@ class TraceRenderer:
             done = e.state[i] == _COMPLETED and e.complete_ns[i] >= e.enqueue_ns[i]
             if done:
                 end = clock.us(rank, e.complete_ns[i])
+            elif not d.tracks_completion:
+                end = start  # completion not recorded (converted gloo dumps): a mark only
             else:
                 end = max(start, dump_us if dump_us is not None else start)
             slices.append((start, end, i))
@@ -208,7 +210,9 @@ class TraceRenderer:
             args["reduce_op"] = d.string(e.reduce_op[i])
         if p2p or e.peer[i] >= 0:
             args["peer"] = e.peer[i]
-        complete = e.state[i] == _COMPLETED
+        complete = e.state[i] == _COMPLETED or not d.tracks_completion
+        if not d.tracks_completion:
+            args["state"] = "not tracked"
         return {
             "name": op if complete else f"{op} ({state.lower()}, incomplete)",
             "cat": ("p2p" if p2p else "collective") + ("" if complete else ",incomplete"),
@@ -225,21 +229,29 @@ class TraceRenderer:
         f = next((x for x in report.findings if x.kind != "straggler" and x.process_group), None)
         if f is None or f.process_group is None or f.seq is None:
             return []
-        entered = [
-            (clock.us(r, rec.enqueue_ns), r)
-            for r in f.pg_ranks
-            if r in report.run.dumps
-            and (rec := report.matched.record(r, f.process_group, f.seq)) is not None
-            and rec.enqueue_ns
-        ]
+        entered: list[tuple[float, int]] = []
+        if f.process_group is not None and f.seq is not None:
+            for r in f.pg_ranks:
+                rec = report.matched.record(r, f.process_group, f.seq)
+                if r in report.run.dumps and rec is not None and rec.enqueue_ns:
+                    entered.append((clock.us(r, rec.enqueue_ns), r))
+        if not entered:
+            # No single collective (a P2P cycle, a desync): where each blamed rank first
+            # blocked, the latest of those.
+            for r in f.ranks:
+                stuck = report.matched.incomplete.get(r, ())
+                d = report.run.dumps.get(r)
+                if d is not None and stuck and d.tracks_completion:
+                    entered.append((clock.us(r, d.dump.entries.enqueue_ns[stuck[0]]), r))
         if not entered:
             return []
         ts, rank = max(entered)
         d = report.run.dumps[rank]
         return [
             {
-                "name": f"hang: {f.kind} {f.op or ''} #{f.seq} on group {f.process_group}, "
-                f"ranks {compress(f.ranks)}",
+                "name": f"hang: {f.kind}"
+                + (f" {f.op or ''} #{f.seq} on group {f.process_group}" if f.seq else "")
+                + f", ranks {compress(f.ranks)}",
                 "cat": "hang",
                 "ph": "i",
                 "s": "g",
