@@ -1,0 +1,80 @@
+"""`flightrec analyze` against PyTorch's fr_trace on identical native-format dumps, side by side.
+
+Usage (from the repository root, with torch installed for fr_trace):
+    python benchmarks/bench_vs_fr_trace.py [--ranks 1024] [--entries 2000] [--fault stall]
+
+`flightrec simulate --format native` writes one job as PyTorch native Flight Recorder pickles
+(nccl_trace_rank_N) into the cache folder; then, in this one run, `flightrec analyze --json`
+and `python -m torch.distributed.flight_recorder.fr_trace` read that same folder one after the
+other, each in its own subprocess pinned to the same CPUs. Printed: wall time and peak memory
+of each (process tree, sampled; see bench_scale.py), the ratios, and flightrec's verdict
+against expected.json. Targets: >= 20x faster, <= 1/4 of fr_trace's memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from bench_scale import generate, measure, verdict_matches
+
+TARGET_SPEEDUP = 20.0
+TARGET_MEMORY_SHARE = 0.25
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=1024)
+    parser.add_argument("--entries", type=int, default=2000)
+    parser.add_argument("--fault", default="stall")
+    parser.add_argument("--fault-rank", type=int, default=517)
+    parser.add_argument("--cpus", type=int, default=2)
+    parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per analyzer")
+    parser.add_argument("--cache", type=Path, default=Path("/tmp/flightrec-bench"))
+    args = parser.parse_args()
+    folder = generate(
+        args.cache, args.ranks, args.entries, args.fault, args.fault_rank % args.ranks, "native"
+    )
+    expected = json.loads((folder / "expected.json").read_text())
+    print(f"{args.ranks} ranks x {args.entries} entries, native pickles in {folder}", flush=True)
+
+    ours = measure(
+        [sys.executable, "-m", "flightrec_cli", "analyze", "--json", str(folder)],
+        cpus=args.cpus,
+        timeout=args.timeout,
+    )
+    good, why = (
+        verdict_matches(json.loads(ours.stdout), expected)
+        if ours.returncode in (0, 1)
+        else (False, f"exit {ours.returncode}: {ours.stderr[-300:]}")
+    )
+    print(
+        f"  flightrec analyze: {ours.wall_s:7.1f} s, peak {ours.tree_peak_bytes / 2**20:7.0f} MB, "
+        f"verdict {'OK' if good else 'WRONG'}: {why}",
+        flush=True,
+    )
+    theirs = measure(
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(folder)],
+        cpus=args.cpus,
+        timeout=args.timeout,
+    )
+    last = (theirs.stdout.strip().splitlines() or ["(no output)"])[-1][:160]
+    print(
+        f"  fr_trace:          {theirs.wall_s:7.1f} s, peak {theirs.tree_peak_bytes / 2**20:7.0f} MB, "
+        f"exit {theirs.returncode}; last line: {last}",
+        flush=True,
+    )
+    speedup = theirs.wall_s / ours.wall_s
+    share = ours.tree_peak_bytes / max(1, theirs.tree_peak_bytes)
+    print(
+        f"  flightrec is {speedup:.1f}x faster (target >= {TARGET_SPEEDUP:.0f}x) and uses "
+        f"{share:.2f} of fr_trace's peak memory (target <= {TARGET_MEMORY_SHARE:.2f})"
+    )
+    met = speedup >= TARGET_SPEEDUP and share <= TARGET_MEMORY_SHARE and good
+    return 0 if met else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
