@@ -10,6 +10,9 @@ deep (a realistic training-loop depth), in four modes:
   e  as c, with the black box off (FLIGHTREC_BLACKBOX=0: the ring in memory, not in a
      memory-mapped file): c against e is what the black box costs
 
+Then the black box alone, in one process: the recording work of two recorders, one writing
+into the memory-mapped file and one into memory, in interleaved batches.
+
 Each measurement is a separate process; processes of the four modes are interleaved so that
 drift on a shared machine hits every mode alike. Each process reports the median of its
 batches; the figure per mode is the median over its processes. flightrec is turned on the way
@@ -182,6 +185,48 @@ def child_dump(entries: int) -> None:
     _finish()
 
 
+def child_blackbox(batches: int) -> None:
+    """Same process, interleaved batches: the recording work (no-op collective) of a recorder
+    whose ring is the black box's memory-mapped file against one whose ring is in memory."""
+    import torch
+    import torch.distributed as dist
+
+    from flightrec.recorder.codegen import generate
+    from flightrec.recorder.config import Config
+    from flightrec.recorder.recorder import Recorder
+    from flightrec.recorder.specs import spec_for
+
+    _init()
+
+    def noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
+        return None
+
+    spec = spec_for("all_reduce", dist.distributed_c10d.all_reduce)
+    wrapped = {}
+    for name, on in (("mmap", True), ("memory", False)):
+        cfg = Config(enabled=True, directory=os.environ["FLIGHTREC_DIR"], blackbox=on)
+        rec = Recorder(cfg)
+        assert (rec.blackbox is not None) == on
+        wrapped[name] = generate(spec, noop, rec)
+    t = torch.ones(1)
+    costs: dict[str, list[float]] = {name: [] for name in wrapped}
+
+    def batch(fn):  # type: ignore[no-untyped-def]
+        start = time.perf_counter_ns()
+        for _ in range(2000):
+            fn(t)
+        mid = time.perf_counter_ns()
+        for _ in range(2000):
+            noop(t)
+        return ((mid - start) - (time.perf_counter_ns() - mid)) / 2000 / 1000
+
+    for _ in range(batches):
+        for name, fn in wrapped.items():
+            costs[name].append(_at_depth(DEPTH - 3, batch, fn))
+    print(json.dumps({name: statistics.median(v) for name, v in costs.items()}), flush=True)
+    _finish()
+
+
 def _run_child(args: list[str], env_extra: dict[str, str], tmp: str) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTREC", "TORCH_FR"))}
     env.update(env_extra)
@@ -203,13 +248,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="processes per mode")
     parser.add_argument("--calls", type=int, default=20000, help="measured calls per process")
-    parser.add_argument("--child", choices=["calls", "dump"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["calls", "dump", "blackbox"], help=argparse.SUPPRESS)
     parser.add_argument("--entries", type=int, default=2000)
     opts = parser.parse_args()
     if opts.child == "calls":
         return child_calls(opts.calls)
     if opts.child == "dump":
         return child_dump(opts.entries)
+    if opts.child == "blackbox":
+        return child_blackbox(60)
 
     results: dict[str, list[float]] = {m: [] for m in MODES}
     paired: dict[str, list[float]] = {m: [] for m in MODES}
@@ -227,6 +274,7 @@ def main() -> None:
             {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_BUFFER": str(opts.entries)},
             tmp,
         )
+        blackbox = _run_child(["--child", "blackbox"], {"TORCH_FR_BUFFER_SIZE": "0"}, tmp)
     med = {m: statistics.median(v) for m, v in results.items()}
     print(f"per-call time of all_reduce(1 element), 1-rank gloo, {DEPTH} frames deep, "
           f"median of {opts.rounds} interleaved processes x {opts.calls} calls")  # fmt: skip
@@ -250,6 +298,8 @@ def main() -> None:
     for mode in ("c", "d", "e"):
         print(f"  ({mode}) recording work alone (no-op collective, warm caches): "
               f"{statistics.median(noop[mode]):5.2f} us/call")  # fmt: skip
+    print(f"black box, same process, recording work alone: ring in a memory-mapped file "
+          f"{blackbox['mmap']:.2f} us/call, ring in memory {blackbox['memory']:.2f} us/call")  # fmt: skip
     print(f"dump of a full {opts.entries}-entry ring with stacks: "
           f"{dump['ms']:.1f} ms (target <= 100), {dump['bytes'] / 1000:.0f} KB (target <= 300)")  # fmt: skip
 
