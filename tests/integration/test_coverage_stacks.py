@@ -78,14 +78,14 @@ def test_fsdp2_all_gathers_and_reduce_scatters_are_recorded(tmp_path: Path) -> N
     assert analyze_dir(str(job.dump_dir)).findings == []
 
 
-@pytest.mark.parametrize("how", ["sigkill", "exit"])
+@pytest.mark.parametrize("how", ["sigkill", "exit", "abort"])
 def test_a_rank_that_dies_hard_is_named_from_its_black_box(tmp_path: Path, how: str) -> None:
     with start_job(
         SCRIPT, ["die", "--steps", "4", "--die-rank", "1", "--how", how, "--pg-timeout", "10"],
         world_size=4, env={"FLIGHTREC_TIMEOUT": "2"}, workdir=tmp_path,
     ) as job:  # fmt: skip
         codes = job.wait(60)
-    assert codes[1] == (-9 if how == "sigkill" else 3), job.output()
+    assert codes[1] == {"sigkill": -9, "exit": 3, "abort": -6}[how], job.output()
     left = [p.name for p in rings(job.dump_dir)]
     assert any(name.startswith("flightrec-rank00001-") for name in left), left
     report = analyze_dir(str(job.dump_dir))

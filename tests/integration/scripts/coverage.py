@@ -9,8 +9,9 @@ Scenarios:
          last step's gradient all-reduce).
   fsdp   an FSDP2 (``fully_shard``) training loop on CPU/gloo, then a clean exit.
   die    all_reduces in ``train()``; after ``--steps`` of them ``--die-rank`` ends hard with
-         ``--how sigkill`` (kills itself) or ``--how exit`` (``os._exit``), running no Python
-         exit code; the others go on to their next all_reduce.
+         ``--how sigkill`` (kills itself), ``--how exit`` (``os._exit``) or ``--how abort``
+         (SIGABRT, as an abort inside the backend), running no Python exit code; the others
+         go on to their next all_reduce.
 
 Progress markers printed on stdout: READY, STEP <n>, EVALUATING, DYING, DONE.
 """
@@ -90,6 +91,8 @@ def die(args: argparse.Namespace) -> None:
         print("DYING", flush=True)
         if args.how == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if args.how == "abort":  # what an abort inside gloo or NCCL does
+            os.abort()
         os._exit(3)
     train(2)  # the survivors' next step fails (or hangs) without the dead rank
     print("DONE", flush=True)
@@ -101,7 +104,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--short-rank", type=int, default=-1)
     parser.add_argument("--die-rank", type=int, default=1)
-    parser.add_argument("--how", choices=["sigkill", "exit"], default="sigkill")
+    parser.add_argument("--how", choices=["sigkill", "exit", "abort"], default="sigkill")
     parser.add_argument("--pg-timeout", type=float, default=30.0)
     args = parser.parse_args()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
