@@ -18,7 +18,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
-from flightrec.analysis.clocks import GroupArrivals, estimate_offsets, group_arrivals
+from flightrec.analysis.clocks import (
+    ClockAlignment,
+    GroupArrivals,
+    estimate_offsets,
+    group_arrivals,
+)
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind, is_library_frame
 
@@ -110,8 +115,14 @@ def _tally_group(
         tl.ops[d.string(d.columns["op"][ga.positions[last][i]])] += 1
 
 
-def lateness_table(tallies: dict[int, _Tally], keep: Sequence[int]) -> list[dict[str, object]]:
-    """Per-rank lateness rows, latest first: the ``keep`` ranks plus the latest others."""
+def lateness_table(
+    tallies: dict[int, _Tally], keep: Sequence[int], alignment: ClockAlignment
+) -> list[dict[str, object]]:
+    """Per-rank lateness rows, latest first: the ``keep`` ranks plus the latest others.
+
+    Each row also carries the rank's estimated clock offset and its uncertainty (None for a
+    rank whose clock could not be linked to the reference).
+    """
     rows = sorted(
         tallies.items(), key=lambda kv: (-(median(kv[1].behind) if kv[1].behind else 0.0), kv[0])
     )
@@ -121,6 +132,7 @@ def lateness_table(tallies: dict[int, _Tally], keep: Sequence[int]) -> list[dict
     for r, tr in rows:
         if r not in chosen:
             continue
+        c = alignment.clocks.get(r)
         out.append(
             {
                 "rank": r,
@@ -128,6 +140,8 @@ def lateness_table(tallies: dict[int, _Tally], keep: Sequence[int]) -> list[dict
                 "last_share": round(len(tr.late) / tr.taken, 3) if tr.taken else 0.0,
                 "median_behind_ms": round(median(tr.behind), 3) if tr.behind else 0.0,
                 "p90_behind_ms": round(percentile(tr.behind, 0.9), 3),
+                "clock_offset_ms": round(c.offset_ns / 1e6, 3) if c else None,
+                "clock_uncertainty_ms": round(c.uncertainty_ns / 1e6, 4) if c else None,
             }
         )
     return out
@@ -169,14 +183,14 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
     blamed.sort(key=lambda kv: (-kv[0], kv[1]))
     if not blamed:
         return []
-    table = lateness_table(tallies, [r for _, r in blamed])
-    clock = clock_summary(m, opt.recent)
+    alignment = estimate_offsets(m, opt.recent)
+    table = lateness_table(tallies, [r for _, r in blamed], alignment)
+    clock = clock_summary(alignment)
     return [_finding(m, r, tallies[r], table, clock) for _, r in blamed]
 
 
-def clock_summary(m: Matched, recent: int = 128) -> dict[str, object]:
+def clock_summary(a: ClockAlignment) -> dict[str, object]:
     """How the ranks' clocks line up, JSON-ready: reference, offsets and their uncertainty."""
-    a = estimate_offsets(m, recent)
     offsets = [abs(c.offset_ns) for c in a.clocks.values()]
     return {
         "reference_rank": a.reference,

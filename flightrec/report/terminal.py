@@ -134,6 +134,7 @@ class TerminalRenderer:
             ("last", "right"),
             ("behind", "right"),
             ("p90", "right"),
+            ("clock", "right"),
             ("", "left"),
         ):
             table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
@@ -149,6 +150,7 @@ class TerminalRenderer:
                 f"{100 * float(row.get('last_share', 0.0)):.0f}%",
                 f"{behind:.1f} ms",
                 f"{float(row.get('p90_behind_ms', 0.0)):.1f} ms",
+                _clock_cell(row),
                 Text(_bar(behind, scale), style=style or "dim"),
                 style=style,
             )
@@ -249,6 +251,14 @@ class TerminalRenderer:
         if run.problems:
             line += f"; {len(run.problems)} file(s) could not be used (listed on stderr)"
         self.console.print(Text(line, style="dim"))
+
+
+def _clock_cell(row: dict[str, object]) -> str:
+    """``+5.73±0.01 ms``: the rank's clock offset against the reference, or ``?``."""
+    offset, unc = row.get("clock_offset_ms"), row.get("clock_uncertainty_ms")
+    if not isinstance(offset, int | float) or not isinstance(unc, int | float):
+        return "?"
+    return f"{offset:+.2f}±{unc:.2f} ms"
 
 
 def _bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:

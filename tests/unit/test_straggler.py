@@ -34,6 +34,9 @@ def test_late_rank_is_named_with_its_numbers() -> None:
     rows = {row["rank"]: row for row in ev["lateness_by_rank"]}
     assert rows[2]["last_share"] == 1.0 and rows[2]["median_behind_ms"] > 38
     assert all(rows[r]["median_behind_ms"] < 1 for r in (0, 1, 3))
+    assert rows[3]["clock_offset_ms"] == pytest.approx(9.0, abs=0.1)
+    assert rows[2]["clock_offset_ms"] == pytest.approx(-4.0, abs=0.1)
+    assert 0 < rows[2]["clock_uncertainty_ms"] < 0.1
     assert ev["clock"]["reference_rank"] == 0
     assert ev["clock"]["max_offset_ms"] == pytest.approx(9.0, abs=0.1)
     assert "Rank 2" in findings[0].summary and "30 of the 30" in findings[0].summary
@@ -90,7 +93,7 @@ def test_terminal_table_and_json_fields() -> None:
     text = out.getvalue()
     assert "Arrival lateness per rank" in text
     row = next(line for line in text.splitlines() if line.strip().startswith("2 "))
-    assert "100%" in row and "█" in row
+    assert "100%" in row and "█" in row and "±0.0" in row
     assert "clocks aligned on rank 0" in text
     first = json.loads(JsonRenderer().render(report))["findings"][0]
     assert first["kind"] == "straggler" and first["ranks"] == [2]
