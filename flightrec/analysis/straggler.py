@@ -180,7 +180,8 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
         if median(tr.late) < opt.min_margin_ms:
             continue
         blamed.append((len(tr.late) / tr.taken, r))
-    blamed.sort(key=lambda kv: (-kv[0], kv[1]))
+    # Rank 0's lateness is often by design (see the module doc): other stragglers first.
+    blamed.sort(key=lambda kv: (kv[1] == 0, -kv[0], kv[1]))
     if not blamed:
         return []
     alignment = estimate_offsets(m, opt.recent)

@@ -95,7 +95,8 @@ class TraceRenderer:
                 meta.append(_meta("thread_sort_index", pid, tid, {"sort_index": tid}))
         events += self._hang_point(report, clock)
         # Per track in time order (viewers and validators expect it), metadata first.
-        events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"]))
+        # Equal starts: the longer slice first, so that it is the parent.
+        events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e.get("dur", 0)))
         return {
             "traceEvents": meta + events,
             "displayTimeUnit": "ms",
