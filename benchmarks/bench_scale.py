@@ -69,6 +69,8 @@ class Measured:
     """Largest sampled sum of the RSS of the process and its descendants."""
     max_rss_bytes: int
     """Largest RSS of the process itself (kernel count, exact)."""
+    cpu_s: float
+    """User + system CPU seconds of the process and its reaped workers (contention-proof)."""
     returncode: int
     stdout: str
     stderr: str
@@ -125,7 +127,8 @@ def measure(cmd: list[str], cpus: int | None = None, timeout: float | None = Non
     out_path.unlink()
     err_path.unlink()
     code = os.waitstatus_to_exitcode(status)
-    return Measured(wall, max(peak, max_rss), max_rss, code, stdout, stderr)
+    cpu = usage.ru_utime + usage.ru_stime
+    return Measured(wall, max(peak, max_rss), max_rss, cpu, code, stdout, stderr)
 
 
 def generate(
@@ -216,7 +219,8 @@ def main() -> int:
         good, why = verdict_matches(json.loads(m.stdout), expected)
         ok &= good
         print(
-            f"{ranks:>6} ranks: {m.wall_s:6.1f} s, peak {m.tree_peak_bytes / 2**30:5.2f} GB "
+            f"{ranks:>6} ranks: {m.wall_s:6.1f} s wall, {m.cpu_s:6.1f} s CPU, "
+            f"peak {m.tree_peak_bytes / 2**30:5.2f} GB "
             f"(tree; largest process {m.max_rss_bytes / 2**30:.2f} GB), "
             f"{total / files / 1024:.0f} KB/rank, verdict {'OK' if good else 'WRONG'}: {why}",
             flush=True,

@@ -51,7 +51,7 @@ def main() -> int:
         else (False, f"exit {ours.returncode}: {ours.stderr[-300:]}")
     )
     print(
-        f"  flightrec analyze: {ours.wall_s:7.1f} s, peak {ours.tree_peak_bytes / 2**20:7.0f} MB, "
+        f"  flightrec analyze: {ours.wall_s:7.1f} s ({ours.cpu_s:.1f} s CPU), peak {ours.tree_peak_bytes / 2**20:7.0f} MB, "
         f"verdict {'OK' if good else 'WRONG'}: {why}",
         flush=True,
     )
@@ -62,7 +62,7 @@ def main() -> int:
     )
     last = (theirs.stdout.strip().splitlines() or ["(no output)"])[-1][:160]
     print(
-        f"  fr_trace:          {theirs.wall_s:7.1f} s, peak {theirs.tree_peak_bytes / 2**20:7.0f} MB, "
+        f"  fr_trace:          {theirs.wall_s:7.1f} s ({theirs.cpu_s:.1f} s CPU), peak {theirs.tree_peak_bytes / 2**20:7.0f} MB, "
         f"exit {theirs.returncode}; last line: {last}",
         flush=True,
     )

@@ -101,7 +101,9 @@ def match(run: Run) -> Matched:
     incomplete: dict[int, tuple[int, ...]] = {}
     p2p_counts: dict[tuple[str, int, int], tuple[int, int]] = {}
     progress: dict[str, dict[int, GroupProgress]] = defaultdict(dict)
-    members: dict[str, dict[tuple[int, ...], list[int]]] = defaultdict(lambda: defaultdict(list))
+    # Keyed by the member list's identity: dumps share one tuple per distinct list (see
+    # model.intern_ranks), and hashing a 16,384-rank list once per rank would cost seconds.
+    by_list: dict[str, dict[int, tuple[tuple[int, ...], list[int]]]] = defaultdict(dict)
     meta: dict[str, tuple[str, str]] = {}
     signatures: dict[int, tuple[tuple[Hashable, ...], ...]] = {}
     for rank, d in run.dumps.items():
@@ -127,7 +129,12 @@ def match(run: Run) -> Matched:
                 continue
             per_key[key] = gi
             progress[key][rank] = _progress(d, local, gi, incomplete[rank])
-            members[key][tuple(g.ranks)].append(rank)
+            ranks_of = tuple(g.ranks)  # the shared tuple itself (tuple() of a tuple is a no-op)
+            seen = by_list[key].get(id(ranks_of))
+            if seen is None:
+                by_list[key][id(ranks_of)] = (ranks_of, [rank])
+            else:
+                seen[1].append(rank)
             meta.setdefault(key, (g.desc, g.backend))
             for pc in g.p2p:
                 p2p_counts[(key, rank, pc.peer)] = (pc.sends, pc.recvs)
@@ -149,6 +156,12 @@ def match(run: Run) -> Matched:
 
     infos: dict[str, ProcessGroupInfo] = {}
     memberships: dict[str, dict[tuple[int, ...], tuple[int, ...]]] = {}
+    members: dict[str, dict[tuple[int, ...], list[int]]] = {}
+    for key, lists in by_list.items():
+        views: dict[tuple[int, ...], list[int]] = {}
+        for ranks_of, holders in lists.values():
+            views.setdefault(ranks_of, []).extend(holders)
+        members[key] = views
     for key, views in members.items():
         # The member list most ranks agree on; disagreement is reported by the mismatch pass.
         ranks = max(views.items(), key=lambda kv: (len(kv[1]), -len(kv[0])))[0]

@@ -15,6 +15,7 @@ from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple, TypeAlias
 
 from google.protobuf.internal.containers import (
     RepeatedCompositeFieldContainer,
@@ -158,18 +159,21 @@ class ThreadInfo:
     stack: tuple[FrameInfo, ...]
 
 
-def _narrow(values: Sequence[int]) -> array[int]:
-    """The smallest array type that holds ``values``: most columns are small interned indices."""
-    if not values:
-        return array("B")
-    lo, hi = min(values), max(values)
-    for code, bits in (("B", 8), ("H", 16), ("I", 32)):
-        if lo >= 0 and hi < 1 << bits:
+_NARROW_CODES = ("B", "H", "b", "h", "I", "i", "q", "Q")
+
+
+def _narrow(values: list[int]) -> array[int]:
+    """The smallest array type that holds ``values``: most columns are small interned indices.
+
+    Each attempt is one C-speed pass that stops at the first value out of range, which for a
+    column of clock readings is its first value; no Python-level min/max pass is needed.
+    """
+    for code in _NARROW_CODES:
+        try:
             return array(code, values)
-    for code, bits in (("b", 8), ("h", 16), ("i", 32)):
-        if -(1 << (bits - 1)) <= lo and hi < 1 << (bits - 1):
-            return array(code, values)
-    return array("Q" if lo >= 0 and hi >= 1 << 63 else "q", values)
+        except OverflowError:
+            continue
+    raise OverflowError("entry column value does not fit 64 bits")
 
 
 class EntriesView:
@@ -213,29 +217,110 @@ class EntriesView:
         return {name: getattr(self, name) for name in ENTRY_COLUMNS}
 
 
+class PeerView(NamedTuple):
+    """Per-peer P2P counters of a group (as ``pb.PeerCounter``)."""
+
+    peer: int
+    sends: int
+    recvs: int
+
+
+# Every rank's dump lists the members of its groups; the world group alone is 16,384 ranks
+# long at 16,384 ranks. One shared tuple per distinct member list keeps that O(world), not
+# O(world^2), and makes comparing two ranks' lists an identity check most of the time.
+# Small lists stay private lists (copying them costs nothing, and they stay editable).
+_MEMBER_LISTS: dict[tuple[int, ...], tuple[int, ...]] = {}
+_SHARE_FROM = 256
+
+
+def intern_ranks(ranks: Sequence[int]) -> Sequence[int]:
+    """The shared copy of a long member list; a short one as a list of its own."""
+    if len(ranks) < _SHARE_FROM:
+        return list(ranks)
+    t = tuple(ranks)
+    return _MEMBER_LISTS.setdefault(t, t)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupView:
+    """A process group as one dump lists it; reads like ``pb.ProcessGroup``."""
+
+    name: str
+    desc: str
+    ranks: Sequence[int]
+    """Global ranks in group-rank order (long lists shared; see ``intern_ranks``)."""
+    backend: str
+    last_seq: int
+    dropped: int
+    p2p: tuple[PeerView, ...]
+    members_known: bool
+
+    @classmethod
+    def of(cls, g: pb.ProcessGroup) -> GroupView:
+        """Copy a parsed group, sharing its member list with identical ones."""
+        return cls(
+            g.name,
+            g.desc,
+            intern_ranks(g.ranks[:]),
+            g.backend,
+            g.last_seq,
+            g.dropped,
+            tuple(PeerView(pc.peer, pc.sends, pc.recvs) for pc in g.p2p),
+            g.members_known,
+        )
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # Unpickled member lists are shared again in the receiving process.
+        return (
+            _group_view,
+            (
+                self.name,
+                self.desc,
+                self.ranks,
+                self.backend,
+                self.last_seq,
+                self.dropped,
+                self.p2p,
+                self.members_known,
+            ),
+        )
+
+
+def _group_view(
+    name: str,
+    desc: str,
+    ranks: Sequence[int],
+    backend: str,
+    last_seq: int,
+    dropped: int,
+    p2p: tuple[PeerView, ...],
+    members_known: bool,
+) -> GroupView:
+    return GroupView(
+        name, desc, intern_ranks(ranks), backend, last_seq, dropped, p2p, members_known
+    )
+
+
 class DumpView:
     """A parsed dump with its entries held as ``EntriesView``; reads like ``pb.Dump``.
 
     Attributes:
-        meta: the dump without its entries (header, groups, interned tables, threads).
+        meta: the dump without its entries and groups (header, interned tables, threads).
+        groups: the process groups, in local index order.
         entries: the entry columns.
     """
 
-    __slots__ = ("entries", "meta")
+    __slots__ = ("entries", "groups", "meta")
 
-    def __init__(self, meta: pb.Dump, entries: EntriesView) -> None:
+    def __init__(self, meta: pb.Dump, groups: tuple[GroupView, ...], entries: EntriesView) -> None:
         self.meta = meta
+        self.groups = groups
         self.entries = entries
 
     @property
     def header(self) -> pb.Header:
         """The dump header."""
         return self.meta.header
-
-    @property
-    def groups(self) -> RepeatedCompositeFieldContainer[pb.ProcessGroup]:
-        """Process groups, in local index order."""
-        return self.meta.groups
 
     @property
     def strings(self) -> RepeatedScalarFieldContainer[str]:
@@ -264,16 +349,18 @@ class DumpView:
 
 
 def _meta_of(dump: pb.Dump) -> pb.Dump:
-    """Everything of ``dump`` but its entries (copied field by field: the entries are the bulk)."""
+    """Everything of ``dump`` but its entries and groups (copied field by field)."""
     meta = pb.Dump(magic=dump.magic, schema_major=dump.schema_major, schema_minor=dump.schema_minor)
     meta.header.CopyFrom(dump.header)
-    meta.groups.extend(dump.groups)
     meta.strings.extend(dump.strings)
     meta.frames.extend(dump.frames)
     meta.stacks.extend(dump.stacks)
     meta.tensor_specs.extend(dump.tensor_specs)
     meta.threads.extend(dump.threads)
     return meta
+
+
+_State: TypeAlias = "tuple[str, bytes, tuple[GroupView, ...], dict[str, array[int]]]"
 
 
 class RankDump:
@@ -289,20 +376,22 @@ class RankDump:
     def __init__(self, path: str, dump: pb.Dump | DumpView) -> None:
         self.path = path
         if not isinstance(dump, DumpView):
-            dump = DumpView(_meta_of(dump), EntriesView.of(dump.entries))
+            groups = tuple(GroupView.of(g) for g in dump.groups)
+            dump = DumpView(_meta_of(dump), groups, EntriesView.of(dump.entries))
         self.dump = dump
         self._frame_cache: dict[int, FrameInfo] = {}
         self._stack_cache: dict[int, tuple[FrameInfo, ...]] = {}
         self._spec_cache: dict[int, tuple[TensorInfo, ...]] = {}
 
-    def __getstate__(self) -> tuple[str, bytes, dict[str, array[int]]]:
-        return (self.path, self.dump.meta.SerializeToString(), self.dump.entries.columns())
+    def __getstate__(self) -> _State:
+        d = self.dump
+        return (self.path, d.meta.SerializeToString(), d.groups, d.entries.columns())
 
-    def __setstate__(self, state: tuple[str, bytes, dict[str, array[int]]]) -> None:
-        path, meta_bytes, columns = state
+    def __setstate__(self, state: _State) -> None:
+        path, meta_bytes, groups, columns = state
         meta = pb.Dump()
         meta.ParseFromString(meta_bytes)
-        self.__init__(path, DumpView(meta, EntriesView(columns)))  # type: ignore[misc]
+        self.__init__(path, DumpView(meta, groups, EntriesView(columns)))  # type: ignore[misc]
 
     @property
     def header(self) -> pb.Header:
