@@ -6,6 +6,7 @@ Each job is ``scripts/coverage.py`` traced by FLIGHTREC=1 alone; the analysis is
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ pytest.importorskip("torch.distributed")
 
 from flightrec.analysis import analyze_dir
 from flightrec.blackbox import RING_SUFFIX
-from tests.integration.jobs import SCRIPTS, start_job
+from tests.integration.jobs import SCRIPTS, Job, start_job
 
 SCRIPT = SCRIPTS / "coverage.py"
 
@@ -27,6 +28,16 @@ def line_of(text: str) -> int:
     raise AssertionError(f"{text!r} not in {SCRIPT}")
 
 
+def wait_for_every_rank(job: Job, timeout: float) -> None:
+    """Wait until every rank wrote a dump (a rank may write two before another writes one)."""
+    deadline = time.monotonic() + timeout
+    while len({p.name.split("-")[1] for p in job.dump_files()}) < job.world_size:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not every rank dumped after {timeout}s\n{job.output()}")
+        time.sleep(0.1)
+    time.sleep(0.5)  # a rank's dump may be followed by its answer to a peer's request
+
+
 def rings(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"*{RING_SUFFIX}")) if folder.exists() else []
 
@@ -36,7 +47,7 @@ def test_ddp_uneven_inputs_blames_the_rank_that_ran_one_step_fewer(tmp_path: Pat
         SCRIPT, ["ddp", "--steps", "3", "--short-rank", "2", "--pg-timeout", "20"],
         world_size=4, env={"FLIGHTREC_TIMEOUT": "2"}, workdir=tmp_path,
     ) as job:  # fmt: skip
-        job.wait_for_dumps(count=4, timeout=60)
+        wait_for_every_rank(job, timeout=60)
         dumps = job.dumps()
     report = analyze_dir(str(job.dump_dir))
     first = report.findings[0]
