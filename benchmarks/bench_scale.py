@@ -132,10 +132,17 @@ def measure(cmd: list[str], cpus: int | None = None, timeout: float | None = Non
 
 
 def generate(
-    cache: Path, ranks: int, entries: int, fault: str, fault_rank: int, form: str = "flightrec"
+    cache: Path,
+    ranks: int,
+    entries: int,
+    fault: str,
+    fault_rank: int,
+    form: str = "flightrec",
+    layout: str = "tp=8,pp=4",
 ) -> Path:
     """The simulated job's folder, written by `flightrec simulate` unless already cached."""
-    folder = cache / f"{form}-{ranks}x{entries}-{fault}-{fault_rank}"
+    shape = layout.replace("=", "").replace(",", "-")
+    folder = cache / f"{form}-{ranks}x{entries}-{shape}-{fault}-{fault_rank}"
     if (folder / "expected.json").exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
@@ -151,7 +158,7 @@ def generate(
             "--entries",
             str(entries),
             "--layout",
-            "tp=8,pp=4",
+            layout,
             "--fault",
             fault,
             "--fault-rank",
@@ -196,6 +203,7 @@ def main() -> int:
     parser.add_argument("--entries", type=int, default=2000)
     parser.add_argument("--fault", default="stall")
     parser.add_argument("--fault-rank", type=int, default=517)
+    parser.add_argument("--layout", default="tp=8,pp=4", help="tensor/pipeline layout")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs the analysis may use")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flightrec-bench"))
     args = parser.parse_args()
@@ -205,7 +213,9 @@ def main() -> int:
     )
     ok = True
     for ranks in args.ranks:
-        folder = generate(args.cache, ranks, args.entries, args.fault, args.fault_rank % ranks)
+        folder = generate(
+            args.cache, ranks, args.entries, args.fault, args.fault_rank % ranks, layout=args.layout
+        )
         expected = json.loads((folder / "expected.json").read_text())
         total, files = folder_bytes(folder)
         m = measure(
