@@ -203,8 +203,9 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
             b.stack(op.stack),
             b.tensors([(op.shape, op.dtype)]),
             (IS_P2P | (SEND if op.send else 0)) if op.is_p2p else 0,
+            b.tensors([(_output_shape(op.op, op.shape, len(groups[g].ranks)), op.dtype)]),
         )
-        for op in program
+        for op, g in zip(program, k_group, strict=True)
     ]
     # Whether the straggler takes part in op k (its group holds it, or it is the P2P peer).
     k_waits_for_straggler = [
@@ -251,7 +252,7 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
         "thread": [b.string("MainThread")] * n,
         "stack": [k_interned[k][2] for k in ks],
         "inputs": [k_interned[k][3] for k in ks],
-        "outputs": [k_interned[k][3] for k in ks],
+        "outputs": [k_interned[k][5] for k in ks],
         "flags": [k_interned[k][4] for k in ks],
         "device": [b.string(f"cuda:{rank % 8}")] * n,
     }
@@ -345,6 +346,17 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     b.thread(1, "MainThread", main, is_main=True, holds_recorder=outcome.blocked)
     b.thread(2, "flightrec-watchdog", [("flightrec/recorder/watchdog.py", "_loop", 71)])
     return b.build()
+
+
+def _output_shape(op: str, shape: tuple[int, ...], group_size: int) -> tuple[int, ...]:
+    """The output tensor's shape: a reduce-scatter returns one shard, an all-gather all of them."""
+    if not shape:
+        return shape
+    if op == "reduce_scatter_tensor":
+        return (max(1, shape[0] // group_size), *shape[1:])
+    if op == "all_gather_into_tensor":
+        return (shape[0] * group_size, *shape[1:])
+    return shape
 
 
 def _first_waiter(p: _Plan) -> int:
