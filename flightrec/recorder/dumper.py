@@ -21,7 +21,7 @@ from flightrec.builder import DumpBuilder
 from flightrec.dumpfile import dump_filename, write_dump
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.recorder.ring import decode
-from flightrec.recorder.stacks import frames_of
+from flightrec.recorder.stacks import frames_of, without_own_frames
 
 if TYPE_CHECKING:
     from flightrec.recorder.recorder import Recorder
@@ -179,7 +179,10 @@ class Dumper:
         main = threading.main_thread().ident
         for ident, frame in frames.items():
             b.thread(
-                ident, names.get(ident, f"thread-{ident}"), frames_of(frame, THREAD_STACK_DEPTH),
+                ident,
+                names.get(ident, f"thread-{ident}"),
+                # a little deeper than kept: the frames of flightrec's own handler go first
+                without_own_frames(frames_of(frame, THREAD_STACK_DEPTH + 8))[:THREAD_STACK_DEPTH],
                 is_main=ident == main, holds_recorder=ident in active,
             )  # fmt: skip
         del frames

@@ -9,6 +9,7 @@ alive, so an ``id()`` in a key can never be reused by another code object.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
@@ -35,6 +36,34 @@ def frames_of(frame: FrameType | None, depth: int) -> list[FrameTuple]:
         out.append((code.co_filename, code.co_qualname, frame.f_lineno or 0))
         frame = frame.f_back
     return out
+
+
+# flightrec's own code: the package folder, and the wrappers codegen.py compiles.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_THREADING_FILE = threading.__file__
+
+
+def _is_own(file: str) -> bool:
+    return file.startswith(_PACKAGE_DIR) or file.startswith("<flightrec ")
+
+
+def without_own_frames(frames: list[FrameTuple]) -> list[FrameTuple]:
+    """Drop the innermost frames that flightrec itself put on a thread's stack.
+
+    A thread caught by a dump may be inside flightrec's signal handler (SIGTERM waits there
+    for the dump to finish) with the stdlib ``threading`` calls it made on top. Those frames
+    say nothing about the program: the stack at dump time should start where the program
+    was. Only a leading run of flightrec and ``threading`` frames is dropped, and only when
+    program frames follow it; flightrec's own threads (the watchdog) keep their stacks, and
+    torch frames inside a traced collective are never touched.
+    """
+    cut = 0
+    for i, (file, _, _) in enumerate(frames):
+        if _is_own(file):
+            cut = i + 1
+        elif file != _THREADING_FILE:
+            return frames[cut:]
+    return frames
 
 
 class _ThreadCache:

@@ -82,3 +82,23 @@ def test_purge_forgets_frames_that_returned() -> None:
 def test_frames_of_live_frame() -> None:
     frames = frames_of(sys._getframe(), 3)
     assert frames[0][1] == "test_frames_of_live_frame" and len(frames) == 3
+
+
+def test_dump_time_stacks_start_where_the_program_was() -> None:
+    import threading as _threading
+
+    from flightrec.recorder import stacks
+
+    own = stacks._PACKAGE_DIR + "recorder/signals.py"
+    lib = _threading.__file__
+    program = [("train.py", "save_checkpoint", 48), ("train.py", "main", 90)]
+    # SIGTERM caught the main thread: flightrec's handler waits for the dump on top of it
+    handler = [(lib, "Condition.wait", 331), (lib, "Event.wait", 629), (own, "_handler", 115)]
+    assert stacks.without_own_frames(handler + program) == program
+    # a thread inside a traced collective keeps torch's frames and the wrapper's caller
+    inside = [("torch/distributed/distributed_c10d.py", "all_reduce", 3252)]
+    inside += [("<flightrec wrapper of all_reduce>", "all_reduce", 9), *program]
+    assert stacks.without_own_frames(inside) == inside
+    # flightrec's own threads keep their stacks
+    watchdog = [(stacks._PACKAGE_DIR + "recorder/watchdog.py", "_loop", 60), (lib, "run", 982)]
+    assert stacks.without_own_frames(watchdog) == watchdog
