@@ -139,6 +139,15 @@ class CollectiveRecord:
         return bool(self.flags & pb.IS_P2P)
 
     @property
+    def call(self) -> str:
+        """``all_reduce #4``; for P2P, the per-peer ordinal and the peer: ``send #4 to rank 2``."""
+        if not self.is_p2p:
+            return f"{self.op} #{self.seq}"
+        direction = "to" if self.flags & pb.SEND else "from"
+        peer = f" {direction} rank {self.peer}" if self.peer >= 0 else ""
+        return f"{self.op} #{self.p2p_seq}{peer}"
+
+    @property
     def state_name(self) -> str:
         """``ENQUEUED``, ``STARTED``, ``COMPLETED``, ``FAILED`` or ``STATE_UNKNOWN``."""
         return pb.State.Name(self.state) if self.state in pb.State.values() else str(self.state)  # type: ignore[arg-type]

@@ -75,14 +75,14 @@ def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
         at = f"; its last call was at {lf.where()}" if lf else ""
         if ended(d.header):
             verb = "died" if died(d.header) else "exited"
-            phrase = f"it {verb} after completing {last.op} #{last.seq}{at}"
+            phrase = f"it {verb} after completing {last.call}{at}"
         else:  # alive but it never dumped: its ring, read from the file, is all there is
-            phrase = f"it wrote no dump; its black box shows {last.op} #{last.seq} done{at}"
+            phrase = f"it wrote no dump; its black box shows {last.call} done{at}"
     elif frame is not None:
         phrase = f"it was in {frame.function} at {frame.where()}"
     elif last is not None:
         word = "completed" if d.tracks_completion else "issued"
-        phrase = f"its last {word} call was {last.op} #{last.seq} on group {last.group}"
+        phrase = f"its last {word} call was {last.call} on group {last.group}"
     else:
         phrase = "it recorded no completed call"
     return phrase, evidence
