@@ -6,7 +6,8 @@
 Each scenario runs ``samples/train_job.py`` on 4 processes with FLIGHTREC=1 (the job never
 imports flightrec), waits until the ranks' hang dumps are written, then does what torchrun does
 to the survivors of a failed job: SIGTERM, which makes each rank dump once more. Every dump file
-is kept, so the samples also exercise "several dumps per rank". ``expected.json`` states the
+is kept, so the samples also exercise "several dumps per rank", and so are the black-box ring
+files the ranks left behind. ``expected.json`` states the
 injected fault's ground truth; it is written from the scenario table below, never from the
 analyzer's output. The integration tests record the same scenarios live with ``record()``.
 """
@@ -59,9 +60,9 @@ SCENARIOS = [
     ),
     Scenario(
         "crashed_rank", "crash", 1,
-        "Rank 1 is SIGKILLed mid-step (as by the OOM killer) and writes nothing; "
-        "its peers' next collective fails.",
-        {"kind": "missing_dump", "ranks": [1]}, hang_dumps=WORLD - 1,
+        "Rank 1 is SIGKILLed mid-step (as by the OOM killer) and writes no dump; its "
+        "black box (the memory-mapped ring) survives. Its peers' next collective fails.",
+        {"kind": "dead_rank", "ranks": [1]}, hang_dumps=WORLD - 1,
     ),
     Scenario(
         "op_mismatch", "op_mismatch", 3,
@@ -108,6 +109,7 @@ def record(scenario: Scenario, out: Path, timeout: float = 60.0) -> list[Path]:
         "SCENARIO_RANK": str(scenario.culprit),
         "SCENARIO_PG_TIMEOUT": "30",
         "FLIGHTREC_TIMEOUT": "2",
+        "FLIGHTREC_BUFFER": "256",  # keeps the committed black-box files small
         **scenario.env,
     }
     with (
@@ -128,8 +130,13 @@ def record(scenario: Scenario, out: Path, timeout: float = 60.0) -> list[Path]:
             deadline = time.monotonic() + 10
             while len(job.dump_files()) < before + alive and time.monotonic() < deadline:
                 time.sleep(0.1)
+        # Everything the job left in its FLIGHTREC_DIR, as a user would find it: dump files and
+        # the black-box rings (.ring, .ring.tables) of ranks that did not exit cleanly.
         out.mkdir(parents=True, exist_ok=True)
-        return [Path(shutil.copy2(f, out / f.name)) for f in job.dump_files()]
+        left = sorted(
+            p for p in job.dump_dir.iterdir() if p.is_file() and not p.name.startswith(".")
+        )
+        return [Path(shutil.copy2(f, out / f.name)) for f in left]
 
 
 def expected_json(scenario: Scenario) -> dict[str, Any]:
