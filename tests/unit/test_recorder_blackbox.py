@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -13,9 +12,8 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from flightrec.blackbox import read_blackbox  # noqa: E402
-from flightrec.recorder.config import Config  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
-from tests.integration.jobs import free_port  # noqa: E402
+from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
 THREADS = 6
 CALLS = 150
@@ -23,15 +21,8 @@ CALLS = 150
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Runtime]:
-    dist.init_process_group(
-        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}",
-        timeout=timedelta(seconds=20),
-    )  # fmt: skip
-    runtime = Runtime(Config(enabled=True, directory=str(tmp_path), timeout_s=3600, buffer=4096))
-    runtime.enable()
-    yield runtime
-    runtime.disable()
-    dist.destroy_process_group()
+    with one_rank_gloo(), traced_runtime(tmp_path, buffer=4096) as runtime:
+        yield runtime
 
 
 def test_entries_written_from_several_threads_stay_intact(rt: Runtime) -> None:

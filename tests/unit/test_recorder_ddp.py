@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,24 +15,15 @@ dist = pytest.importorskip("torch.distributed")
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from flightrec.recorder.config import Config  # noqa: E402
 from flightrec.recorder.ring import COMPLETED, decode  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
-from tests.integration.jobs import free_port  # noqa: E402
+from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
 
 @pytest.fixture
 def rt(tmp_path: Path) -> Iterator[Runtime]:
-    dist.init_process_group(
-        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}",
-        timeout=timedelta(seconds=20),
-    )  # fmt: skip
-    runtime = Runtime(Config(enabled=True, directory=str(tmp_path), timeout_s=3600, buffer=64))
-    runtime.enable()
-    runtime.start_background()
-    yield runtime
-    runtime.disable()
-    dist.destroy_process_group()
+    with one_rank_gloo(), traced_runtime(tmp_path, buffer=64, background=True) as runtime:
+        yield runtime
 
 
 def step(model: Any) -> int:

@@ -7,7 +7,6 @@ import logging
 import sys
 import types
 from collections.abc import Iterator
-from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -23,18 +22,15 @@ from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import TRACED  # noqa: E402
 from flightrec.recorder.watchdog import Watchdog  # noqa: E402
 from tests.integration.jobs import free_port  # noqa: E402
+from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
 c10d = dist.distributed_c10d
 
 
 @pytest.fixture(scope="module")
 def pg() -> Iterator[None]:
-    dist.init_process_group(
-        "gloo", rank=0, world_size=1, init_method=f"tcp://127.0.0.1:{free_port()}",
-        timeout=timedelta(seconds=20),
-    )  # fmt: skip
-    yield
-    dist.destroy_process_group()
+    with one_rank_gloo():
+        yield
 
 
 @pytest.fixture
@@ -42,10 +38,8 @@ def rt(pg: None, tmp_path: Path) -> Iterator[Runtime]:
     early = types.ModuleType("early_importer")
     early.all_reduce = dist.all_reduce  # type: ignore[attr-defined]  # taken before tracing
     sys.modules["early_importer"] = early
-    runtime = Runtime(Config(enabled=True, directory=str(tmp_path), timeout_s=3600, buffer=8))
-    runtime.enable()
-    yield runtime
-    runtime.disable()
+    with traced_runtime(tmp_path, buffer=8) as runtime:
+        yield runtime
     del sys.modules["early_importer"]
 
 
