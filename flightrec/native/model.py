@@ -58,6 +58,7 @@ _OPS = {
     "allreduce": "all_reduce",
     "allgather": "all_gather",
     "_allgather_base": "all_gather_into_tensor",
+    "_all_gather_base": "all_gather_into_tensor",  # ProcessGroupNCCL's name for it
     "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
     "_reduce_scatter_base": "reduce_scatter_tensor",
     "reduce_scatter_base": "reduce_scatter_tensor",

@@ -173,6 +173,40 @@ def test_nccl_p2p_peers_become_global_ranks(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
+    ("profiling_name", "op"),
+    [
+        ("nccl:_all_gather_base", "all_gather_into_tensor"),
+        ("gloo:_allgather_base", "all_gather_into_tensor"),
+        ("nccl:_reduce_scatter_base", "reduce_scatter_tensor"),
+        ("nccl:allreduce", "all_reduce"),
+        ("nccl:all_reduce", "all_reduce"),
+    ],
+)
+def test_backend_op_names_become_the_python_api_names(
+    tmp_path: Path, profiling_name: str, op: str
+) -> None:
+    dump = {
+        "version": "2.2",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "entries": [
+            _nccl_entry(
+                1,
+                profiling_name,
+                process_group=("0", "default_pg"),
+                collective_seq_id=1,
+                p2p_seq_id=0,
+                is_p2p=False,
+            )
+        ],
+    }
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    (d,), errors, _ = convert_paths([path])
+    assert not errors
+    assert d.strings[d.entries.op[0]] == op
+
+
+@pytest.mark.parametrize(
     ("name", "rank", "host"),
     [
         ("rank_3", 3, ""),
