@@ -26,6 +26,10 @@ SUFFIX = ".frdump"
 # and reading it whole could exhaust the analysis machine's memory.
 MAX_DUMP_BYTES = 256 * 1024 * 1024
 
+# Far beyond the largest jobs (~100,000 GPUs); a header claiming more is damaged, and believing
+# it would make the analysis allocate per-rank state for billions of ranks.
+MAX_WORLD_SIZE = 1 << 24
+
 ENTRY_COLUMNS = tuple(field.name for field in pb.Entries.DESCRIPTOR.fields)
 
 
@@ -171,5 +175,10 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
         if thread.stack >= len(dump.stacks):
             raise CorruptDumpError(path, f"thread {thread.name!r} points at a missing stack")
     h = dump.header
+    if h.world_size > MAX_WORLD_SIZE or h.rank >= MAX_WORLD_SIZE:
+        raise CorruptDumpError(
+            path,
+            f"rank {h.rank} of world size {h.world_size} is beyond any job ({MAX_WORLD_SIZE} ranks max)",
+        )
     if h.world_size < 0 or h.rank < 0 or (h.world_size and h.rank >= h.world_size):
         raise CorruptDumpError(path, f"rank {h.rank} does not fit world size {h.world_size}")

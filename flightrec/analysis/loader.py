@@ -10,7 +10,7 @@ import enum
 import importlib
 import multiprocessing
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +21,7 @@ from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.blackbox import SOURCE as BLACKBOX_SOURCE
 from flightrec.blackbox import is_blackbox, read_blackbox
 from flightrec.blackbox.format import TABLES_SUFFIX
-from flightrec.dumpfile import SUFFIX, has_magic, read_dump
+from flightrec.dumpfile import SUFFIX, has_magic, read_dump, validate
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.report.ranges import compress
@@ -80,16 +80,21 @@ def read_any(path: str | Path) -> pb.Dump | list[pb.Dump]:
     """
     if has_magic(path):
         return read_dump(path)
+    # Other formats convert into the schema; the converted dump gets the same checks as a
+    # file of ours, so the analysis can rely on them whatever the source.
     if is_blackbox(path):
-        return read_blackbox(path)
+        dump = read_blackbox(path)
+        validate(dump, path)
+        return dump
     native = _native()
     sniff = getattr(native, "sniff", None)
     read_native = getattr(native, "read_native", None)
     if sniff is not None and read_native is not None and sniff(path):
         result = read_native(path)
-        if isinstance(result, pb.Dump):
-            return result
-        return list(result)
+        dumps = [result] if isinstance(result, pb.Dump) else list(result)
+        for dump in dumps:
+            validate(dump, path)
+        return dumps[0] if isinstance(result, pb.Dump) else dumps
     # Let the flightrec reader produce its precise message (empty file, no magic, unreadable).
     return read_dump(path)
 
@@ -226,6 +231,33 @@ def default_workers() -> int:
         return os.cpu_count() or 1
 
 
+def _agree_on_world_size(dumps: list[RankDump], problems: list[FileProblem]) -> list[RankDump]:
+    """Keep the dumps that agree on the job's world size; set the others aside.
+
+    One damaged or foreign dump must not decide the size of the job (the analysis holds state
+    per rank): the size most dumps state wins, the smaller on a tie, and a dump stating
+    another, or a rank beyond it, costs one line. Dumps that do not know (0) are kept.
+    """
+    sizes = Counter(d.header.world_size for d in dumps if d.header.world_size > 0)
+    if not sizes:
+        return dumps
+    world = max(sizes, key=lambda size: (sizes[size], -size))
+    kept = []
+    for d in dumps:
+        size = d.header.world_size
+        if size not in (0, world) or d.rank >= world:
+            problems.append(
+                FileProblem(
+                    d.path,
+                    f"rank {d.rank} of world size {size}, but {sizes[world]} dump(s) of this "
+                    f"job say world size {world}; ignored",
+                )
+            )
+        else:
+            kept.append(d)
+    return kept
+
+
 def load_dir(
     path: str | Path,
     view: View = View.LATEST,
@@ -282,6 +314,8 @@ def load_dir(
                     f"ignored {len(ds)} dump(s) of another job {job!r}; analysing job {newest!r}"
                 )
         candidates = by_job[newest]
+
+    candidates = _agree_on_world_size(candidates, problems)
 
     per_rank: dict[int, list[RankDump]] = defaultdict(list)
     for d in candidates:
