@@ -119,50 +119,28 @@ def step_template(
         if stage > 0:
             p2p(-1, True, slot + SLOT_NS, "gradients")
     tail = back + (microbatches + pp - 1) * SLOT_NS
+    # After the pipeline: the data-parallel gradient reduce-scatter and parameter all-gather
+    # (FSDP-style), then the loss all-reduce over the world. Each row: group, op, reduce op,
+    # shape, dtype, completion in tenths of a slot after the pipeline, duration, user frames.
+    rows: list[tuple[GroupKind, str, str, tuple[int, ...], str, int, int, tuple[FrameTuple, ...]]]
+    rows = []
     if dp > 1:
         shard = (hidden * hidden // max(tp, 1),)
+        rows += [
+            (GroupKind.DP, "reduce_scatter_tensor", "AVG", shard, "float32", 3, 8 * MS,
+             (("fsdp/reduce.py", "reduce_gradients", 44), (_TRAIN, "optimizer_step", 131))),
+            (GroupKind.DP, "all_gather_into_tensor", "", shard, "bfloat16", 6, 6 * MS,
+             (("fsdp/gather.py", "gather_params", 29), (_TRAIN, "optimizer_step", 133))),
+        ]  # fmt: skip
+    rows.append(
+        (GroupKind.WORLD, "all_reduce", "AVG", (1,), "float32", 9, 1 * MS,
+         ((_TRAIN, "reduce_loss", 76), (_TRAIN, "log_metrics", 150)))
+    )  # fmt: skip
+    for kind, op, reduce_op, shape, dtype, tenths, duration, frames in rows:
+        at = tail + tenths * SLOT_NS // 10
         ops.append(
-            OpTemplate(
-                GroupKind.DP,
-                "reduce_scatter_tensor",
-                "AVG",
-                shard,
-                "float32",
-                0,
-                False,
-                tail + 3 * SLOT_NS // 10,
-                8 * MS,
-                _stack(("fsdp/reduce.py", "reduce_gradients", 44), (_TRAIN, "optimizer_step", 131)),
-            )
+            OpTemplate(kind, op, reduce_op, shape, dtype, 0, False, at, duration, _stack(*frames))
         )
-        ops.append(
-            OpTemplate(
-                GroupKind.DP,
-                "all_gather_into_tensor",
-                "",
-                shard,
-                "bfloat16",
-                0,
-                False,
-                tail + 6 * SLOT_NS // 10,
-                6 * MS,
-                _stack(("fsdp/gather.py", "gather_params", 29), (_TRAIN, "optimizer_step", 133)),
-            )
-        )
-    ops.append(
-        OpTemplate(
-            GroupKind.WORLD,
-            "all_reduce",
-            "AVG",
-            (1,),
-            "float32",
-            0,
-            False,
-            tail + 9 * SLOT_NS // 10,
-            1 * MS,
-            _stack((_TRAIN, "reduce_loss", 76), (_TRAIN, "log_metrics", 150)),
-        )
-    )
     return ops
 
 
