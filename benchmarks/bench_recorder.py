@@ -104,6 +104,23 @@ def _calls(n: int, batches: int) -> tuple[list[float], list[float]]:
     return out, diffs
 
 
+def _noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
+    """A collective that does nothing, with all_reduce's signature."""
+    return None
+
+
+def _recording_cost(wrapped, t, calls: int = 2000) -> float:  # type: ignore[no-untyped-def]
+    """µs per call of ``wrapped`` (generated around ``_noop``) minus ``_noop`` itself: the
+    recording work alone. The two loops run back to back, so they share the machine's load."""
+    start = time.perf_counter_ns()
+    for _ in range(calls):
+        wrapped(t)
+    mid = time.perf_counter_ns()
+    for _ in range(calls):
+        _noop(t)
+    return ((mid - start) - (time.perf_counter_ns() - mid)) / calls / 1000
+
+
 def _noop_cost(batches: int) -> float:
     """µs the recording itself takes: a wrapper generated for a no-op with all_reduce's
     signature, minus the no-op. Nothing else runs between calls, so caches stay warm."""
@@ -116,21 +133,9 @@ def _noop_cost(batches: int) -> float:
     rt = runtime.current()
     assert rt is not None
 
-    def noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
-        return None
-
-    wrapped = generate(spec_for("all_reduce", rt.hooks.originals["all_reduce"]), noop, rt.recorder)
+    wrapped = generate(spec_for("all_reduce", rt.hooks.originals["all_reduce"]), _noop, rt.recorder)
     t = torch.ones(1)
-    diffs = []
-    for _ in range(batches):
-        start = time.perf_counter_ns()
-        for _ in range(2000):
-            wrapped(t)
-        mid = time.perf_counter_ns()
-        for _ in range(2000):
-            noop(t)
-        diffs.append(((mid - start) - (time.perf_counter_ns() - mid)) / 2000 / 1000)
-    return statistics.median(diffs)
+    return statistics.median(_recording_cost(wrapped, t) for _ in range(batches))
 
 
 def child_calls(calls: int) -> None:
@@ -198,31 +203,19 @@ def child_blackbox(batches: int) -> None:
 
     _init()
 
-    def noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
-        return None
-
     spec = spec_for("all_reduce", dist.distributed_c10d.all_reduce)
     wrapped = {}
     for name, on in (("mmap", True), ("memory", False)):
         cfg = Config(enabled=True, directory=os.environ["FLIGHTREC_DIR"], blackbox=on)
         rec = Recorder(cfg)
         assert (rec.blackbox is not None) == on
-        wrapped[name] = generate(spec, noop, rec)
+        wrapped[name] = generate(spec, _noop, rec)
     t = torch.ones(1)
     costs: dict[str, list[float]] = {name: [] for name in wrapped}
 
-    def batch(fn):  # type: ignore[no-untyped-def]
-        start = time.perf_counter_ns()
-        for _ in range(2000):
-            fn(t)
-        mid = time.perf_counter_ns()
-        for _ in range(2000):
-            noop(t)
-        return ((mid - start) - (time.perf_counter_ns() - mid)) / 2000 / 1000
-
     for _ in range(batches):
         for name, fn in wrapped.items():
-            costs[name].append(_at_depth(DEPTH - 3, batch, fn))
+            costs[name].append(_at_depth(DEPTH - 3, _recording_cost, fn, t))
     print(json.dumps({name: statistics.median(v) for name, v in costs.items()}), flush=True)
     _finish()
 
