@@ -11,8 +11,16 @@ from flightrec.proto import flightrec_pb2 as pb
 from flightrec.report.ranges import compress
 
 
-def _tensors(ts: tuple[TensorInfo, ...]) -> str:
+def _specs(ts: tuple[TensorInfo, ...]) -> str:
     return ", ".join(f"{t.dtype}[{'x'.join(map(str, t.shape))}]" for t in ts)
+
+
+def _tensors(inputs: tuple[TensorInfo, ...], outputs: tuple[TensorInfo, ...]) -> str:
+    """Inputs, then ``-> outputs`` where they differ (a recv or an all_gather has only outputs)."""
+    shown_in, shown_out = _specs(inputs), _specs(outputs)
+    if not shown_out or shown_out == shown_in:
+        return shown_in
+    return f"-> {shown_out}" if not shown_in else f"{shown_in} -> {shown_out}"
 
 
 _STATES: dict[int, str] = {
@@ -101,7 +109,7 @@ class DumpRenderer:
                 op,
                 "" if r.peer < 0 else str(r.peer),
                 _state(r.state),
-                _tensors(r.inputs),
+                _tensors(r.inputs, r.outputs),
                 took,
                 frame.where() if frame else "",
             )

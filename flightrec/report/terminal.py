@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 MAX_GROUPS = 12
 MAX_FRAMES = 14
+# The file name flightrec/recorder/codegen.py compiles its generated wrappers under.
+WRAPPER_FILE_PREFIX = "<flightrec wrapper of "
 MAX_OTHER_FINDINGS = 20
 MAX_LINES = 12
 BAR_WIDTH = 16
@@ -48,11 +50,13 @@ class TerminalRenderer:
     def __init__(self, console: Console | None = None) -> None:
         self.console = console or Console()
         self._desc: dict[str, str] = {}
+        self._members: dict[str, tuple[int, ...]] = {}
 
     def render(self, report: Report) -> None:
         """Write the verdict panel, then the evidence."""
         c = self.console
         self._desc = {k: g.desc for k, g in report.matched.groups.items()}
+        self._members = {k: tuple(g.ranks) for k, g in report.matched.groups.items()}
         c.print(self._verdict(report))
         for line in report.run.notes:
             c.print(Text(f"note: {line}", style="dim"))
@@ -96,8 +100,11 @@ class TerminalRenderer:
         for (op, seq, desc), cs in merged.items():
             waiting = sorted({r for c in cs for r in c.waiting})
             longest = max(c.waited_s for c in cs)
-            if len(cs) == 1:
-                where = f"group {cs[0].process_group} [ranks {compress(cs[0].pg_ranks)}]"
+            if len({c.process_group for c in cs}) == 1:
+                # Several waits on one group (the pairs of a P2P cycle) name that group.
+                # A P2P wait's ranks are its pair; the group's members say which group it is.
+                pg = cs[0].process_group
+                where = f"group {pg} [ranks {compress(self._members.get(pg) or cs[0].pg_ranks)}]"
             else:
                 where = f"{len(cs)} {desc + ' ' if desc else ''}groups"
             lines.append(
@@ -198,13 +205,13 @@ class TerminalRenderer:
         order = mentioned + [k for k in groups if k not in mentioned]
         # Groups used only for P2P have no collective counters to compare.
         order = [k for k in order if any(p.last_seq for p in groups[k].progress.values())]
-        table = Table(
-            title="Progress per group (last issued / last completed seq)",
-            title_justify="left",
-            title_style="bold",
-            show_edge=False,
-            expand=False,
+        if not order:
+            return
+        # The title goes on its own line: as a table title it would wrap to the table's width.
+        self.console.print(
+            Text("Progress per group (last issued / last completed seq)", style="bold")
         )
+        table = Table(show_edge=False, expand=False)
         table.add_column("group", no_wrap=True)
         table.add_column("ranks")
         table.add_column("progress")
@@ -270,6 +277,9 @@ def _bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
 
 
 def _stack_text(stack: tuple[FrameInfo, ...]) -> Group:
+    # flightrec's generated wrapper sits between the user's call and torch's function on
+    # every traced stack; it says nothing the next frame does not.
+    stack = tuple(f for f in stack if not f.file.startswith(WRAPPER_FILE_PREFIX))
     lines: list[Text] = []
     for frame in stack[:MAX_FRAMES]:
         user = not is_library_frame(frame)

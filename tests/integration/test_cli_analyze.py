@@ -148,3 +148,57 @@ def test_view_option_picks_which_dump_of_each_rank(tmp_path: Path) -> None:
     )
     assert any("using the earliest dump" in n for n in earliest["notes"])
     assert flightrec("analyze", tmp_path, "--view", "bogus").returncode == 2
+
+
+def test_show_on_a_folder_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    stalled().write(tmp_path)
+    result = flightrec("show", tmp_path)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "is a folder" in result.stderr
+
+
+SAMPLE = ROOT / "samples" / "p2p_deadlock"
+
+
+def test_show_names_what_a_recv_receives() -> None:
+    path = sorted(SAMPLE.glob("flightrec-rank00001-*.frdump"))[0]
+    result = flightrec("show", path, "--limit", "0")
+    assert result.returncode == 0, result.stderr
+    recvs = [line for line in result.stdout.splitlines() if "│ recv " in line]
+    assert recvs and all("-> float32[64]" in line for line in recvs)
+
+
+def test_piped_report_keeps_long_lines_whole() -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    result = subprocess.run(
+        [sys.executable, "-m", "flightrec_cli", "analyze", str(SAMPLE)],
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli")])},
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1, result.stderr
+    # The culprit's source line is printed whole, not folded at 80 columns.
+    assert any(
+        "dist.recv(grad, src=rank + 1)  # waits for a gradient its neighbour cannot send yet"
+        in line
+        for line in result.stdout.splitlines()
+    )
+    assert "flightrec wrapper" not in result.stdout
+
+
+def test_trace_recent_keeps_the_newest_operations(tmp_path: Path) -> None:
+    full, recent = tmp_path / "full.json", tmp_path / "recent.json"
+    assert flightrec("analyze", SAMPLE, "--trace", full).returncode == 1
+    assert flightrec("analyze", SAMPLE, "--trace", recent, "--trace-recent", "2").returncode == 1
+
+    def spans(path: Path) -> dict[object, int]:
+        counts: dict[object, int] = {}
+        for event in json.loads(path.read_text())["traceEvents"]:
+            if event.get("ph") == "X":
+                counts[event["tid"]] = counts.get(event["tid"], 0) + 1
+        return counts
+
+    assert max(spans(full).values()) > 2
+    assert spans(recent) and max(spans(recent).values()) <= 2

@@ -17,6 +17,7 @@ from flightrec.analysis import Progress as ProgressCallback
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.report.trace import TraceRenderer
+from flightrec_cli.console import report_console
 
 
 @contextmanager
@@ -63,6 +64,15 @@ def analyze_command(
             help="Also write a timeline (Chrome trace / Perfetto JSON) of every rank's operations.",
         ),
     ] = None,
+    trace_recent: Annotated[
+        int,
+        typer.Option(
+            "--trace-recent",
+            metavar="N",
+            min=0,
+            help="Newest N operations per rank in the --trace timeline; 0 keeps all.",
+        ),
+    ] = 0,
 ) -> None:
     """Diagnose a hung or slow job from its dumps: which rank, which collective, which line.
 
@@ -74,9 +84,9 @@ def analyze_command(
     for problem in report.run.problems:
         typer.echo(f"flightrec: skipped {problem}", err=True)
     if trace is not None:
-        trace.write_text(TraceRenderer().render(report), encoding="utf-8")
+        trace.write_text(TraceRenderer(trace_recent or None).render(report), encoding="utf-8")
     if as_json:
         sys.stdout.write(JsonRenderer().render(report))
     else:
-        TerminalRenderer(Console(highlight=False)).render(report)
+        TerminalRenderer(report_console()).render(report)
     raise typer.Exit(1 if report.findings else 0)

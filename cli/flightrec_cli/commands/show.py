@@ -6,10 +6,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 
 from flightrec.analysis import RankDump, read_any
+from flightrec.errors import UsageError
 from flightrec.report.dump import DumpRenderer
+from flightrec_cli.console import report_console
 
 
 def register(app: typer.Typer) -> None:
@@ -26,8 +27,12 @@ def show_command(
 
     Exit status: 0 shown, 2 the file cannot be read (one line on stderr).
     """
+    if file.is_dir():
+        raise UsageError(
+            f"{file}: is a folder; show prints one dump file (`flightrec analyze {file}` reads a folder)"
+        )
     result = read_any(file)
-    renderer = DumpRenderer(Console(highlight=False), limit or None)
+    renderer = DumpRenderer(report_console(), limit or None)
     for dump in result if isinstance(result, list) else [result]:
         renderer.render(RankDump(str(file), dump))
     raise typer.Exit(0)
