@@ -26,10 +26,12 @@ import itertools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from operator import itemgetter
 from statistics import median
 from typing import NamedTuple
 
 from flightrec.analysis.matching import Matched
+from flightrec.analysis.signature import taker
 from flightrec.proto import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED
@@ -137,28 +139,87 @@ def base_ns(m: Matched, rank: int) -> int:
     return h.wall_time_ns - h.mono_time_ns if h.wall_time_ns and h.mono_time_ns else 0
 
 
-def completed_times(m: Matched, group: str, recent: int) -> dict[int, dict[int, Timed]]:
-    """Per member of ``group``: its newest ``recent`` completed collectives, by seq.
+class Lane(NamedTuple):
+    """One rank's newest completed collectives on one group, as parallel tuples.
 
-    Members without a dump, or whose dump does not track completion, are left out.
+    Seqs are increasing and distinct; times are on the rank's wall-anchored clock (ns).
     """
-    out: dict[int, dict[int, Timed]] = {}
+
+    seqs: tuple[int, ...]
+    positions: tuple[int, ...]
+    enqueue_ns: tuple[int, ...]
+    complete_ns: tuple[int, ...]
+
+    def at(self, seqs: tuple[int, ...]) -> Lane:
+        """The lane restricted to ``seqs`` (each of which it holds), in that order."""
+        if self.seqs == seqs:
+            return self
+        where = {s: i for i, s in enumerate(self.seqs)}
+        take = itemgetter(*(where[s] for s in seqs))
+        if len(seqs) == 1:
+            return Lane(
+                seqs, (take(self.positions),), (take(self.enqueue_ns),), (take(self.complete_ns),)
+            )
+        return Lane(seqs, take(self.positions), take(self.enqueue_ns), take(self.complete_ns))
+
+
+def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
+    """Per member of ``group``: its newest ``recent`` collectives that completed, as a lane.
+
+    Members without a dump, or whose dump does not track completion, are left out. The work
+    per member is a few C-speed gathers: this runs for every member of every group, which is
+    64k lanes at 16,384 ranks.
+    """
+    out: dict[int, Lane] = {}
     for r in m.groups[group].ranks:
         gi = m.index.get(r, {}).get(group)
         if gi is None or not gi.seqs or not m.dump(r).tracks_completion:
             continue
         e = m.dump(r).dump.entries
+        seqs = tuple(gi.seqs[-recent:])
+        pos = tuple(gi.positions[-recent:])
+        take = taker(pos)
+        enq, comp = take(e.enqueue_ns), take(e.complete_ns)
+        incomplete = m.incomplete.get(r)
+        if incomplete is None:
+            incomplete = tuple(p for p in pos if e.state[p] != _COMPLETED)
+        # Usually every one completed with both times: keep all without a loop per entry.
+        if 0 in enq or 0 in comp or not set(incomplete).isdisjoint(pos):
+            state = e.state
+            keep = [i for i, p in enumerate(pos) if state[p] == _COMPLETED and comp[i] and enq[i]]
+            seqs = tuple(seqs[i] for i in keep)
+            pos = tuple(pos[i] for i in keep)
+            enq = tuple(enq[i] for i in keep)
+            comp = tuple(comp[i] for i in keep)
+        if not seqs:
+            continue
+        if any(b <= a for a, b in itertools.pairwise(seqs)):
+            # Repeated or unordered seqs (unnumbered entries): the newest entry of each seq.
+            last = {s: i for i, s in enumerate(seqs)}
+            keep = [last[s] for s in sorted(last)]
+            seqs = tuple(sorted(last))
+            pos = tuple(pos[i] for i in keep)
+            enq = tuple(enq[i] for i in keep)
+            comp = tuple(comp[i] for i in keep)
         base = base_ns(m, r)
-        state, enq, comp = e.state, e.enqueue_ns, e.complete_ns
-        # One comprehension per rank and group: this runs for every member of every group.
-        table = {
-            seq: Timed(pos, enq[pos] + base, comp[pos] + base)
-            for seq, pos in zip(gi.seqs[-recent:], gi.positions[-recent:], strict=True)
-            if state[pos] == _COMPLETED and comp[pos] and enq[pos]
-        }
-        if table:
-            out[r] = table
+        out[r] = Lane(seqs, tuple(pos), tuple(t + base for t in enq), tuple(t + base for t in comp))
     return out
+
+
+def completed_times(m: Matched, group: str, recent: int) -> dict[int, dict[int, Timed]]:
+    """Per member of ``group``: its newest ``recent`` completed collectives, by seq.
+
+    Members without a dump, or whose dump does not track completion, are left out.
+    """
+    return {
+        r: {
+            s: Timed(p, a, c)
+            for s, p, a, c in zip(
+                lane.seqs, lane.positions, lane.enqueue_ns, lane.complete_ns, strict=True
+            )
+        }
+        for r, lane in completed_lanes(m, group, recent).items()
+    }
 
 
 def _sigma(values: Sequence[float]) -> float:
@@ -206,30 +267,40 @@ def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals |
         The aligned arrivals, or None when fewer than two members have ``MIN_LINK_SAMPLES``
         collectives in common.
     """
-    times = completed_times(m, group, recent)
-    if len(times) < 2:
+    lanes = completed_lanes(m, group, recent)
+    if len(lanes) < 2:
         return None
-    seqs = sorted(set.intersection(*(set(t) for t in times.values())))
+    # Most members hold the same window of seqs: intersect each distinct window once.
+    common: set[int] | None = None
+    seen: tuple[int, ...] | None = None
+    for lane in lanes.values():
+        if lane.seqs != seen:
+            seen = lane.seqs
+            common = set(seen) if common is None else common.intersection(seen)
+    seqs = tuple(sorted(common or ()))
     if len(seqs) < MIN_LINK_SAMPLES:
         return None
-    ranks = tuple(sorted(times))
+    ranks = tuple(sorted(lanes))
     anchor = ranks[0]
-    ref = [times[anchor][s].complete_ns for s in seqs]
+    ref = lanes[anchor].at(seqs).complete_ns
     arrivals: dict[int, list[int]] = {}
     completions: dict[int, list[int]] = {}
     spread: dict[int, float] = {}
-    positions: dict[int, list[int]] = {}
+    positions: dict[int, Sequence[int]] = {}
     for r in ranks:
-        mine = [times[r][s] for s in seqs]
-        diffs = [t.complete_ns - c for t, c in zip(mine, ref, strict=True)]
-        offs = local_offsets(diffs)
-        arrivals[r] = [round(t.enqueue_ns - o) for t, o in zip(mine, offs, strict=True)]
-        completions[r] = [round(t.complete_ns - o) for t, o in zip(mine, offs, strict=True)]
+        mine = lanes[r].at(seqs)
+        diffs = [c - a for c, a in zip(mine.complete_ns, ref, strict=True)]
+        if _sigma(diffs) < STABLE_NS:  # as local_offsets: one constant offset
+            whole = float(median(diffs))
+            arrivals[r] = [round(t - whole) for t in mine.enqueue_ns]
+            completions[r] = [round(t - whole) for t in mine.complete_ns]
+        else:
+            offs = local_offsets(diffs)
+            arrivals[r] = [round(t - o) for t, o in zip(mine.enqueue_ns, offs, strict=True)]
+            completions[r] = [round(t - o) for t, o in zip(mine.complete_ns, offs, strict=True)]
         spread[r] = jitter_ns(diffs)
-        positions[r] = [t.position for t in mine]
-    return GroupArrivals(
-        group, anchor, ranks, tuple(seqs), arrivals, completions, spread, positions
-    )
+        positions[r] = mine.positions
+    return GroupArrivals(group, anchor, ranks, seqs, arrivals, completions, spread, positions)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,18 +316,29 @@ def _links(m: Matched, recent: int) -> dict[tuple[int, int], _Link]:
     """Offset of b against a for pairs (a, b) that share completed collectives."""
     links: dict[tuple[int, int], _Link] = {}
     for key in m.groups:
-        times = completed_times(m, key, recent)
-        if len(times) < 2:
+        lanes = completed_lanes(m, key, recent)
+        if len(lanes) < 2:
             continue
-        ranks = sorted(times)
-        anchor = max(ranks, key=lambda r: (len(times[r]), -r))
+        ranks = sorted(lanes)
+        anchor = max(ranks, key=lambda r: (len(lanes[r].seqs), -r))
+        mine = lanes[anchor]
         for r in ranks:
             if r == anchor or ((anchor, r) in links and links[(anchor, r)].samples >= recent):
                 continue
-            common = sorted(set(times[r]) & set(times[anchor]))
+            theirs = lanes[r]
+            common = (
+                theirs.seqs
+                if theirs.seqs == mine.seqs
+                else tuple(sorted(set(theirs.seqs).intersection(mine.seqs)))
+            )
             if len(common) < MIN_LINK_SAMPLES:
                 continue
-            diffs = [times[r][s].complete_ns - times[anchor][s].complete_ns for s in common]
+            diffs = [
+                c - a
+                for c, a in zip(
+                    theirs.at(common).complete_ns, mine.at(common).complete_ns, strict=True
+                )
+            ]
             spread = jitter_ns(diffs)
             # Standard error of a median: about 1.25 sigma / sqrt(n); a floor of 1 us keeps a
             # perfectly regular (simulated) spread from claiming infinite precision. Drift adds

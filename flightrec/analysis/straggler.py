@@ -76,30 +76,46 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def _median_without(ordered: Sequence[int], j: int) -> float:
-    """Median of sorted ``ordered`` without its element ``j``, in O(1)."""
-    n = len(ordered) - 1
+def _median_rule(ordered: Sequence[int]) -> tuple[int, float, int, float, float]:
+    """How the median of the *other* members follows from one member's arrival ``a``.
 
-    def at(k: int) -> int:
-        return ordered[k if k < j else k + 1]
-
-    return float(at(n // 2)) if n % 2 else (at(n // 2 - 1) + at(n // 2)) / 2
+    Removing any copy of a value from a multiset leaves the same multiset, so the median of
+    the others depends only on ``a``, through the sorted arrivals ``ordered``:
+    ``hi if a > t1 else (mid if a > t2 else lo)``, returned as ``(t1, hi, t2, mid, lo)``.
+    """
+    n = len(ordered) - 1  # the others
+    h = n // 2
+    if n % 2:  # odd count of others: one middle value
+        return (ordered[h], float(ordered[h]), ordered[h], 0.0, float(ordered[h + 1]))
+    return (
+        ordered[h],
+        (ordered[h - 1] + ordered[h]) / 2,
+        ordered[h - 1],
+        (ordered[h - 1] + ordered[h + 1]) / 2,
+        (ordered[h] + ordered[h + 1]) / 2,
+    )
 
 
 def _tally_group(
     m: Matched, ga: GroupArrivals, opt: StragglerOptions, t: dict[int, _Tally]
 ) -> None:
-    n = len(ga.ranks)
+    ranks = ga.ranks
+    n = len(ranks)
     floor_ns = opt.min_margin_ms * 1e6
-    for i in range(len(ga.seqs)):
-        at = sorted((ga.arrivals[r][i], r) for r in ga.ranks)
-        (a_last, last), (a_second, second) = at[-1], at[-2]
+    # Per collective, the members' arrivals in rank order: sorting and searching these runs
+    # at C speed, so a 16,384-member group costs a few sorts per collective, and the Python
+    # work per member is one comprehension over its collectives (below).
+    rules: list[tuple[int, float, int, float, float]] = []
+    for i, col in enumerate(zip(*(ga.arrivals[r] for r in ranks), strict=True)):
+        ordered = sorted(col)
+        rules.append(_median_rule(ordered))
+        a_last, a_second = ordered[-1], ordered[-2]
+        # The last arrival; on a tie the highest rank (as sorting (arrival, rank) pairs does).
+        backwards = col[::-1]
+        j_last = backwards.index(a_last)
+        j_second = backwards.index(a_second, j_last + 1 if a_second == a_last else 0)
+        last, second = ranks[n - 1 - j_last], ranks[n - 1 - j_second]
         margin = a_last - a_second
-        values = [a for a, _ in at]
-        for j, (a, r) in enumerate(at):
-            tr = t[r]
-            tr.taken += 1
-            tr.behind.append((a - _median_without(values, j)) / 1e6)
         tl = t[last]
         tl.last += 1
         # Alignment jitter of the two ranks compared bounds what a margin can mean.
@@ -113,6 +129,15 @@ def _tally_group(
         tl.groups[ga.group] += 1
         d = m.dump(last)
         tl.ops[d.string(d.columns["op"][ga.positions[last][i]])] += 1
+    for r in ranks:
+        tr = t[r]
+        tr.taken += len(rules)
+        tr.behind.extend(
+            [
+                (a - (hi if a > t1 else (mid if a > t2 else lo))) / 1e6
+                for a, (t1, hi, t2, mid, lo) in zip(ga.arrivals[r], rules, strict=True)
+            ]
+        )
 
 
 def lateness_table(
