@@ -62,13 +62,22 @@ class Tracker:
             self._polled.append((key, work, False))
 
     def _settle(self, rids: tuple[int, ...], fut: Any) -> None:
-        # Runs on torch's callback thread: no blocking, no exceptions out.
+        # Runs on torch's callback thread: no blocking, no exceptions out (one raising there
+        # would mark the Future failed, or end the process).
         try:
-            fut.value()
-        except Exception as exc:
-            self._done(rids, False, exc)
-            return
-        self._done(rids, True)
+            try:
+                fut.value()
+            except Exception as exc:
+                self._done(rids, False, exc)
+                return
+            self._done(rids, True)
+        except Exception as err:
+            self._recorder.internal_error("completion callback", err)
+
+    def after_fork_in_child(self) -> None:
+        """The lock may have been held by a thread that does not exist in a forked child."""
+        self._lock = threading.Lock()
+        self._polled = []
 
     def track_stream(self, rid: int) -> None:
         """A synchronous GPU call returned: completion is when the current stream passes here."""

@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from flightrec.recorder.recorder import Recorder
 
 log = logging.getLogger("flightrec")
+CLOSE_WAIT_S = 5.0
+"""How long exit waits for a dump that is being written (a big ring takes a second or two)."""
 THREAD_STACK_DEPTH = 128
 """Frames kept per thread at dump time: deep enough to reach the training loop from anywhere."""
 
@@ -90,18 +92,39 @@ class Dumper:
         self.last_path: Path | None = None
         self.exit_dumped = False
         """An exit dump was written: the black box is superseded and can go."""
+        self._pid = os.getpid()
+        self._closed = False
+
+    def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
+        """At interpreter exit: let a dump in progress finish, then refuse new ones.
+
+        Daemon threads (the signal watcher, the request poller) are stopped wherever they are
+        when the interpreter ends; without this, a dump they were writing would be left as a
+        temporary file instead of arriving whole.
+        """
+        if self._lock.acquire(timeout=timeout_s):
+            self._closed = True
+            self._lock.release()
 
     def dump(self, reason: int, detail: str = "", requested_by: int = -1) -> Path | None:
         """Write one dump now.
 
         Returns:
-            The file written, or None when writing failed (after one warning).
+            The file written, or None when writing failed (after one warning) or when called
+            in a forked child (the ring, its groups and its rank are the parent's).
         """
+        if os.getpid() != self._pid:
+            return None
         try:
             with self._lock:
+                if self._closed:
+                    return None
                 return self._dump(reason, detail, requested_by)
         except Exception as exc:
-            if not self._warned:
+            # The black box already warned that the folder cannot be written: one cause,
+            # one warning.
+            said = isinstance(exc, OSError) and self.recorder.dir_error is not None
+            if not self._warned and not said:
                 self._warned = True
                 log.warning(
                     "flightrec: could not write a dump to %s: %s",

@@ -57,17 +57,26 @@ def _reduce_name(op: Any) -> str:
     return str(name)
 
 
-def _open_blackbox(config: Config) -> BlackBox | None:
-    """The on-disk ring, or None when it is off or cannot be created (one warning)."""
+def _open_blackbox(config: Config) -> tuple[BlackBox | None, OSError | None]:
+    """The on-disk ring (None when off or impossible: one warning), and the OSError if any."""
     if not config.blackbox:
-        return None
+        return None, None
     try:
-        return BlackBox(
+        bb = BlackBox(
             config.directory, config.buffer, SLOT_SIZE, config.stack_depth, config.timeout_s
         )
-    except Exception as exc:  # a read-only or full disk must not stop the job
+    except OSError as exc:  # a read-only or full disk must not stop the job
+        log.warning(
+            "flightrec: cannot write to FLIGHTREC_DIR %s (%s): no black box, and dumps are "
+            "lost while this lasts (no further warning)",
+            config.directory,
+            exc,
+        )
+        return None, exc
+    except Exception as exc:
         log.warning("flightrec: black box off (ring kept in memory only): %s", exc)
-        return None
+        return None, None
+    return bb, None
 
 
 class Recorder:
@@ -77,7 +86,8 @@ class Recorder:
         import torch.distributed.distributed_c10d as c10d
 
         self.config = config
-        self.blackbox = _open_blackbox(config)
+        self.blackbox, self.dir_error = _open_blackbox(config)
+        """``dir_error``: why FLIGHTREC_DIR could not be written at start (already warned)."""
         self.ring = Ring(config.buffer, self.blackbox.slots if self.blackbox else None)
         self.strings = StringTable()
         self.tensors = TensorTable()
@@ -101,6 +111,21 @@ class Recorder:
         self._used = False
         self.on_error: Callable[[int, BaseException], None] = lambda rid, exc: None
         """Called (never raising) when a recorded call fails: the dumper hooks in here."""
+        self._internal_warned = False
+
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        """A bug in flightrec itself: the job goes on (its call already ran or runs plain);
+        the first one is logged as one warning, later ones are silent."""
+        if self._internal_warned:
+            return
+        self._internal_warned = True
+        log.warning(
+            "flightrec: internal error in %s (%s: %s); the job goes on, the record may be "
+            "incomplete (no further warning)",
+            where,
+            type(exc).__name__,
+            exc,
+        )
 
     # -- interning helpers (a dict hit on the hot path, a locked insert on a miss) ----------
     def thread_index(self, ident: int) -> int:
@@ -138,7 +163,15 @@ class Recorder:
             return None
         if not self._used:
             self._start()
-        info = self.groups.get(pg)
+        try:
+            hash(pg)
+        except TypeError:  # not a group at all: torch raises its own error
+            return None
+        try:
+            info = self.groups.get(pg)
+        except Exception as exc:
+            self.internal_error("group lookup", exc)
+            return None
         if key is None:
             self.groups.by_pg[None] = info
         return info
@@ -187,22 +220,34 @@ class Recorder:
         return self.strings.of(name, lambda: name)
 
     def settle(self, rid: int, result: Any, is_async: Any, info: GroupInfo) -> None:
-        """Completion of a call that returned, for async or GPU calls (CPU sync is inline)."""
-        if is_async:
-            if result is not None:
-                self.tracker.track(rid, result, info.gpu)
-        elif info.gpu:
-            # A synchronous NCCL call is only enqueued on its stream when it returns.
-            self.tracker.track_stream(rid)
-        else:
-            self.ring.finish(rid, COMPLETED, _now())
+        """Completion of a call that returned, for async or GPU calls (CPU sync is inline).
+
+        Never raises: the call already ran, and its result must reach the caller unchanged.
+        """
+        try:
+            if is_async:
+                if result is not None:
+                    self.tracker.track(rid, result, info.gpu)
+            elif info.gpu:
+                # A synchronous NCCL call is only enqueued on its stream when it returns.
+                self.tracker.track_stream(rid)
+            else:
+                self.ring.finish(rid, COMPLETED, _now())
+        except Exception as exc:
+            self.internal_error("completion tracking", exc)
 
     def fail(self, rid: int, exc: BaseException) -> None:
-        """A recorded call raised: mark the entry FAILED and dump (the caller re-raises)."""
+        """A recorded call raised: mark the entry FAILED and dump (the caller re-raises).
+
+        Never raises: the caller re-raises torch's exception, which must not be replaced.
+        """
         self.active.pop(_ident(), None)
-        self.ring.finish(rid, FAILED, _now())
-        if isinstance(exc, Exception):
-            self.on_error(rid, exc)
+        try:
+            self.ring.finish(rid, FAILED, _now())
+            if isinstance(exc, Exception):
+                self.on_error(rid, exc)
+        except Exception as err:
+            self.internal_error("failure recording", err)
 
     def call_batch(
         self,
@@ -216,6 +261,44 @@ class Recorder:
         ops = args[0] if args else kwargs.get("p2p_op_list")
         if not self.enabled or ident in self.active or not ops:
             return orig(*args, **kwargs)
+        try:
+            rids, info = self._enqueue_batch(ops, canon)
+        except Exception as exc:  # ours, or arguments torch rejects: torch runs, and says so
+            self.internal_error("batch_isend_irecv recording", exc)
+            rids, info = [], None
+        if not rids:
+            return orig(*args, **kwargs)
+        self.active[ident] = rids[0]
+        try:
+            works = orig(*args, **kwargs)
+        except BaseException as exc:
+            self.active.pop(ident, None)
+            try:
+                now = _now()
+                for rid in rids:
+                    self.ring.finish(rid, FAILED, now)
+                if isinstance(exc, Exception):
+                    self.on_error(rids[0], exc)
+            except Exception as err:
+                self.internal_error("failure recording", err)
+            raise
+        self.active.pop(ident, None)
+        try:
+            if works and info is not None:
+                if len(works) == len(rids):
+                    for rid, work in zip(rids, works, strict=True):
+                        self.tracker.track(rid, work, info.gpu)
+                else:  # one coalesced work for the whole batch (NCCL)
+                    self.tracker.track_many(rids, works[0], info.gpu)
+        except Exception as exc:
+            self.internal_error("completion tracking", exc)
+        return works
+
+    def _enqueue_batch(
+        self, ops: Any, canon: Callable[[Any], None]
+    ) -> tuple[list[int], GroupInfo | None]:
+        """Write one ENQUEUED entry per operation; ([], None) when the batch is not recorded."""
+        ident = _ident()
         for op in ops:
             canon(op)
         enqueue = _now()
@@ -223,12 +306,12 @@ class Recorder:
         info: GroupInfo | None = None
         name_send = self.strings.of("isend", lambda: "isend")
         name_recv = self.strings.of("irecv", lambda: "irecv")
-        stack = self.stacks.capture(sys._getframe(2), ident) if self.depth else 0
+        stack = self.stacks.capture(sys._getframe(3), ident) if self.depth else 0
         thread = self.thread_index(ident)
         for op in ops:
             info = self.group_slow(op.group)
             if info is None:
-                return orig(*args, **kwargs)
+                return [], None
             send = getattr(op.op, "__name__", "") == "isend"
             peer = op.peer if op.peer is not None else -1
             if (
@@ -246,22 +329,4 @@ class Recorder:
                 self.device(op.tensor), flags,
             )  # fmt: skip
             rids.append(rid)
-        self.active[ident] = rids[0]
-        try:
-            works = orig(*args, **kwargs)
-        except BaseException as exc:
-            self.active.pop(ident, None)
-            now = _now()
-            for rid in rids:
-                self.ring.finish(rid, FAILED, now)
-            if isinstance(exc, Exception):
-                self.on_error(rids[0], exc)
-            raise
-        self.active.pop(ident, None)
-        if works and info is not None:
-            if len(works) == len(rids):
-                for rid, work in zip(rids, works, strict=True):
-                    self.tracker.track(rid, work, info.gpu)
-            else:  # one coalesced work for the whole batch (NCCL)
-                self.tracker.track_many(rids, works[0], info.gpu)
-        return works
+        return rids, info

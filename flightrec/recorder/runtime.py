@@ -49,7 +49,9 @@ class Runtime:
         self.recorder.on_error = self._on_error
         self._identified = False
         # atexit runs handlers last-registered first: the exit dump (if any) is written before
-        # the black box decides whether it is still needed.
+        # the black box decides whether it is still needed, and a dump another thread is
+        # writing is finished before the interpreter stops that thread.
+        atexit.register(self.dumper.close)
         if self.recorder.blackbox is not None:
             atexit.register(self._close_blackbox)
         if config.dump_on_exit:
@@ -77,6 +79,20 @@ class Runtime:
             if self.poller is not None:
                 self.poller.stop()
                 self.poller = None
+
+    def after_fork_in_child(self) -> None:
+        """Tracing does not follow ``fork()``: the child's process groups, ring and black box
+        are the parent's. Record nothing, dump nothing, and give the signals back.
+
+        Runs in the child right after ``fork`` (``os.register_at_fork``), when only the forking
+        thread exists: locks another thread held at the fork are replaced, never waited on.
+        """
+        self.recorder.enabled = False
+        self._lock = threading.Lock()
+        self.watchdog = None  # its thread did not survive the fork
+        self.poller = None
+        self.recorder.tracker.after_fork_in_child()
+        self.signals.after_fork_in_child()
 
     def _install_ddp(self) -> None:
         """Wrap DDP; at start-up torch.nn may not be importable yet (torch.distributed loads
@@ -219,11 +235,17 @@ def _on_torch_thread() -> bool:
     return threading.current_thread().name.startswith("Dummy")
 
 
+_post_warned = False
+
+
 def _post(poller: Poller, rank: int, seen: int) -> None:
+    global _post_warned
     try:
         poller.post(rank, "WATCHDOG_TIMEOUT", unless_past=seen)
     except Exception as exc:
-        log.warning("flightrec: could not ask other ranks to dump: %s", exc)
+        if not _post_warned:  # the store is gone: saying so once is enough
+            _post_warned = True
+            log.warning("flightrec: could not ask other ranks to dump: %s", exc)
 
 
 def _rank() -> int:
@@ -241,6 +263,18 @@ _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    global _runtime_lock
+    _runtime_lock = threading.Lock()
+    rt = _runtime
+    if rt is None:
+        return
+    try:
+        rt.after_fork_in_child()
+    except Exception as exc:  # never into the child
+        log.warning("flightrec: could not detach the recorder in a forked child: %s", exc)
+
+
 def get(config: Config | None = None) -> Runtime:
     """The process's runtime, created on first use (hooks not installed by this)."""
     global _runtime
@@ -248,6 +282,9 @@ def get(config: Config | None = None) -> Runtime:
         if _runtime is None:
             _runtime = Runtime(config or from_env())
         return _runtime
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def current() -> Runtime | None:

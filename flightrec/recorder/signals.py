@@ -90,6 +90,31 @@ class SignalHandlers:
                 signal.set_wakeup_fd(current)
         self.installed = False
 
+    def after_fork_in_child(self) -> None:
+        """In a ``fork()``ed child: give the signals back to what was there before us.
+
+        The child inherits our handlers and our wakeup pipe, but not the watcher thread: a
+        signal sent to the child would be written into the parent's pipe (and the parent
+        would dump, or die of the child's SIGTERM), while the child itself waited in vain.
+        A forked child is not traced, so it gets the previous handlers and no wakeup fd.
+        """
+        if not self.installed:
+            return
+        with contextlib.suppress(Exception):  # signal calls need the main thread
+            if self.uses_wakeup_fd and signal.set_wakeup_fd(-1) != self._write_fd:
+                signal.set_wakeup_fd(self._write_fd)  # someone else's since: leave it
+        for s, prev in self._previous.items():
+            with contextlib.suppress(Exception):
+                if signal.getsignal(s) == self._handler:
+                    signal.signal(s, prev if prev is not None else signal.SIG_DFL)
+        for fd in (self._read_fd, self._write_fd):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._read_fd = self._write_fd = -1
+        self.uses_wakeup_fd = False
+        self.installed = False
+
     def _watch(self) -> None:
         while True:
             try:
