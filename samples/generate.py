@@ -93,6 +93,25 @@ SCENARIOS = [
         "rank 2 waits there, ranks 0 and 1 wait in the world all_reduce.",
         {"kind": "not_arrived", "ranks": [3], "op": "all_reduce"},
     ),
+    Scenario(
+        "skipped_collective", "skip_collective", 2,
+        "A rank-dependent branch makes rank 2 skip the tensor-parallel all_reduce at step 3: "
+        "rank 3 waits for it there while rank 2, moved on, waits in the world all_reduce.",
+        {"kind": "not_arrived", "ranks": [2], "op": "all_reduce"},
+    ),
+    Scenario(
+        "extra_collective", "extra_collective", 2,
+        "Rank 2 all-reduces an extra metric at step 3: it pairs with its peers' loss "
+        "all_reduce, so rank 2 waits in one more all_reduce while its peers go on to the "
+        "next step's pipeline exchange and wait for rank 2 there.",
+        {"kind": "not_arrived", "ranks": [2]},
+    ),
+    Scenario(
+        "early_exit", "early_exit", 2,
+        "Uneven data: rank 2's shard runs out one step early; it leaves the loop for the "
+        "final barrier while its pipeline neighbours wait for it in send and recv.",
+        {"kind": "not_arrived", "ranks": [2]},
+    ),
 ]  # fmt: skip
 
 BY_NAME = {s.name: s for s in SCENARIOS}

@@ -16,6 +16,9 @@ SCENARIO_FAULT picks what goes wrong on rank SCENARIO_RANK at step SCENARIO_FAUL
   dtype_mismatch the loss is float64 on one rank, float32 on the others
   p2p_deadlock   the rank waits for its gradient before sending its activations
   subgroup_stall a data-loader wait before the tensor-parallel all-reduce that never ends
+  skip_collective a rank-dependent branch skips the tensor-parallel all-reduce on one rank
+  extra_collective one rank all-reduces an extra metric (same shape as the loss) on the world
+  early_exit     one rank's data runs out a step early (uneven batches): it leaves the loop
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ def pipeline_exchange(rank: int, world: int, step: int, act: torch.Tensor) -> to
 def sync_gradients(rank: int, step: int, grad: torch.Tensor, tp_group: dist.ProcessGroup) -> None:
     if faulty(rank, step, "subgroup_stall"):
         time.sleep(3600)  # waiting on a prefetch queue that is never filled
+    if faulty(rank, step, "skip_collective"):
+        return  # e.g. "no gradient this step" decided from rank-local state
     dist.all_reduce(grad, group=tp_group)
 
 
@@ -77,6 +82,8 @@ def reduce_loss(rank: int, step: int, loss: torch.Tensor) -> torch.Tensor:
         loss = torch.cat([loss, loss])  # an extra metric appended on one rank only
     if faulty(rank, step, "dtype_mismatch"):
         loss = loss.double()
+    if faulty(rank, step, "extra_collective"):
+        dist.all_reduce(loss.clone())  # a debug metric logged on one rank only
     dist.all_reduce(loss)
     return loss
 
@@ -87,6 +94,8 @@ def train(rank: int, world: int) -> None:
     tp_group = groups[rank // 2]
     weights = torch.ones(HIDDEN)
     for step in range(STEPS):
+        if faulty(rank, step, "early_exit"):
+            break  # this rank's shard of the data set is one batch shorter
         batch = load_batch(rank, step)
         act = pipeline_exchange(rank, world, step, batch * weights)
         if faulty(rank, step, "crash"):

@@ -28,6 +28,10 @@ def frame_json(frame: FrameInfo) -> dict[str, object]:
     return {"file": frame.file, "function": frame.function, "line": frame.line}
 
 
+# The operation a P2P peer owes to a rank blocked in the key.
+_COUNTERPART = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend"}
+
+
 def culprit_state(m: Matched, rank: int) -> Culprit:
     """Why nothing else explains this rank: alive elsewhere, exited, or no dump."""
     d = m.run.dumps.get(rank)
@@ -116,7 +120,13 @@ def rank_finding(
     who = who[0].upper() + who[1:]
     waiting = sorted({r for c in consequences for r in c.waiting})
     what = ""
-    if primary is not None:
+    if primary is not None and primary.op in _COUNTERPART and primary.waiting:
+        # A P2P wait: the culprit owes the other side of it, not the same operation.
+        what = (
+            f"the {_COUNTERPART[primary.op]} matching {ranks_phrase(primary.waiting)}'s "
+            f"{primary.op} #{primary.seq} on group {primary.process_group}"
+        )
+    elif primary is not None:
         what = (
             f"{primary.op} #{primary.seq} on group {primary.process_group} "
             f"[ranks {compress(primary.pg_ranks)}]"

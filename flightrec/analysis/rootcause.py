@@ -19,8 +19,12 @@ from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Consequence, Culprit, Finding, FindingKind, user_frame
 from flightrec.analysis.not_arrived import culprit_state, rank_finding
 from flightrec.analysis.p2p import cycle_finding
+from flightrec.analysis.routine import Departure, routine
 from flightrec.analysis.waits import Node, Wait
 from flightrec.report.ranges import compress, ranks_phrase
+
+# Ranks of one wait cycle whose histories are read to find who left its routine.
+MAX_ROUTINE_CHECKS = 64
 
 
 def _consequence(graph: nx.DiGraph, node: Node, longest: dict[Node, float]) -> Consequence:
@@ -166,7 +170,8 @@ def root_causes(
         consequences = [_consequence(graph, n, longest) for n in ops]
         weight = len({n for n in above if n[0] == "rank"} | {n for n in members if n[0] == "rank"})
         if is_cycle:
-            scored.append((weight, 1, cycle_finding(graph, members, longest, _locations(m, waits))))
+            cycle = cycle_finding(graph, members, longest, _locations(m, waits))
+            scored.append((weight, 1, _break_cycle(m, graph, members, cycle, longest) or cycle))
             continue
         node = members[0]
         if node[0] == "rank":
@@ -215,6 +220,75 @@ def root_causes(
         leading += [f for f in rest if (f.process_group, f.seq) == at and f not in leading]
     trailing = [f for f in rest if f not in leading]
     return leading + roots + trailing, explained
+
+
+def _break_cycle(
+    m: Matched,
+    graph: nx.DiGraph,
+    members: list[Node],
+    cycle: Finding,
+    longest: dict[Node, float],
+) -> Finding | None:
+    """The ranks of a wait cycle that left their routine while the others kept theirs.
+
+    A skipped or extra collective, or a loop left early, closes a cycle through a collective
+    that blames every rank on it; the ranks whose newest calls departed from the order they
+    always followed are the cause (see ``routine``). A cycle of sends and receives alone stays
+    a P2P deadlock of all its ranks, with the departure added to its summary. Ranks most waited for are checked first, at most
+    ``MAX_ROUTINE_CHECKS`` of them, so a cycle through thousands of ranks stays cheap.
+
+    Returns:
+        A finding blaming the departed ranks, with the cycle as evidence; None when the
+        histories do not single anyone out.
+    """
+    in_cycle = [n for n in members if n[0] == "rank"]
+    in_cycle.sort(key=lambda n: (-graph.in_degree(n), n))
+    departed: list[Departure] = []
+    kept = 0
+    for node in in_cycle[:MAX_ROUTINE_CHECKS]:
+        rank = int(node[1])  # type: ignore[call-overload]
+        if rank not in m.run.dumps:
+            continue
+        r = routine(m.dump(rank), rank)
+        if r.departure is not None:
+            departed.append(r.departure)
+        kept += r.kept
+    if not departed or kept < len(departed):
+        return None
+    culprits = sorted(d.rank for d in departed)
+    ops = _op_nodes(members)
+    first = min(departed, key=lambda d: d.rank)
+    routines = {str(d.rank): d.to_json() for d in departed}
+    if all(n[0] == "p2p" for n in ops):
+        # Sends and receives alone: both sides really do wait on each other, and the fix may
+        # be on either; the departure says which line changed.
+        return replace(
+            cycle,
+            summary=f"{cycle.summary}; rank {first.rank} {first.sentence().removeprefix('it ')}",
+            evidence={**cycle.evidence, "routine": routines},
+        )
+    waits_on = [n for n in ops if ("rank", culprits[0]) in graph.successors(n)]
+    if not waits_on:
+        return None
+    primary = max(waits_on, key=lambda n: (longest.get(n, 0.0), graph.in_degree(n)))
+    consequences = [_consequence(graph, n, longest) for n in ops]
+    finding = rank_finding(
+        m,
+        culprits,
+        culprit_state(m, culprits[0]),
+        _consequence(graph, primary, longest),
+        consequences,
+    )
+    return replace(
+        finding,
+        summary=f"{finding.summary}; {first.sentence()}",
+        evidence={
+            **finding.evidence,
+            "routine": routines,
+            "cycle": cycle.evidence.get("cycle"),
+            "cycle_summary": cycle.summary,
+        },
+    )
 
 
 def _locations(m: Matched, waits: list[Wait]) -> dict[Node, str]:
