@@ -16,12 +16,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from flightrec.analysis.fastread import read_compact
 from flightrec.analysis.model import FileProblem, RankDump
 from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.blackbox import SOURCE as BLACKBOX_SOURCE
 from flightrec.blackbox import is_blackbox, read_blackbox
 from flightrec.blackbox.format import TABLES_SUFFIX
-from flightrec.dumpfile import SUFFIX, has_magic, read_dump, validate
+from flightrec.dumpfile import MAGIC_PREFIX, MAX_DUMP_BYTES, SUFFIX, has_magic, read_dump, validate
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.report.ranges import compress
@@ -170,7 +171,25 @@ class _Outcome:
     skipped: bool = False
 
 
+def _read_flightrec(file: Path) -> RankDump | None:
+    """A flightrec dump read straight into compact form (``fastread``); None otherwise."""
+    try:
+        if file.stat().st_size > MAX_DUMP_BYTES:
+            return None
+        with open(file, "rb") as f:
+            if f.read(len(MAGIC_PREFIX)) != MAGIC_PREFIX:
+                return None
+            f.seek(0)
+            data = f.read()
+    except OSError:
+        return None  # the ordinary reader says why
+    return read_compact(data, str(file))
+
+
 def _read_one(file: Path, root: Path) -> _Outcome:
+    fast = _read_flightrec(file)
+    if fast is not None:
+        return _Outcome(dumps=(fast,), indexes=(index_rank(fast),))
     try:
         result = read_any(file)
     except NotADumpError as exc:

@@ -1,0 +1,218 @@
+"""Read a flightrec dump file straight into the compact in-memory form, at scale.
+
+A 16,384-rank job is 16,384 files of 2,000 entries. Parsing each one into protobuf objects
+and copying every column out of them value by value (``RankDump(path, read_dump(path))``)
+costs milliseconds per file, and a per-rank copy of the world group's 16,384-member list makes
+the whole load grow with the square of the job. This reader walks the file's top-level
+wire format instead (a few dozen fields), and:
+
+* takes the entry columns whose values are all below 128 (interned indices, states, flags:
+  most of them) directly from their packed bytes, which then *are* a one-byte array;
+  only the other columns go through the protobuf parser;
+* keys each group's member list by its packed bytes, so a list seen before (the world group,
+  in every file) is shared, never decoded again, and an arithmetic one is held as a ``range``
+  (which pickles in 44 bytes instead of 16,384 numbers);
+* has the rest of the dump (header, tables, threads) parsed and validated by
+  ``dumpfile.parse_dump``, the one validator, and checks the entry columns as it does.
+
+Anything unusual (damage, unpacked or split columns, a file written by a future schema)
+returns None and the caller reads the file the ordinary way, which reports damage precisely.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import DecodeError
+
+from flightrec.analysis.columns import (
+    DumpView,
+    EntriesView,
+    GroupView,
+    compact_members,
+    intern_ranks,
+    narrow,
+)
+from flightrec.analysis.model import RankDump
+from flightrec.dumpfile import ENTRY_COLUMNS, MAGIC_PREFIX, parse_dump
+from flightrec.errors import DumpError
+from flightrec.proto import flightrec_pb2 as pb
+
+_GROUPS = pb.Dump.DESCRIPTOR.fields_by_name["groups"].number
+_ENTRIES = pb.Dump.DESCRIPTOR.fields_by_name["entries"].number
+_RANKS = pb.ProcessGroup.DESCRIPTOR.fields_by_name["ranks"].number
+_COLUMN_OF = {f.number: f.name for f in pb.Entries.DESCRIPTOR.fields}
+_ZIGZAG = {f.name for f in pb.Entries.DESCRIPTOR.fields if f.type == FieldDescriptor.TYPE_SINT32}
+# Index columns and the table each one points into (as ``dumpfile.validate`` checks them).
+_BOUNDED = {
+    "op": "strings",
+    "reduce_op": "strings",
+    "thread": "strings",
+    "device": "strings",
+    "group": "groups",
+    "stack": "stacks",
+    "inputs": "tensor_specs",
+    "outputs": "tensor_specs",
+}
+_LOW7 = bytes(range(128))
+_BELOW = [bytes(range(bound)) for bound in range(128)]
+_WIDE = {f.name for f in pb.Entries.DESCRIPTOR.fields if f.type == FieldDescriptor.TYPE_INT64}
+# One-byte zigzag values (sint32 below 64 in magnitude) to their two's-complement byte.
+_UNZIGZAG = bytes(((z >> 1) ^ -(z & 1)) & 0xFF for z in range(128)) + bytes(128)
+_WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
+
+# Member lists by their packed bytes, per process (loader workers each keep their own).
+_MEMBERS_BY_BYTES: dict[bytes, Sequence[int]] = {}
+
+
+class _Odd(Exception):
+    """The bytes are not in the layout this reader handles; read the file the ordinary way."""
+
+
+def _varint(buf: bytes, i: int) -> tuple[int, int]:
+    b = buf[i]
+    if b < 0x80:
+        return b, i + 1
+    value, shift = b & 0x7F, 7
+    while True:
+        i += 1
+        b = buf[i]
+        value |= (b & 0x7F) << shift
+        if b < 0x80:
+            return value, i + 1
+        shift += 7
+        if shift > 63:
+            raise _Odd
+
+
+def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int, int]]:
+    """(field number, wire type, start, end, tag start) of each field in ``buf[start:end]``.
+
+    ``start``/``end`` delimit the value's bytes (for length-delimited fields, its payload);
+    the field's encoding as a whole is ``buf[tag start:end]``.
+    """
+    out: list[tuple[int, int, int, int, int]] = []
+    i = start
+    try:
+        while i < end:
+            at = i
+            tag, i = _varint(buf, i)
+            wire = tag & 7
+            if wire == _WIRE_LEN:
+                size, i = _varint(buf, i)
+                out.append((tag >> 3, wire, i, i + size, at))
+                i += size
+            elif wire == _WIRE_VARINT:
+                _, j = _varint(buf, i)
+                out.append((tag >> 3, wire, i, j, at))
+                i = j
+            elif wire in (_WIRE_I64, _WIRE_I32):
+                j = i + (8 if wire == _WIRE_I64 else 4)
+                out.append((tag >> 3, wire, i, j, at))
+                i = j
+            else:
+                raise _Odd
+    except IndexError:
+        raise _Odd from None
+    if i != end:
+        raise _Odd
+    return out
+
+
+def _count_varints(chunk: bytes) -> int:
+    """Values in a packed varint field: bytes without the continuation bit."""
+    return len(chunk) - len(chunk.translate(None, _LOW7))
+
+
+def _columns(data: bytes, start: int, end: int, dump: pb.Dump) -> dict[str, array[int]]:
+    chunks: dict[str, bytes] = {}
+    for number, wire, a, b, _ in _fields(data, start, end):
+        name = _COLUMN_OF.get(number)
+        if name is None or wire != _WIRE_LEN or name in chunks:
+            raise _Odd  # an unknown, unpacked or split column
+        chunks[name] = data[a:b]
+    if len(chunks) != len(ENTRY_COLUMNS):
+        raise _Odd  # an empty column (no entries, or damage): the ordinary reader decides
+    parsed: pb.Entries | None = None
+    columns: dict[str, array[int]] = {}
+    n = -1
+    for name in ENTRY_COLUMNS:
+        chunk = chunks[name]
+        count = _count_varints(chunk)
+        if n < 0:
+            n = count
+        if count != n:
+            raise _Odd
+        bound = len(getattr(dump, _BOUNDED[name])) if name in _BOUNDED else 0
+        if count == len(chunk):  # every value below 128: the packed bytes are the values
+            if bound and bound < 128 and chunk.translate(None, _BELOW[bound]):
+                raise _Odd  # an index beyond its table (C speed: drop the valid values)
+            if name in _ZIGZAG:
+                columns[name] = array("b", chunk.translate(_UNZIGZAG))
+            else:
+                columns[name] = array("B", chunk)
+            continue
+        if parsed is None:
+            parsed = pb.Entries.FromString(data[start:end])
+        values = getattr(parsed, name)[:]
+        if name in _WIDE:  # clock readings: 64 bits whatever their bounds
+            columns[name] = array("q", values)
+            continue
+        if bound and max(values) >= bound:
+            raise _Odd
+        columns[name] = narrow(values)
+    return columns
+
+
+def _members(data: bytes, start: int, end: int, group: pb.ProcessGroup) -> Sequence[int]:
+    key: bytes | None = None
+    for number, wire, a, b, _ in _fields(data, start, end):
+        if number == _RANKS:
+            if key is not None or wire != _WIRE_LEN:
+                raise _Odd
+            key = data[a:b]
+    key = key or b""
+    members = _MEMBERS_BY_BYTES.get(key)
+    if members is None:
+        members = intern_ranks(compact_members(group.ranks[:]))
+        _MEMBERS_BY_BYTES[key] = members
+    return members
+
+
+def read_compact(data: bytes, path: str) -> RankDump | None:
+    """The dump in ``data`` as a compact ``RankDump``; None when the ordinary reader must decide.
+
+    Args:
+        data: the whole file.
+        path: its path, for messages.
+
+    Returns:
+        The dump, or None for bytes that are not a plainly laid out flightrec dump (damaged,
+        another format, unpacked columns): ``read_any`` then reads or refuses them.
+    """
+    if not data.startswith(MAGIC_PREFIX):
+        return None
+    try:
+        top = _fields(data, 0, len(data))
+        entries = [(a, b, at) for number, wire, a, b, at in top if number == _ENTRIES]
+        groups = [(a, b) for number, wire, a, b, _ in top if number == _GROUPS]
+        if len(entries) != 1:
+            raise _Odd
+        start, end, at = entries[0]
+        # The dump without its entries, parsed and validated by the one validator.
+        try:
+            dump = parse_dump(data[:at] + data[end:], path)
+        except DumpError:
+            raise _Odd from None
+        columns = _columns(data, start, end, dump)
+        views = tuple(
+            GroupView.of(g, _members(data, a, b, g))
+            for (a, b), g in zip(groups, dump.groups, strict=True)
+        )
+    except (_Odd, ValueError, DecodeError):
+        # ValueError: the parser saw other groups than the walk; DecodeError: damaged entries.
+        return None
+    dump.ClearField("groups")
+    return RankDump(path, DumpView(dump, views, EntriesView(columns)))
