@@ -25,7 +25,13 @@ from pathlib import Path
 from flightrec.dumpfile import dump_filename, write_dump
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.native.convert import to_pb
-from flightrec.native.groups import GroupEvidence, JobGroups, evidence, rebuild_groups
+from flightrec.native.groups import (
+    GroupEvidence,
+    JobGroups,
+    evidence,
+    groups_of_one,
+    rebuild_groups,
+)
 from flightrec.native.jsonform import load_json
 from flightrec.native.model import NativeDump, normalize
 from flightrec.native.unpickle import load_plain_pickle
@@ -187,7 +193,8 @@ def read_native(path: str | Path) -> pb.Dump | list[pb.Dump]:
     """Convert a native dump file, or every native dump in a folder, to flightrec dumps.
 
     For a file, group membership that the file lacks (gloo) is rebuilt from the native dumps
-    beside it in the same folder, read once and cached.
+    beside it in the same folder, read once and cached; a file that lists its groups itself
+    (NCCL) is converted alone (see ``groups_of_one``).
 
     Args:
         path: a native dump file, or a folder of them.
@@ -205,7 +212,7 @@ def read_native(path: str | Path) -> pb.Dump | list[pb.Dump]:
         files = sorted(str(f) for f in p.iterdir() if f.is_file() and sniff(f))
         return convert_paths(files)[0]
     own = load_native(p)
-    return to_pb(own, _job_of_folder(p, own))
+    return to_pb(own, groups_of_one(own) or _job_of_folder(p, own))
 
 
 # The groups rebuilt for a folder, keyed by the folder's listing (names, mtimes, sizes) so

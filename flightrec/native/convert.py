@@ -16,8 +16,10 @@ Mapping (native -> flightrec):
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
+from itertools import compress
 
-from flightrec.builder import COALESCED, IS_P2P, SEND, DumpBuilder, EntryValues
+from flightrec.builder import COALESCED, IS_P2P, SEND, DumpBuilder
 from flightrec.native.groups import GroupInfo, JobGroups
 from flightrec.native.model import NativeDump
 from flightrec.proto import flightrec_pb2 as pb
@@ -33,18 +35,55 @@ _STATES = {
 
 def _gaps(d: NativeDump, backend: str) -> list[str]:
     """What this dump cannot say, in words, so the report can show it."""
+    es = d.entries
     out: list[str] = []
-    if d.entries and not any(e.started_ns or e.completed_ns for e in d.entries):
+    if len(es) and not (any(es.started_ns) or any(es.completed_ns)):
         out.append("no start or completion times (operations may have finished)")
-    if backend == "gloo" and not any(e.is_p2p for e in d.entries):
+    if backend == "gloo" and not any(es.is_p2p):
         out.append("gloo records no point-to-point operations")
-    if not any(e.frames for e in d.entries) and d.entries:
+    if len(es) and not any(es.stack):
         out.append("no stacks")
     return out
 
 
+class _P2P:
+    """Peers, per-peer ordinals and batch flags of the point-to-point entries of one ring."""
+
+    def __init__(self, d: NativeDump, job: JobGroups) -> None:
+        es = d.entries
+        n = len(es)
+        self.peer = [-1] * n
+        self.p2p_seq = [0] * n
+        self.flags: dict[int, int] = {}
+        self.counts: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
+        ordinal: dict[tuple[str, int, bool], int] = defaultdict(int)
+        names, batch = es.pg_name, es.p2p_seq
+        for i in compress(range(n), es.is_p2p):
+            name = names[i]
+            g = job.groups.get(name)
+            sends = es.op[i] == "send"
+            flags = IS_P2P | (SEND if sends else 0)
+            local_peer = es.local_dst[i] if sends else es.local_src[i]
+            peer = g.ranks[local_peer] if g is not None and 0 <= local_peer < len(g.ranks) else -1
+            if peer >= 0:
+                ordinal[(name, peer, sends)] += 1
+                self.peer[i] = peer
+                self.p2p_seq[i] = ordinal[(name, peer, sends)]
+                self.counts[(name, peer)][0 if sends else 1] += 1
+            # Entries of one batch_isend_irecv share their p2p_seq_id.
+            if batch[i] and any(
+                0 <= j < n and es.is_p2p[j] and names[j] == name and batch[j] == batch[i]
+                for j in (i - 1, i + 1)
+            ):
+                flags |= COALESCED
+            self.flags[i] = flags
+
+
 def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
     """Convert one native dump to a flightrec dump.
+
+    Works a column at a time: what repeats (names, states, stacks, tensor signatures) is
+    mapped once per distinct value and the entry columns are built by lookups.
 
     Args:
         d: the validated native dump.
@@ -54,96 +93,92 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
         A ``pb.Dump`` with ``header.source`` naming the native form and reason CONVERTED.
     """
     b = DumpBuilder()
-    own = {e.pg_name for e in d.entries if e.pg_name}
-    mine: list[GroupInfo] = [g for g in job.groups.values() if d.rank in g.ranks or g.name in own]
+    es = d.entries
+    n = len(es)
+    names = es.pg_name
+    own = set(names)
+    own.discard("")
+    mine: list[GroupInfo] = [g for g in job.groups.values() if g.name in own or d.rank in g.ranks]
     index = {g.name: i for i, g in enumerate(mine)}
-    by_group: dict[str, list[int]] = defaultdict(list)
-    for e in d.entries:
-        if not e.is_p2p and e.seq:
-            by_group[e.pg_name].append(e.seq)
-    wrapped = bool(d.entries) and d.entries[0].record_id > 0
-    peer_counts: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0])
-    p2p_ordinal: dict[tuple[str, int, bool], int] = defaultdict(int)
-
-    def global_rank(g: GroupInfo, local: int) -> int:
-        return g.ranks[local] if 0 <= local < len(g.ranks) else -1
-
-    entries: list[EntryValues] = []
-    for i, e in enumerate(d.entries):
-        g = job.groups.get(e.pg_name)
-        flags = 0
-        peer = -1
-        p2p_seq = 0
-        if e.op in ("coalesced",) or e.op.endswith("_coalesced"):
-            flags |= COALESCED
-        if e.is_p2p:
-            flags |= IS_P2P
-            sends = e.op == "send"
-            if sends:
-                flags |= SEND
-            local_peer = e.local_dst if sends else e.local_src
-            peer = global_rank(g, local_peer) if g is not None else -1
-            if peer >= 0:
-                p2p_ordinal[(e.pg_name, peer, sends)] += 1
-                p2p_seq = p2p_ordinal[(e.pg_name, peer, sends)]
-                peer_counts[(e.pg_name, peer)][0 if sends else 1] += 1
-            # Entries of one batch_isend_irecv share their p2p_seq_id.
-            for j in (i - 1, i + 1):
-                if 0 <= j < len(d.entries):
-                    o = d.entries[j]
-                    if o.is_p2p and o.pg_name == e.pg_name and o.p2p_seq == e.p2p_seq and e.p2p_seq:
-                        flags |= COALESCED
-        state = _STATES.get(e.state.lower(), pb.STATE_UNKNOWN)
-        if e.completed_ns and state != pb.COMPLETED:
-            state = pb.COMPLETED
-        entries.append(
-            EntryValues(
-                record_id=e.record_id,
-                group=index.get(e.pg_name, 0),
-                op=e.op,
-                seq=0 if e.is_p2p else e.seq,
-                p2p_seq=p2p_seq,
-                peer=peer,
-                state=state,
-                enqueue_ns=e.created_ns,
-                start_ns=e.started_ns,
-                complete_ns=e.completed_ns,
-                thread=e.thread,
-                stack=e.frames,
-                inputs=e.inputs,
-                outputs=e.outputs,
-                flags=flags,
-                device="cpu" if (g.backend if g else e.backend) == "gloo" else "",
-            )
-        )
-    if any(e.pg_name not in index for e in d.entries) and not mine:
+    if n and not mine:
         # Entries without a group name at all: give them one placeholder group so every
         # entry still points at a valid group.
         mine.append(GroupInfo("", "", (), "", False))
         index[""] = 0
+    any_p2p = any(es.is_p2p)
+    p2p = _P2P(d, job) if any_p2p else None
+    # P2P entries carry no collective sequence number in flightrec.
+    seqs = [0 if p else s for s, p in zip(es.seq, es.is_p2p, strict=True)] if any_p2p else es.seq
+    wrapped = bool(n) and es.record_id[0] > 0
     for g in mine:
-        seqs = by_group.get(g.name, [])
+        mine_seqs = [s for s in compress(seqs, [nm == g.name for nm in names]) if s]
         b.group(
             g.name,
             g.ranks,
             desc=g.desc,
             backend=g.backend,
-            last_seq=max(seqs, default=0),
-            dropped=(min(seqs) - 1) if (wrapped and seqs) else 0,
+            last_seq=max(mine_seqs, default=0),
+            dropped=(min(mine_seqs) - 1) if (wrapped and mine_seqs) else 0,
             p2p=[
                 (peer, s, r)
-                for (name, peer), (s, r) in sorted(peer_counts.items())
+                for (name, peer), (s, r) in sorted(p2p.counts.items() if p2p else ())
                 if name == g.name
             ],
             members_known=g.members_known,
         )
-    for ev in entries:
-        b.entry(ev)
+
+    def codes(column: Sequence[str], value: dict[str, int]) -> list[int]:
+        return list(map(value.__getitem__, column))
+
+    string = b.string
+    ops = es.op
+    op_codes = {op: string(op) for op in dict.fromkeys(ops)}
+    op_flags = {
+        op: COALESCED if op.endswith("_coalesced") or op == "coalesced" else 0 for op in op_codes
+    }
+    flags = codes(ops, op_flags)
+    if p2p is not None:
+        for i, f in p2p.flags.items():
+            flags[i] |= f
+    states = {s: _STATES.get(s.lower(), pb.STATE_UNKNOWN) for s in dict.fromkeys(es.state)}
+    state: list[int] = [
+        pb.COMPLETED if done else states[s]
+        for s, done in zip(es.state, es.completed_ns, strict=True)
+    ]
+    # "cpu" for gloo groups; the group's backend as rebuilt, else the entry's own prefix.
+    devices = {
+        (name, backend): string(
+            "cpu" if (job.groups[name].backend if name in job.groups else backend) == "gloo" else ""
+        )
+        for name, backend in dict.fromkeys(zip(names, es.backend, strict=True))
+    }
+    group_of = {name: index.get(name, 0) for name in dict.fromkeys(names)}
+    stacks = [b.stack(s) for s in es.stacks]
+    sigs = [b.tensors(t) for t in es.tensor_sigs]
+    b.entry_columns(
+        {
+            "record_id": list(es.record_id),
+            "group": codes(names, group_of),
+            "seq": list(seqs),
+            "p2p_seq": p2p.p2p_seq if p2p else [0] * n,
+            "op": codes(ops, op_codes),
+            "reduce_op": [0] * n,
+            "peer": p2p.peer if p2p else [-1] * n,
+            "state": state,
+            "enqueue_ns": list(es.created_ns),
+            "start_ns": list(es.started_ns),
+            "complete_ns": list(es.completed_ns),
+            "thread": codes(es.thread, {t: string(t) for t in dict.fromkeys(es.thread)}),
+            "stack": list(map(stacks.__getitem__, es.stack)),
+            "inputs": list(map(sigs.__getitem__, es.inputs)),
+            "outputs": list(map(sigs.__getitem__, es.outputs)),
+            "flags": flags,
+            "device": list(map(devices.__getitem__, zip(names, es.backend, strict=True))),
+        }
+    )
 
     default = next((g for g in mine if g.desc == "default_pg"), mine[0] if mine else None)
-    backend = (default.backend if default else "") or next(
-        (e.backend for e in d.entries if e.backend), ""
-    )
+    backend = (default.backend if default else "") or next((be for be in es.backend if be), "")
     h = b.header
     h.rank = d.rank
     h.world_size = job.world_size
@@ -156,16 +191,17 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
     h.source = SOURCES[d.form]
     h.wall_time_ns = d.mtime_ns
     h.mono_time_ns = d.mtime_ns  # entry times are wall clock; equal clocks keep them so
-    h.entries_recorded = (d.entries[-1].record_id + 1) if d.entries else 0
-    h.buffer_capacity = len(d.entries) if wrapped else 0
-    h.stack_depth = max((len(e.frames) for e in d.entries), default=0)
-    timeouts = [e.timeout_ms for e in d.entries if e.pg_name == (default.name if default else "")]
+    h.entries_recorded = (es.record_id[-1] + 1) if n else 0
+    h.buffer_capacity = n if wrapped else 0
+    h.stack_depth = max(map(len, es.stacks))
+    default_name = default.name if default else ""
+    timeouts = compress(es.timeout_ms, [name == default_name for name in names])
     h.timeout_s = max(timeouts, default=0) / 1000.0
     detail = [f"converted from PyTorch Flight Recorder dump format {d.version or '?'} ({d.form})"]
     if d.comm_lib_version:
         detail.append(f"comm library {d.comm_lib_version}")
     detail.extend(_gaps(d, backend))
-    detail.extend(n for n in job.notes if _concerns(n, d, mine))
+    detail.extend(note for note in job.notes if _concerns(note, d, mine))
     h.reason_detail = "; ".join(detail)
     return b.build()
 

@@ -49,22 +49,22 @@ class GroupEvidence:
 def evidence(d: NativeDump) -> GroupEvidence:
     """Extract the group evidence of one dump (drops entries, stacks and tensors)."""
     used: dict[str, tuple[str, str, str]] = {}
-    for e in d.entries:
-        if not e.pg_name:
+    es = d.entries
+    # Each distinct (group, desc, backend) once, in ring order: a repeat cannot change what
+    # an earlier occurrence established.
+    for name, desc, backend in dict.fromkeys(zip(es.pg_name, es.pg_desc, es.backend, strict=True)):
+        if not name:
             continue
-        desc = e.pg_desc if e.pg_desc != "undefined" else ""
-        old = used.get(e.pg_name)
-        if old is None or (not old[1] and desc) or (not old[2] and e.backend):
-            used[e.pg_name] = (
-                e.pg_name,
-                desc or (old[1] if old else ""),
-                e.backend or (old[2] if old else ""),
-            )
+        if desc == "undefined":
+            desc = ""
+        old = used.get(name)
+        if old is None or (not old[1] and desc) or (not old[2] and backend):
+            used[name] = (name, desc or (old[1] if old else ""), backend or (old[2] if old else ""))
     return GroupEvidence(
         rank=d.rank,
         pg_config=d.pg_config,
         used=tuple(used.values()),
-        named_uids=frozenset(e.pg_id for e in d.entries),
+        named_uids=frozenset(es.pg_id),
         active_uids=frozenset(uid for uid, last in d.pg_status.items() if last > 0),
     )
 
@@ -162,3 +162,31 @@ def rebuild_groups(dumps: Sequence[NativeDump | GroupEvidence]) -> JobGroups:
                 "their membership could not be reconstructed"
             )
     return JobGroups(world_size=world_size, groups=groups, notes=tuple(notes))
+
+
+def groups_of_one(d: NativeDump) -> JobGroups | None:
+    """The groups one dump needs for its conversion, when that dump alone establishes them.
+
+    A dump that lists every group it uses in ``pg_config``, by name and with its members,
+    plus a complete world list, and whose ring names the backend of each of its groups
+    (NCCL dumps do) leaves nothing for the other ranks' dumps to add to its own conversion:
+    reading them, as gloo dumps need, would make reading N files one by one cost N^2.
+    What is lost is only a job-wide note when two ranks list different members for one
+    group; each dump then carries its own list, and the analysis compares them.
+
+    Returns:
+        The groups rebuilt from this dump alone, or None when anything about them has to be
+        inferred from the other ranks' dumps (then use ``rebuild_groups`` over all of them).
+    """
+    explicit = {c.name for c in d.pg_config if c.name and c.ranks is not None}
+    job = rebuild_groups([d])
+    if not explicit.issuperset(job.groups):
+        return None
+    complete = tuple(range(job.world_size))
+    if not any(c.ranks == complete for c in d.pg_config):
+        return None  # the world size could be larger than this dump knows
+    own = set(d.entries.pg_name)
+    for g in job.groups.values():
+        if not g.backend and (g.name in own or d.rank in g.ranks):
+            return None  # only another rank's ring may say which backend it runs on
+    return job

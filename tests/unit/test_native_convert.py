@@ -293,3 +293,72 @@ def test_folder_cache_follows_changes(tmp_path: Path) -> None:
     assert not isinstance(again, list)
     # Without rank 2's dump nothing shows that rank 2 belongs to group "2".
     assert {g.name: list(g.ranks) for g in again.groups}["2"] == [3]
+
+
+def _nccl_job(tmp_path: Path, shared: bool) -> Path:
+    """A 2-rank NCCL-style job whose dumps list their groups (so each converts alone)."""
+    frames = [{"filename": "train.py", "name": "step", "line": 7}]
+    sizes, dtypes = [[2, 3]], ["BFloat16"]
+    for rank in range(2):
+        entries = []
+        for i in range(1, 7):
+            entry = _nccl_entry(
+                i,
+                "nccl:all_reduce" if i % 3 else "nccl:broadcast",
+                process_group=("0", "default_pg"),
+                collective_seq_id=i,
+                p2p_seq_id=0,
+                is_p2p=False,
+                # Shared lists (as the pickle memo keeps them) or a fresh copy per entry.
+                frames=frames if shared else [dict(f) for f in frames],
+                input_sizes=sizes if shared else [list(s) for s in sizes],
+                input_dtypes=dtypes if shared else list(dtypes),
+            )
+            entries.append(entry)
+        dump = {
+            "version": "2.10",
+            "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+            "entries": entries,
+        }
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(dump, protocol=2))
+    return tmp_path
+
+
+def test_shared_and_private_lists_convert_alike(tmp_path: Path) -> None:
+    # Entries are validated once per distinct object; sharing must not change the result.
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a = read_native(_nccl_job(tmp_path / "a", shared=True) / "nccl_trace_rank_1")
+    b = read_native(_nccl_job(tmp_path / "b", shared=False) / "nccl_trace_rank_1")
+    assert isinstance(a, pb.Dump) and isinstance(b, pb.Dump)
+    for d in (a, b):
+        e = d.entries
+        stacks = {tuple(d.frames[f].line for f in d.stacks[s].frames) for s in e.stack}
+        assert stacks == {(7,)}
+        assert [d.strings[d.tensor_specs[i].dtype[0]] for i in e.inputs] == ["bfloat16"] * 6
+        assert [d.strings[o] for o in e.op] == ["all_reduce", "all_reduce", "broadcast"] * 2
+    a.header.wall_time_ns = a.header.mono_time_ns = 0
+    b.header.wall_time_ns = b.header.mono_time_ns = 0
+    assert a.header == b.header and list(a.entries.seq) == list(b.entries.seq)
+
+
+def test_a_dump_that_lists_its_groups_converts_without_its_siblings(tmp_path: Path) -> None:
+    folder = _nccl_job(tmp_path, shared=True)
+    # A damaged sibling that claims other members: it must not even be read.
+    (folder / "nccl_trace_rank_0").write_bytes(
+        pickle.dumps(
+            {
+                "version": "2.10",
+                "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1, 2]"}},
+                "entries": [],
+            },
+            protocol=2,
+        )
+    )
+    d = read_native(folder / "nccl_trace_rank_1")
+    assert isinstance(d, pb.Dump)
+    assert d.header.world_size == 2
+    assert [(g.name, list(g.ranks), g.members_known, g.backend) for g in d.groups] == [
+        ("0", [0, 1], True, "nccl")
+    ]
+    assert "disagree" not in d.header.reason_detail

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.errors import CorruptDumpError, DumpError, NotADumpError, UnsafeDumpError
-from flightrec.native import convert_paths, load_native, model, read_native, sniff
+from flightrec.native import convert_paths, load_native, read_native, reader, sniff
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
 
@@ -148,7 +148,7 @@ def test_shared_subobjects_cannot_blow_up_the_work(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A smaller budget keeps the test fast; the mechanism is the same as with the default.
-    monkeypatch.setattr(model, "MAX_CELLS", 200_000)
+    monkeypatch.setattr(reader, "MAX_CELLS", 200_000)
     # Pickle memo sharing: one entry of 4,096 tensors referenced 100,000 times is a small
     # file that describes 400 million sizes; the reader must stop, not grind through it.
     one: list[object] = [1]
@@ -190,3 +190,52 @@ def test_every_pickle_protocol_is_refused_its_globals(tmp_path: Path, protocol: 
     # protocol. (bytes and sets need a global before protocol 3/4 and are refused there.)
     plain = {"a": (1, [2.5, None, True, "s", -(2**70)])}
     assert load_plain_pickle(pickle.dumps(plain, protocol), "ok") == plain
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "error"),
+    [
+        ("record_id", -5, None),  # read as 0 (the schema's record ids are unsigned)
+        ("frames", [{"filename": "f.py", "name": "g", "line": 1 << 40}], CorruptDumpError),
+        ("frames", [{"filename": 3, "name": "g", "line": 1}], CorruptDumpError),
+        ("input_sizes", [[2, 1.5]], CorruptDumpError),
+        ("input_sizes", [[2, 1 << 64]], CorruptDumpError),
+        ("input_sizes", [[None, True]], None),  # None and bools are read as numbers
+        ("input_dtypes", [["Float"]], CorruptDumpError),
+        ("process_group", ("0", ["tp"]), CorruptDumpError),
+        ("collective_seq_id", "12", None),
+        ("time_created_ns", 2.5, CorruptDumpError),
+    ],
+)
+def test_every_field_is_type_checked(
+    tmp_path: Path, field: str, value: object, error: type | None
+) -> None:
+    # Values are checked a column at a time; a bad value in one entry among many well-formed
+    # ones must still be found, and an unusual but valid one read like the others.
+    good = {
+        "record_id": 0,
+        "process_group": ("0", "default_pg"),
+        "collective_seq_id": 1,
+        "profiling_name": "nccl:all_reduce",
+        "time_created_ns": 1,
+        "input_sizes": [[2, 3]],
+        "input_dtypes": ["Float"],
+        "state": "completed",
+        "frames": [{"filename": "f.py", "name": "g", "line": 1}],
+    }
+    entries = [dict(good, record_id=i, collective_seq_id=i + 1) for i in range(50)]
+    entries[17][field] = value
+    dump = {
+        "version": "2.10",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "entries": entries,
+    }
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    if error is None:
+        (d,), errors, _ = convert_paths([path])
+        assert not errors and len(d.entries.record_id) == 50
+    else:
+        with pytest.raises(error) as info:
+            load_native(path)
+        assert str(path) in str(info.value) and "\n" not in str(info.value)

@@ -1,0 +1,463 @@
+"""Validate a native dump's ``entries`` table column by column.
+
+A native ring is a list of dicts, one per operation, with the same twenty keys. Reading it
+entry by entry costs microseconds per value in Python; reading it a column at a time lets
+C do the walking: ``list(map(dict.get, entries, repeat(key)))`` pulls one column out,
+``Reader.ints`` / ``texts`` check its types in one pass, and everything that repeats
+(profiling names, group tuples, tensor signatures, stacks) is validated once per distinct
+value, then shared. What any value is allowed to be is exactly what the scalar accessors of
+``Reader`` allow: the fast paths only skip work for data that is already well formed.
+
+Nested containers are bounded before they are walked: the pickle memo lets a small file
+reference one big list many times, so their total length is counted against the reader's
+work budget first.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Hashable, Sequence
+from dataclasses import dataclass
+from itertools import chain, repeat
+
+from flightrec.native.reader import Reader
+
+MAX_FRAMES_PER_ENTRY = 64
+MAX_TENSORS_PER_ENTRY = 4096
+MAX_DIMS = 64
+_MAX_LINE = (1 << 32) - 1  # the schema's frame line is 32 bits
+
+FrameTuple = tuple[str, str, int]
+"""(file, function, line)"""
+StackTuple = tuple[FrameTuple, ...]
+"""Frames, innermost first."""
+TensorSig = tuple[tuple[tuple[int, ...], str], ...]
+"""The (shape, dtype name) of each tensor argument of an operation."""
+
+_P2P = re.compile(r"(?P<a>\d{1,9})\s*(?P<arrow>->|<-)\s*(?P<b>\d{1,9})")
+_SEND_RECV = frozenset({"send", "recv"})
+_NONE = type(None)
+_SEQS = frozenset({list, tuple})
+_SEQS_OR_NONE = frozenset({list, tuple, _NONE})
+_INTS = frozenset({int})
+_STRS = frozenset({str})
+
+# c10 ScalarType names (what the recorder writes) to torch dtype names (what flightrec uses).
+_DTYPES = {
+    "Float": "float32",
+    "Double": "float64",
+    "Half": "float16",
+    "BFloat16": "bfloat16",
+    "Long": "int64",
+    "Int": "int32",
+    "Short": "int16",
+    "Char": "int8",
+    "Byte": "uint8",
+    "Bool": "bool",
+    "ComplexFloat": "complex64",
+    "ComplexDouble": "complex128",
+    "ComplexHalf": "complex32",
+    "Float8_e4m3fn": "float8_e4m3fn",
+    "Float8_e5m2": "float8_e5m2",
+    "Float8_e4m3fnuz": "float8_e4m3fnuz",
+    "Float8_e5m2fnuz": "float8_e5m2fnuz",
+    "UInt16": "uint16",
+    "UInt32": "uint32",
+    "UInt64": "uint64",
+}
+
+# Backend-internal spellings of collectives, mapped to the torch.distributed API names the
+# rest of flightrec uses, so a mismatch report reads the same for every source.
+_OPS = {
+    "allreduce": "all_reduce",
+    "allgather": "all_gather",
+    "_allgather_base": "all_gather_into_tensor",
+    "_all_gather_base": "all_gather_into_tensor",  # ProcessGroupNCCL's name for it
+    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
+    "_reduce_scatter_base": "reduce_scatter_tensor",
+    "reduce_scatter_base": "reduce_scatter_tensor",
+    "alltoall": "all_to_all",
+    "alltoall_base": "all_to_all_single",
+    "all_to_all_base": "all_to_all_single",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class NativeEntries:
+    """A native ring, validated, as columns (oldest entry first). Times are wall-clock ns.
+
+    Tensor signatures and stacks are held once each in ``tensor_sigs`` / ``stacks`` (index 0
+    is the empty one) and referred to by index from ``inputs``, ``outputs`` and ``stack``.
+    """
+
+    record_id: Sequence[int]
+    pg_id: Sequence[int]
+    pg_name: Sequence[str]
+    pg_desc: Sequence[str]
+    seq: Sequence[int]
+    p2p_seq: Sequence[int]
+    op_id: Sequence[int]
+    backend: Sequence[str]
+    op: Sequence[str]
+    local_src: Sequence[int]
+    """P2P: group-local sender from the profiling name; -1 otherwise."""
+    local_dst: Sequence[int]
+    """P2P: group-local receiver; -1 otherwise."""
+    is_p2p: Sequence[bool]
+    state: Sequence[str]
+    created_ns: Sequence[int]
+    started_ns: Sequence[int]
+    completed_ns: Sequence[int]
+    inputs: Sequence[int]
+    outputs: Sequence[int]
+    tensor_sigs: tuple[TensorSig, ...]
+    stack: Sequence[int]
+    stacks: tuple[StackTuple, ...]
+    thread: Sequence[str]
+    timeout_ms: Sequence[int]
+
+    def __len__(self) -> int:
+        return len(self.record_id)
+
+
+EMPTY_ENTRIES = NativeEntries(
+    record_id=(),
+    pg_id=(),
+    pg_name=(),
+    pg_desc=(),
+    seq=(),
+    p2p_seq=(),
+    op_id=(),
+    backend=(),
+    op=(),
+    local_src=(),
+    local_dst=(),
+    is_p2p=(),
+    state=(),
+    created_ns=(),
+    started_ns=(),
+    completed_ns=(),
+    inputs=(),
+    outputs=(),
+    tensor_sigs=((),),
+    stack=(),
+    stacks=((),),
+    thread=(),
+    timeout_ms=(),
+)
+
+
+class _Interned:
+    """Validated values that repeat, each kept once and referred to by index."""
+
+    def __init__(self) -> None:
+        self.sigs: list[TensorSig] = [()]
+        self.sig_index: dict[TensorSig, int] = {(): 0}
+        self.stacks: list[StackTuple] = [()]
+        self.stack_index: dict[StackTuple, int] = {(): 0}
+        # The recorder symbolizes each distinct frame once and every entry refers to the same
+        # frame dict (shared through the pickle memo): validate each object once. Keyed by
+        # id(), which is stable because the whole unpickled tree outlives the reading.
+        self.frames_by_id: dict[int, FrameTuple] = {}
+
+    def sig(self, sig: TensorSig) -> int:
+        index = self.sig_index.get(sig)
+        if index is None:
+            index = self.sig_index[sig] = len(self.sigs)
+            self.sigs.append(sig)
+        return index
+
+    def stack(self, stack: StackTuple) -> int:
+        index = self.stack_index.get(stack)
+        if index is None:
+            index = self.stack_index[stack] = len(self.stacks)
+            self.stacks.append(stack)
+        return index
+
+
+def _column(entries: list[dict[object, object]], key: str) -> list[object]:
+    return list(map(dict.get, entries, repeat(key)))
+
+
+def _first_bad(values: Sequence[object], allowed: frozenset[type]) -> int:
+    return next(i for i, v in enumerate(values) if type(v) not in allowed)
+
+
+# -- tensors ----------------------------------------------------------------------------
+
+
+def _tensors_one(
+    r: Reader, sizes: object, dtypes: object, size_label: str, dtype_label: str
+) -> TensorSig:
+    """One entry's tensor signature, value by value (the reference the fast path matches)."""
+    if sizes is None:
+        return ()
+    shapes = r.seq(sizes, size_label)
+    names = r.seq(dtypes, dtype_label) if dtypes is not None else ()
+    out: list[tuple[tuple[int, ...], str]] = []
+    for i, shape in enumerate(shapes[:MAX_TENSORS_PER_ENTRY]):
+        dims = r.seq(shape, size_label)
+        if len(dims) > MAX_DIMS:
+            raise r.fail(f"{size_label}[{i}] has {len(dims)} dimensions")
+        dtype = r.text(names[i], dtype_label) if i < len(names) else ""
+        out.append(
+            (tuple([r.integer(d, size_label) for d in dims]), _DTYPES.get(dtype) or dtype.lower())
+        )
+    return tuple(out)
+
+
+def _per_object(columns: Sequence[list[object]], codes_of: Callable[..., list[int]]) -> list[int]:
+    """``codes_of(*columns)``, computed once per distinct combination of objects.
+
+    The pickle memo keeps the sharing of the writer: where entries refer to one list (a
+    stack, a shape), the unpickled entries share one object. Working per distinct object
+    (by identity, which holds because the unpickled tree outlives the reading) makes the
+    cost follow what the file holds, not how often entries refer to it.
+    """
+    ids = list(zip(*(map(id, c) for c in columns), strict=True))
+    where = dict(zip(ids, range(len(ids)), strict=True))
+    if len(where) == len(ids):
+        return codes_of(*columns)
+    picks = list(where.values())
+    distinct = codes_of(*([c[i] for i in picks] for c in columns))
+    by_ids = dict(zip(where, distinct, strict=True))
+    return list(map(by_ids.__getitem__, ids))
+
+
+def _described(r: Reader, column: list[object]) -> None:
+    """Count the items of every list in ``column`` (shared ones each time they are used)."""
+    if set(map(type, column)) <= _SEQS_OR_NONE:
+        r.tick(sum(map(len, filter(None, column))))  # type: ignore[arg-type]
+
+
+def _tensor_column(
+    r: Reader, sizes: list[object], dtypes: list[object], what: str, interned: _Interned
+) -> list[int]:
+    """The tensor signature index of every entry, for ``what`` = "input" or "output"."""
+    _described(r, sizes)  # what a shared list describes is bounded before it is walked
+    return _per_object((sizes, dtypes), lambda s, d: _tensor_codes(r, s, d, what, interned))
+
+
+def _tensor_codes(
+    r: Reader, sizes: list[object], dtypes: list[object], what: str, interned: _Interned
+) -> list[int]:
+    size_label, dtype_label = f"{what}_sizes", f"{what}_dtypes"
+    r.tick(len(sizes))
+    if set(map(type, sizes)) <= _SEQS_OR_NONE and set(map(type, dtypes)) <= _SEQS_OR_NONE:
+        present: list[Sequence[object]] = [s for s in sizes if s]  # type: ignore[misc]
+        r.tick(sum(map(len, present)))  # shapes, bounded before anything walks them
+        shapes: list[Sequence[object]] = list(chain.from_iterable(present))  # type: ignore[arg-type]
+        if set(map(type, shapes)) <= _SEQS:
+            r.tick(sum(map(len, shapes)))  # dimensions
+            named: list[Sequence[object]] = [d for d in dtypes if d]  # type: ignore[misc]
+            r.tick(sum(map(len, named)))
+            # Only exact ints and strs make keys: values that merely compare equal (1.0 and
+            # 1, True and 1) must not share the validation of another entry.
+            if (
+                set(map(type, chain.from_iterable(shapes))) <= _INTS
+                and set(map(type, chain.from_iterable(named))) <= _STRS
+            ):
+                # The raw value of each entry as a hashable key: distinct keys are few (one
+                # per call site and shape), and only they are validated.
+                keys: list[Hashable] = [
+                    None if s is None else (tuple(map(tuple, s)), tuple(d or ()))  # type: ignore[call-overload, arg-type]
+                    for s, d in zip(sizes, dtypes, strict=True)
+                ]
+                where = dict(zip(keys, range(len(keys)), strict=True))
+                codes = {
+                    key: interned.sig(_tensors_one(r, sizes[i], dtypes[i], size_label, dtype_label))
+                    for key, i in where.items()
+                }
+                return list(map(codes.__getitem__, keys))
+    return [
+        interned.sig(_tensors_one(r, s, d, size_label, dtype_label))
+        for s, d in zip(sizes, dtypes, strict=True)
+    ]
+
+
+# -- stacks -----------------------------------------------------------------------------
+
+
+def _stack_one(r: Reader, value: object, interned: _Interned) -> StackTuple:
+    """One entry's stack, frame by frame, each distinct frame object validated once."""
+    if value is None:
+        return ()
+    out: list[FrameTuple] = []
+    memo = interned.frames_by_id
+    for frame in r.seq(value, "frames")[:MAX_FRAMES_PER_ENTRY]:
+        done = memo.get(id(frame))
+        if done is None:
+            f = r.mapping(frame, "a frame")
+            line = r.integer(f.get("line"), "frame line")
+            if line > _MAX_LINE:
+                raise r.fail(f"frame line {line} is beyond any source file")
+            done = (
+                r.text(f.get("filename"), "frame filename"),
+                r.text(f.get("name"), "frame name"),
+                max(0, line),
+            )
+            memo[id(frame)] = done
+        out.append(done)
+    return tuple(out)
+
+
+def _stack_column(r: Reader, frames: list[object], interned: _Interned) -> list[int]:
+    """The stack index of every entry."""
+    _described(r, frames)
+    return _per_object((frames,), lambda f: _stack_codes(r, f, interned))
+
+
+def _stack_codes(r: Reader, frames: list[object], interned: _Interned) -> list[int]:
+    r.tick(len(frames))
+    if set(map(type, frames)) <= _SEQS_OR_NONE:
+        present: list[Sequence[object]] = [f for f in frames if f]  # type: ignore[misc]
+        r.tick(sum(map(len, present)))
+        # Entries share frame objects, not always frame lists: key each entry by the
+        # identities of its frames, and build each distinct stack once.
+        keys = [tuple(map(id, f)) if f else () for f in frames]  # type: ignore[call-overload]
+        where = dict(zip(keys, range(len(keys)), strict=True))
+        r.cells -= sum(map(len, present))  # _stack_one counts the frames it reads itself
+        codes = {
+            key: interned.stack(_stack_one(r, frames[i], interned)) for key, i in where.items()
+        }
+        return list(map(codes.__getitem__, keys))
+    return [interned.stack(_stack_one(r, f, interned)) for f in frames]
+
+
+# -- names ------------------------------------------------------------------------------
+
+_Call = tuple[str, str, int, int]
+"""(backend, op, local_src, local_dst) parsed from a profiling name."""
+
+
+def _call(name: str) -> _Call:
+    backend, _, rest = name.partition(":")
+    if not rest:  # older or third-party writers without the "backend:" prefix
+        backend, rest = "", name
+    op, _, meta = rest.strip().partition(" ")
+    op = _OPS.get(op, op)
+    src = dst = -1
+    m = _P2P.search(meta)
+    if m and op in _SEND_RECV:
+        a, b = int(m["a"]), int(m["b"])
+        # "send 0->1" names sender then receiver; "recv 1<-0" names receiver then sender.
+        src, dst = (a, b) if m["arrow"] == "->" else (b, a)
+    return backend, op, src, dst
+
+
+def _group_one(r: Reader, pg: object) -> tuple[str, str]:
+    if pg is None:
+        return "", ""
+    parts = r.seq(pg, "process_group")
+    name = r.text(parts[0], "process_group name") if parts else ""
+    desc = r.text(parts[1], "process_group desc") if len(parts) > 1 else ""
+    return name, desc
+
+
+def _group_column(r: Reader, groups: list[object]) -> tuple[Sequence[str], Sequence[str]]:
+    """(name, desc) columns from the ``process_group`` tuples."""
+    if set(map(type, groups)) <= _SEQS_OR_NONE:
+        try:
+            keys = [None if g is None else tuple(g[:2]) for g in groups]  # type: ignore[index]
+            distinct = dict.fromkeys(keys)
+        except TypeError:
+            pass  # unhashable parts: explained value by value below
+        else:
+            r.tick(2 * len(groups))
+            pairs = {key: _group_one(r, key) for key in distinct}
+            if len(pairs) == 1:
+                ((name, desc),) = pairs.values()
+                return [name] * len(groups), [desc] * len(groups)
+            names, descs = zip(*map(pairs.__getitem__, keys), strict=True)
+            return names, descs
+    if not groups:
+        return (), ()
+    names, descs = zip(*(_group_one(r, g) for g in groups), strict=True)
+    return names, descs
+
+
+# -- the table --------------------------------------------------------------------------
+
+
+def read_entries(r: Reader, raw: object) -> NativeEntries:
+    """Validate the ``entries`` table of a native dump.
+
+    Args:
+        r: the reader of this file (its work budget and its name for messages).
+        raw: the unpickled ``entries`` value.
+
+    Returns:
+        The entries as validated columns.
+
+    Raises:
+        CorruptDumpError: a value of the wrong type or size, or more work than any dump needs.
+    """
+    seq = r.seq(raw, "entries")
+    if not seq:
+        return EMPTY_ENTRIES
+    entries: list[dict[object, object]] = list(seq)  # type: ignore[arg-type]
+    if set(map(type, entries)) != {dict}:
+        i = _first_bad(entries, frozenset({dict}))
+        raise r.fail(f"entries[{i}] is {type(entries[i]).__name__}, expected a dict")
+    n = len(entries)
+
+    names = r.texts(_column(entries, "profiling_name"), "profiling_name")
+    calls = {name: _call(name) for name in dict.fromkeys(names)}
+    if len(calls) == 1:
+        ((backend, op, src, dst),) = calls.values()
+        backends: Sequence[str] = [backend] * n
+        ops: Sequence[str] = [op] * n
+        srcs: Sequence[int] = [src] * n
+        dsts: Sequence[int] = [dst] * n
+    else:
+        backends, ops, srcs, dsts = zip(*map(calls.__getitem__, names), strict=True)
+    pg_name, pg_desc = _group_column(r, _column(entries, "process_group"))
+
+    seqs = _column(entries, "collective_seq_id")
+    if None in seqs:  # format 1.x calls it seq_id
+        seqs = [e.get("collective_seq_id", e.get("seq_id")) for e in entries]
+    record_ids = _column(entries, "record_id")
+    if None in record_ids:
+        record_ids = [i if v is None else v for i, v in enumerate(record_ids)]
+
+    is_p2p = r.flags(_column(entries, "is_p2p"), "is_p2p")
+    if any(calls[name][1] in _SEND_RECV for name in calls):
+        is_p2p = [p or op in _SEND_RECV for p, op in zip(is_p2p, ops, strict=True)]
+
+    interned = _Interned()
+    inputs = _tensor_column(
+        r, _column(entries, "input_sizes"), _column(entries, "input_dtypes"), "input", interned
+    )
+    outputs = _tensor_column(
+        r, _column(entries, "output_sizes"), _column(entries, "output_dtypes"), "output", interned
+    )
+    stack = _stack_column(r, _column(entries, "frames"), interned)
+    return NativeEntries(
+        record_id=r.naturals(record_ids, "record_id"),  # unsigned in the schema
+        pg_id=r.ints(_column(entries, "pg_id"), "pg_id", -1),
+        pg_name=pg_name,
+        pg_desc=pg_desc,
+        seq=r.naturals(seqs, "collective_seq_id"),
+        p2p_seq=r.naturals(_column(entries, "p2p_seq_id"), "p2p_seq_id"),
+        op_id=r.ints(_column(entries, "op_id"), "op_id"),
+        backend=backends,
+        op=ops,
+        local_src=srcs,
+        local_dst=dsts,
+        is_p2p=is_p2p,
+        state=r.texts(_column(entries, "state"), "state"),
+        created_ns=r.naturals(_column(entries, "time_created_ns"), "time_created_ns"),
+        started_ns=r.naturals(
+            _column(entries, "time_discovered_started_ns"), "time_discovered_started_ns"
+        ),
+        completed_ns=r.naturals(
+            _column(entries, "time_discovered_completed_ns"), "time_discovered_completed_ns"
+        ),
+        inputs=inputs,
+        outputs=outputs,
+        tensor_sigs=tuple(interned.sigs),
+        stack=stack,
+        stacks=tuple(interned.stacks),
+        thread=r.texts(_column(entries, "thread_name"), "thread_name"),
+        timeout_ms=r.naturals(_column(entries, "timeout_ms"), "timeout_ms"),
+    )
