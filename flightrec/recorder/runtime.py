@@ -20,6 +20,7 @@ from flightrec.recorder.config import Config, from_env
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.hooks import Hooks
+from flightrec.recorder.rawstacks import RawStacks, stacks_path
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
 from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store
@@ -52,6 +53,8 @@ class Runtime:
         # the black box decides whether it is still needed, and a dump another thread is
         # writing is finished before the interpreter stops that thread.
         atexit.register(self.dumper.close)
+        self.rawstacks: RawStacks | None = None
+        atexit.register(self._close_rawstacks)  # after the black box decided to stay or go
         if self.recorder.blackbox is not None:
             atexit.register(self._close_blackbox)
         if config.dump_on_exit:
@@ -76,6 +79,8 @@ class Runtime:
             if self.watchdog is not None:
                 self.watchdog.stop()
                 self.watchdog = None
+            # Nothing re-arms it any more: it would fire for a process that is fine.
+            self._close_rawstacks()
             if self.poller is not None:
                 self.poller.stop()
                 self.poller = None
@@ -93,6 +98,9 @@ class Runtime:
         self.poller = None
         self.recorder.tracker.after_fork_in_child()
         self.signals.after_fork_in_child()
+        if self.rawstacks is not None:
+            self.rawstacks.forget()  # the parent's file; its faulthandler thread is not ours
+            self.rawstacks = None
 
     def _install_ddp(self) -> None:
         """Wrap DDP; at start-up torch.nn may not be importable yet (torch.distributed loads
@@ -125,7 +133,7 @@ class Runtime:
             return
         with self._lock:
             if self.watchdog is None:
-                self.watchdog = Watchdog(self.recorder, self._on_hang)
+                self.watchdog = Watchdog(self.recorder, self._on_hang, on_tick=self._tick)
             if self.poller is None:
                 store = default_store()
                 if store is not None:
@@ -137,6 +145,37 @@ class Runtime:
                 self.signals.install()
         self._install_ddp()
         self._identify_blackbox()
+        self._arm_rawstacks()
+
+    def _arm_rawstacks(self) -> None:
+        """Beside the black box (named by rank by now), once the default group exists."""
+        bb = self.recorder.blackbox
+        if not self.config.raw_stacks or bb is None or not self._identified:
+            return
+        with self._lock:
+            if self.rawstacks is not None or self.watchdog is None:
+                return
+            try:
+                main = threading.main_thread().ident or 0
+                self.rawstacks = RawStacks(stacks_path(bb.path), self.config.timeout_s, main)
+            except Exception as exc:
+                log.warning("flightrec: no raw stacks if Python stops running: %s", exc)
+
+    def _tick(self, now_ns: int) -> None:
+        raw = self.rawstacks
+        if raw is not None:
+            raw.rearm(now_ns)
+
+    def _close_rawstacks(self) -> None:
+        """Disarm; keep a file faulthandler wrote into only while its black box stays."""
+        raw, self.rawstacks = self.rawstacks, None
+        if raw is None:
+            return
+        bb = self.recorder.blackbox
+        try:
+            raw.close(keep=bb is not None and bb.path.exists())
+        except Exception as exc:
+            log.warning("flightrec: could not close the raw stacks file: %s", exc)
 
     def _identify_blackbox(self) -> None:
         """Once the default group exists, write rank, world and job into the black box."""

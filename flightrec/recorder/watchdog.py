@@ -30,10 +30,17 @@ class Watchdog:
     """Calls ``on_hang(slot)`` once for each entry that outlives the timeout."""
 
     def __init__(
-        self, recorder: Recorder, on_hang: Callable[[Slot], None], period_s: float = PERIOD_S
+        self,
+        recorder: Recorder,
+        on_hang: Callable[[Slot], None],
+        period_s: float = PERIOD_S,
+        on_tick: Callable[[int], None] = lambda now_ns: None,
     ) -> None:
+        """``on_tick(now_ns)`` runs first at every scan: proof that Python threads still run
+        (it re-arms the raw-stacks deadline)."""
         self._recorder = recorder
         self._on_hang = on_hang
+        self._on_tick = on_tick
         self._period = period_s
         self._timeout_ns = int(recorder.config.timeout_s * 1e9)
         self._reported: set[int] = set()
@@ -55,6 +62,7 @@ class Watchdog:
     def check(self, now_ns: int) -> None:
         """One scan (the thread calls this; tests call it with a fake clock)."""
         rec = self._recorder
+        self._on_tick(now_ns)
         if rec.blackbox is not None:
             rec.blackbox.heartbeat()
         rec.tracker.poll()

@@ -19,13 +19,16 @@ Faults (``--fault``), acted out inside the job:
                   work, calls ``flightrec.dump()`` and exits through ``sys.exit`` (atexit runs).
   internal-pre    ``GroupRegistry.get`` raises (before the collective runs).
   internal-post   ``Tracker.track`` raises (after an async collective returned).
+  gil-wedge       rank 1 holds the GIL in a 30 s C call at step 5 (``wedged_in_c_call``).
+  dump-forever    ``--fill`` all_reduces, then ``flightrec.dump()`` in a loop until killed.
 Other options: ``--straggle S`` (rank 1 sleeps S seconds before step 5, so short
 FLIGHTREC_TIMEOUTs fire the watchdog), ``--store HOST:PORT`` (join an external TCPStore
 instead of hosting one on rank 0), ``--go-file PATH`` (after READY, wait until PATH exists),
 ``--fsize N`` (RLIMIT_FSIZE of N bytes, SIGXFSZ ignored: every write past N bytes fails with
 EFBIG, as on a full disk).
 
-Progress markers on stdout: READY, CHILD_EXIT <status>, RESULT <hex>, DONE.
+Progress markers on stdout: READY, CHILD_EXIT <how> <status>, WEDGED, DUMPED <n>,
+RESULT <hex>, DONE.
 """
 
 from __future__ import annotations
@@ -50,13 +53,22 @@ def parse() -> argparse.Namespace:
     p.add_argument("--workload", choices=["serial", "threads", "nodist"], default="serial")
     p.add_argument(
         "--fault",
-        choices=["none", "dump-storm", "fork", "internal-pre", "internal-post"],
+        choices=[
+            "none",
+            "dump-storm",
+            "fork",
+            "internal-pre",
+            "internal-post",
+            "gil-wedge",
+            "dump-forever",
+        ],
         default="none",
     )
     p.add_argument("--straggle", type=float, default=0.0)
     p.add_argument("--store", default="")
     p.add_argument("--go-file", default="")
     p.add_argument("--fsize", type=int, default=0)
+    p.add_argument("--fill", type=int, default=10000)
     p.add_argument("--pg-timeout", type=float, default=20.0)
     return p.parse_args()
 
@@ -213,6 +225,33 @@ def fork_during_dump() -> None:
     t.join(10)
 
 
+def wedged_in_c_call() -> None:
+    """Stands for a C extension that holds the GIL for a long time: no Python thread runs."""
+    import ctypes
+
+    print("WEDGED", flush=True)
+    ctypes.PyDLL(None).sleep(30)  # PyDLL keeps the GIL during the call (CDLL would release it)
+
+
+def wedge_rank_1(step: int) -> None:
+    if step == 5 and dist.get_rank() == 1:
+        wedged_in_c_call()
+
+
+def dump_forever(fill: int) -> None:
+    """Fill the ring with ``fill`` calls, then write (large) dumps until killed."""
+    import flightrec
+
+    t = torch.ones(4)
+    for _ in range(fill):
+        dist.all_reduce(t)
+    n = 0
+    while True:
+        flightrec.dump("loop")
+        n += 1
+        print("DUMPED", n, flush=True)
+
+
 def inject_internal_error(where: str) -> None:
     """Make one recorder internal raise on every call (a bug in flightrec, simulated)."""
 
@@ -245,6 +284,10 @@ def main() -> None:
     if ARGS.fault.startswith("internal-"):
         inject_internal_error(ARGS.fault.split("-", 1)[1])
     stop = start_dump_storm() if ARGS.fault == "dump-storm" else None
+    if ARGS.fault == "gil-wedge":
+        STEP_HOOKS.append(wedge_rank_1)
+    if ARGS.fault == "dump-forever":
+        dump_forever(ARGS.fill)
     workload = threaded if ARGS.workload == "threads" else serial
     if ARGS.workload == "serial":
         dist.barrier()  # every group exists before the store may go away
