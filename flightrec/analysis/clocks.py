@@ -22,8 +22,8 @@ Two levels are provided:
 from __future__ import annotations
 
 import heapq
-import itertools
 import math
+import operator
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from operator import itemgetter
@@ -193,7 +193,7 @@ def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
             comp = tuple(comp[i] for i in keep)
         if not seqs:
             continue
-        if any(b <= a for a, b in itertools.pairwise(seqs)):
+        if seqs != tuple(sorted(set(seqs))):  # (C speed, unlike a loop over pairs)
             # Repeated or unordered seqs (unnumbered entries): the newest entry of each seq.
             last = {s: i for i, s in enumerate(seqs)}
             keep = [last[s] for s in sorted(last)]
@@ -202,7 +202,9 @@ def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
             enq = tuple(enq[i] for i in keep)
             comp = tuple(comp[i] for i in keep)
         base = base_ns(m, r)
-        out[r] = Lane(seqs, tuple(pos), tuple(t + base for t in enq), tuple(t + base for t in comp))
+        out[r] = Lane(
+            seqs, tuple(pos), tuple(map(base.__add__, enq)), tuple(map(base.__add__, comp))
+        )
     return out
 
 
@@ -222,11 +224,17 @@ def completed_times(m: Matched, group: str, recent: int) -> dict[int, dict[int, 
     }
 
 
+def _median_sorted(ordered: Sequence[float]) -> float:
+    """``statistics.median`` of an already sorted sequence."""
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
 def _sigma(values: Sequence[float]) -> float:
     if len(values) < 2:
         return 0.0
-    mid = median(values)
-    return _MAD_SIGMA * median(abs(v - mid) for v in values)
+    mid = _median_sorted(sorted(values))
+    return _MAD_SIGMA * _median_sorted(sorted([abs(v - mid) for v in values]))
 
 
 def jitter_ns(diffs: Sequence[float]) -> float:
@@ -235,7 +243,7 @@ def jitter_ns(diffs: Sequence[float]) -> float:
     The spread of successive differences (divided by sqrt 2) measures the jitter of single
     completions whatever the clocks' drift does over the whole ring.
     """
-    steps = [b - a for a, b in itertools.pairwise(diffs)]
+    steps = list(map(operator.sub, diffs[1:], diffs[:-1]))
     return _sigma(steps) / math.sqrt(2) if len(steps) >= 2 else 0.0
 
 
@@ -292,8 +300,8 @@ def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals |
         diffs = [c - a for c, a in zip(mine.complete_ns, ref, strict=True)]
         if _sigma(diffs) < STABLE_NS:  # as local_offsets: one constant offset
             whole = float(median(diffs))
-            arrivals[r] = [round(t - whole) for t in mine.enqueue_ns]
-            completions[r] = [round(t - whole) for t in mine.complete_ns]
+            arrivals[r] = list(map(round, map(whole.__rsub__, mine.enqueue_ns)))
+            completions[r] = list(map(round, map(whole.__rsub__, mine.complete_ns)))
         else:
             offs = local_offsets(diffs)
             arrivals[r] = [round(t - o) for t, o in zip(mine.enqueue_ns, offs, strict=True)]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter, defaultdict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
@@ -96,16 +96,22 @@ def _median_rule(ordered: Sequence[int]) -> tuple[int, float, int, float, float]
     )
 
 
+_Rule = tuple[int, float, int, float, float]
+_Pending = tuple[Mapping[int, Sequence[int]], list[_Rule]]
+"""A group's aligned arrivals and per-collective median rules, for ``_add_behind``."""
+
+
 def _tally_group(
     m: Matched, ga: GroupArrivals, opt: StragglerOptions, t: dict[int, _Tally]
-) -> None:
+) -> _Pending:
+    """Count who arrived last, by how much; return what ``_add_behind`` needs later."""
     ranks = ga.ranks
     n = len(ranks)
     floor_ns = opt.min_margin_ms * 1e6
     # Per collective, the members' arrivals in rank order: sorting and searching these runs
     # at C speed, so a 16,384-member group costs a few sorts per collective, and the Python
     # work per member is one comprehension over its collectives (below).
-    rules: list[tuple[int, float, int, float, float]] = []
+    rules: list[_Rule] = []
     for i, col in enumerate(zip(*(ga.arrivals[r] for r in ranks), strict=True)):
         ordered = sorted(col)
         rules.append(_median_rule(ordered))
@@ -130,12 +136,22 @@ def _tally_group(
         d = m.dump(last)
         tl.ops[d.string(d.columns["op"][ga.positions[last][i]])] += 1
     for r in ranks:
-        tr = t[r]
-        tr.taken += len(rules)
-        tr.behind.extend(
+        t[r].taken += len(rules)
+    return ga.arrivals, rules
+
+
+def _add_behind(pending: _Pending, t: dict[int, _Tally]) -> None:
+    """Each member's arrival minus the others' median arrival, per collective (ms).
+
+    Only the lateness table needs these, so they are computed only when there is a finding:
+    one comprehension per member and group instead of Python work per collective.
+    """
+    arrivals, rules = pending
+    for r, mine in arrivals.items():
+        t[r].behind.extend(
             [
                 (a - (hi if a > t1 else (mid if a > t2 else lo))) / 1e6
-                for a, (t1, hi, t2, mid, lo) in zip(ga.arrivals[r], rules, strict=True)
+                for a, (t1, hi, t2, mid, lo) in zip(mine, rules, strict=True)
             ]
         )
 
@@ -192,12 +208,13 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
     """
     opt = options or StragglerOptions()
     tallies: dict[int, _Tally] = defaultdict(_Tally)
+    pending: list[_Pending] = []
     for key, info in m.groups.items():
         if len(info.ranks) < 2:
             continue
         ga = group_arrivals(m, key, opt.recent)
         if ga is not None:
-            _tally_group(m, ga, opt, tallies)
+            pending.append(_tally_group(m, ga, opt, tallies))
     blamed: list[tuple[float, int]] = []
     for r, tr in tallies.items():
         if tr.taken < opt.min_samples or len(tr.late) / tr.taken < opt.min_fraction:
@@ -209,6 +226,8 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
     blamed.sort(key=lambda kv: (kv[1] == 0, -kv[0], kv[1]))
     if not blamed:
         return []
+    for p in pending:
+        _add_behind(p, tallies)
     alignment = estimate_offsets(m, opt.recent)
     table = lateness_table(tallies, [r for _, r in blamed], alignment)
     clock = clock_summary(alignment)
