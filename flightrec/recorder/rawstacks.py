@@ -110,8 +110,23 @@ class RawStacks:
             with contextlib.suppress(OSError):
                 self.path.unlink()
 
+    def pause(self) -> None:
+        """Disarm just before ``fork()``.
+
+        A child forked while the deadline is armed inherits faulthandler's state but not its
+        C thread, and then hangs in its next ``dump_traceback_later`` or at interpreter exit,
+        waiting for that thread (CPython keeps no fork handler for it).
+        """
+        if self._file is not None and self._armed_ns and os.getpid() == self._pid:
+            faulthandler.cancel_dump_traceback_later()
+            self._armed_ns = 0
+
+    def resume(self, now_ns: int) -> None:
+        """Re-arm in the parent after ``fork()``."""
+        self.rearm(now_ns)
+
     def forget(self) -> None:
-        """In a forked child: drop the parent's file without touching faulthandler."""
+        """In a forked child: drop the parent's file (faulthandler was disarmed for the fork)."""
         self._file = None
 
 

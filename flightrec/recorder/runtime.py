@@ -302,6 +302,24 @@ _runtime: Runtime | None = None
 _runtime_lock = threading.Lock()
 
 
+def _before_fork() -> None:
+    rt = _runtime
+    if rt is not None and rt.rawstacks is not None:
+        try:
+            rt.rawstacks.pause()
+        except Exception as exc:
+            log.warning("flightrec: could not disarm faulthandler before fork: %s", exc)
+
+
+def _after_fork_in_parent() -> None:
+    rt = _runtime
+    if rt is not None and rt.rawstacks is not None:
+        try:
+            rt.rawstacks.resume(time.monotonic_ns())
+        except Exception as exc:
+            log.warning("flightrec: could not re-arm faulthandler after fork: %s", exc)
+
+
 def _after_fork_in_child() -> None:
     global _runtime_lock
     _runtime_lock = threading.Lock()
@@ -323,7 +341,9 @@ def get(config: Config | None = None) -> Runtime:
         return _runtime
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(
+    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
+)
 
 
 def current() -> Runtime | None:
