@@ -14,11 +14,13 @@ Public API: ``sniff(path)``, ``read_native(path)``, ``convert_paths(paths)``.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import threading
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -43,6 +45,7 @@ __all__ = [
     "NativeName",
     "convert_dir",
     "convert_paths",
+    "job_of_file",
     "parse_name",
     "read_native",
     "sniff",
@@ -106,6 +109,25 @@ def sniff(path: str | Path) -> bool:
         return False
 
 
+@contextmanager
+def _no_gc_pauses() -> Iterator[None]:
+    """Hold the cyclic garbage collector off while one dump is unpickled and read.
+
+    A 2,000-entry dump unpickles into some 50,000 dicts, lists and tuples, none of which can
+    be garbage before the reading ends; each collection the allocations trigger would walk
+    them all for nothing (about 15% of the reading time). Nothing is lost: plain data freed
+    by reference counting never needs the collector, and a cycle a crafted pickle might hold
+    is collected after the collector is back on.
+    """
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def load_native(path: str | Path) -> NativeDump:
     """Read and validate one native dump file (no conversion, no group reconstruction).
 
@@ -131,11 +153,14 @@ def load_native(path: str | Path) -> NativeDump:
         raise NotADumpError(
             p, "empty file" if not data else "neither a pickle nor a JSON Flight Recorder dump"
         )
-    obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
-    del data
-    return normalize(
-        obj, path=p, rank=name.rank, host=name.host, form=form, mtime_ns=st.st_mtime_ns
-    )
+    with _no_gc_pauses():
+        obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
+        del data
+        dump = normalize(
+            obj, path=p, rank=name.rank, host=name.host, form=form, mtime_ns=st.st_mtime_ns
+        )
+        del obj  # freed while the collector is off, so it never walks the tree
+    return dump
 
 
 def convert_paths(paths: Sequence[str | Path]) -> tuple[list[pb.Dump], list[DumpError], JobGroups]:
@@ -212,7 +237,16 @@ def read_native(path: str | Path) -> pb.Dump | list[pb.Dump]:
         files = sorted(str(f) for f in p.iterdir() if f.is_file() and sniff(f))
         return convert_paths(files)[0]
     own = load_native(p)
-    return to_pb(own, groups_of_one(own) or _job_of_folder(p, own))
+    return to_pb(own, job_of_file(p, own))
+
+
+def job_of_file(path: Path, own: NativeDump) -> JobGroups:
+    """The groups of the job of one native dump file (``own``, read from ``path``).
+
+    From the file alone when it lists its groups (``groups_of_one``), else rebuilt from the
+    native dumps in its folder, read once per folder and cached.
+    """
+    return groups_of_one(own) or _job_of_folder(path, own)
 
 
 # The groups rebuilt for a folder, keyed by the folder's listing (names, mtimes, sizes) so

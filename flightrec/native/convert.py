@@ -82,15 +82,31 @@ class _P2P:
 def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
     """Convert one native dump to a flightrec dump.
 
-    Works a column at a time: what repeats (names, states, stacks, tensor signatures) is
-    mapped once per distinct value and the entry columns are built by lookups.
-
     Args:
         d: the validated native dump.
         job: group membership rebuilt from every rank's dump (``rebuild_groups``).
 
     Returns:
         A ``pb.Dump`` with ``header.source`` naming the native form and reason CONVERTED.
+    """
+    b, columns = convert_columns(d, job)
+    b.entry_columns(columns)
+    return b.build()
+
+
+def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[str, list[int]]]:
+    """Convert one native dump into a builder (header, groups, tables) and entry columns.
+
+    Works a column at a time: what repeats (names, states, stacks, tensor signatures) is
+    mapped once per distinct value and the entry columns are built by lookups. ``to_pb``
+    puts the columns into the builder; the analyzer takes them as they are (``view``).
+
+    Args:
+        d: the validated native dump.
+        job: group membership rebuilt from every rank's dump (``rebuild_groups``).
+
+    Returns:
+        The builder, its entries not yet added, and the ``Entries`` columns by name.
     """
     b = DumpBuilder()
     es = d.entries
@@ -155,27 +171,25 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
     group_of = {name: index.get(name, 0) for name in dict.fromkeys(names)}
     stacks = [b.stack(s) for s in es.stacks]
     sigs = [b.tensors(t) for t in es.tensor_sigs]
-    b.entry_columns(
-        {
-            "record_id": list(es.record_id),
-            "group": codes(names, group_of),
-            "seq": list(seqs),
-            "p2p_seq": p2p.p2p_seq if p2p else [0] * n,
-            "op": codes(ops, op_codes),
-            "reduce_op": [0] * n,
-            "peer": p2p.peer if p2p else [-1] * n,
-            "state": state,
-            "enqueue_ns": list(es.created_ns),
-            "start_ns": list(es.started_ns),
-            "complete_ns": list(es.completed_ns),
-            "thread": codes(es.thread, {t: string(t) for t in dict.fromkeys(es.thread)}),
-            "stack": list(map(stacks.__getitem__, es.stack)),
-            "inputs": list(map(sigs.__getitem__, es.inputs)),
-            "outputs": list(map(sigs.__getitem__, es.outputs)),
-            "flags": flags,
-            "device": list(map(devices.__getitem__, zip(names, es.backend, strict=True))),
-        }
-    )
+    columns = {
+        "record_id": list(es.record_id),
+        "group": codes(names, group_of),
+        "seq": list(seqs),
+        "p2p_seq": p2p.p2p_seq if p2p else [0] * n,
+        "op": codes(ops, op_codes),
+        "reduce_op": [0] * n,
+        "peer": p2p.peer if p2p else [-1] * n,
+        "state": state,
+        "enqueue_ns": list(es.created_ns),
+        "start_ns": list(es.started_ns),
+        "complete_ns": list(es.completed_ns),
+        "thread": codes(es.thread, {t: string(t) for t in dict.fromkeys(es.thread)}),
+        "stack": list(map(stacks.__getitem__, es.stack)),
+        "inputs": list(map(sigs.__getitem__, es.inputs)),
+        "outputs": list(map(sigs.__getitem__, es.outputs)),
+        "flags": flags,
+        "device": list(map(devices.__getitem__, zip(names, es.backend, strict=True))),
+    }
 
     default = next((g for g in mine if g.desc == "default_pg"), mine[0] if mine else None)
     backend = (default.backend if default else "") or next((be for be in es.backend if be), "")
@@ -203,7 +217,7 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
     detail.extend(_gaps(d, backend))
     detail.extend(note for note in job.notes if _concerns(note, d, mine))
     h.reason_detail = "; ".join(detail)
-    return b.build()
+    return b, columns
 
 
 def _concerns(note: str, d: NativeDump, groups: list[GroupInfo]) -> bool:
