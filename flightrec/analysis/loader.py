@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
+from flightrec.analysis.columns import DumpView
 from flightrec.analysis.fastread import read_compact
 from flightrec.analysis.model import FileProblem, RankDump
 from flightrec.analysis.rankindex import RankIndex, index_rank
@@ -186,12 +187,28 @@ def _read_flightrec(file: Path) -> RankDump | None:
     return read_compact(data, str(file))
 
 
+def _read_native(file: Path) -> DumpView | None:
+    """A native dump converted straight into compact form (``native.view``); None otherwise.
+
+    Raises:
+        DumpError: the file is a native dump that cannot be read.
+    """
+    native = _native()
+    if native is None or not native.sniff(file):
+        return None
+    try:
+        from flightrec.native.view import read_native_view
+    except ImportError:
+        return None
+    return read_native_view(file)
+
+
 def _read_one(file: Path, root: Path) -> _Outcome:
     fast = _read_flightrec(file)
     if fast is not None:
         return _Outcome(dumps=(fast,), indexes=(index_rank(fast),))
     try:
-        result = read_any(file)
+        result = _read_native(file) or read_any(file)
     except NotADumpError as exc:
         if file == root or _looks_like_dump(file):
             return _Outcome(problem=FileProblem(str(file), exc.reason))
