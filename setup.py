@@ -1,6 +1,10 @@
-"""Ships ``flightrec-autostart.pth`` at the top of site-packages.
+"""Ships ``flightrec-autostart.pth`` at the top of site-packages, and builds the optional C
+hot path ``flightrec.recorder._fast``.
 
-Everything else lives in pyproject.toml. The .pth file is how ``FLIGHTREC=1`` traces a
+Everything else lives in pyproject.toml. The extension is optional: where it cannot be built
+(no compiler, a big-endian host) the install goes on and the recorder runs its pure-Python hot
+path, which records exactly the same entries, more slowly. For tests run from the source tree,
+build it in place with ``python setup.py build_ext --inplace``. The .pth file is how ``FLIGHTREC=1`` traces a
 training script that never imports flightrec (plain python, spawn children, torchrun workers):
 Python executes its single line at interpreter start-up, and that line does nothing but read
 one environment variable unless tracing is asked for.
@@ -10,7 +14,7 @@ from __future__ import annotations
 
 import os
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_py import build_py
 
 PTH = "flightrec-autostart.pth"
@@ -26,4 +30,10 @@ class BuildWithPth(build_py):
         return [*super().get_outputs(include_bytecode), os.path.join(self.build_lib, PTH)]
 
 
-setup(cmdclass={"build_py": BuildWithPth})
+FAST = Extension(
+    "flightrec.recorder._fast",
+    sources=["flightrec/recorder/_fast.c"],
+    optional=True,  # a failed build leaves the pure-Python hot path, never a failed install
+)
+
+setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[FAST])

@@ -105,8 +105,16 @@ def _calls(n: int, batches: int) -> tuple[list[float], list[float]]:
 
 
 def _noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
-    """A collective that does nothing, with all_reduce's signature."""
+    """A collective that does nothing, with all_reduce's signature (``op``'s default is set
+    to torch's ReduceOp.SUM below: with None, every call would intern a new reduce-op name
+    and time the recorder's slow path instead of its hot path)."""
     return None
+
+
+def _with_torch_defaults() -> None:
+    import torch.distributed as dist
+
+    _noop.__defaults__ = (dist.ReduceOp.SUM, None, False)
 
 
 def _recording_cost(wrapped, t, calls: int = 2000) -> float:  # type: ignore[no-untyped-def]
@@ -140,6 +148,7 @@ def _noop_cost(batches: int) -> float:
 
 def child_calls(calls: int) -> None:
     _init()
+    _with_torch_defaults()
     # Frames: this one + _at_depth chain + _calls = DEPTH frames under the module level.
     _at_depth(DEPTH - 3, _calls, 500, 2)  # warm-up
     per_call, diffs = _at_depth(DEPTH - 3, _calls, 500, max(1, calls // 500))
@@ -202,6 +211,7 @@ def child_blackbox(batches: int) -> None:
     from flightrec.recorder.specs import spec_for
 
     _init()
+    _with_torch_defaults()
 
     spec = spec_for("all_reduce", dist.distributed_c10d.all_reduce)
     wrapped = {}

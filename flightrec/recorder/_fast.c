@@ -1,0 +1,639 @@
+/* The recorder's hot path in C: one call before torch's function, one after.
+ *
+ * Why C: measured around a real gloo all_reduce, the ~150 bytecodes of the generated Python
+ * hot path cost about three times what they cost in a tight loop (and torch's own call got
+ * slower behind them), so the recording has to execute far fewer instructions, not merely
+ * cheaper ones. Everything here mirrors the generated Python wrapper (codegen.py) line for
+ * line, on cache hits only: any miss, surprise or error returns -1 before anything is
+ * consumed (no sequence number, no record id), and the wrapper takes the Python path, which
+ * fills the caches. The Python path stays the reference and the fallback when this extension
+ * is not built.
+ *
+ * The slot is written last, in one go, with the GIL held and no Python code running in
+ * between: like ``struct.pack_into``, a reader copying the buffer sees it before or after.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <frameobject.h>
+#include <string.h>
+#include <time.h>
+
+#if !PY_LITTLE_ENDIAN
+#error "the ring's slots are little-endian; build without this extension on big-endian hosts"
+#endif
+
+/* Slot layout: ring.SLOT = struct.Struct("<QqqB3xQQIIIiIIIIIIQ") (92 bytes). */
+#define SLOT_SIZE 92
+#define OFF_RID 0
+#define OFF_ENQ 8
+#define OFF_COMPLETE 16
+#define OFF_STATE 24
+#define OFF_SEQ 28
+#define OFF_P2P 36
+#define OFF_GROUP 44
+#define OFF_OP 48
+#define OFF_RED 52
+#define OFF_PEER 56
+#define OFF_THREAD 60
+#define OFF_STACK 64
+#define OFF_IN 68
+#define OFF_OUT 72
+#define OFF_DEV 76
+#define OFF_FLAGS 80
+#define OFF_RID2 84
+#define ENQUEUED 1
+#define COMPLETED 3
+#define RED_CACHE 4
+
+static PyObject *s_enabled, *s_specs, *s_shape, *s_dtype, *s_counter, *s_seq, *s_index,
+    *s_gpu, *s_top, *s_top_lasti, *s_top_index, *s_settle, *s_ranks;
+
+typedef struct {
+    PyObject_HEAD
+    PyObject *rec;     /* Recorder: .enabled, .settle() */
+    PyObject *by_pg;   /* dict: group (or None) -> GroupInfo */
+    PyObject *active;  /* dict: thread ident -> record id */
+    PyObject *threads; /* dict: thread ident -> thread name index */
+    PyObject *tcaches; /* dict: thread ident -> stacks._ThreadCache */
+    PyObject *reds;    /* dict: reduce op -> string index */
+    PyObject *ids;     /* itertools.count of record ids (shared with Ring.append) */
+    PyObject *capture; /* StackTable.capture(frame, ident) -> int */
+    Py_buffer buf;     /* the ring's buffer (bytearray or the black box's mmap) */
+    int has_buf;
+    Py_ssize_t capacity;
+    int depth;
+    /* Reduce ops seen last, by identity: hashing a pybind11 enum member runs its Python-level
+     * __hash__ (about 0.2 us, a tenth of the budget). The dict hit for an object never
+     * changes (tables only grow), and the strong reference keeps the identity valid. */
+    PyObject *red_obj[RED_CACHE];
+    uint32_t red_idx[RED_CACHE];
+    int red_next;
+} FastPath;
+
+static inline int64_t
+now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* what time.monotonic_ns() reads */
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline void
+put_u32(char *p, uint32_t v)
+{
+    memcpy(p, &v, 4);
+}
+
+static inline void
+put_u64(char *p, uint64_t v)
+{
+    memcpy(p, &v, 8);
+}
+
+/* A dict value as a C long in [0, 2^32): the (signature, device) pair of a spec cache hit,
+ * or a table index. Returns 0 on success, -1 when the value is not what the Python path
+ * would have stored (then the caller falls back). */
+static int
+as_index(PyObject *v, uint32_t *out)
+{
+    if (!PyLong_CheckExact(v)) {
+        return -1;
+    }
+    long x = PyLong_AsLong(v);
+    if (x < 0 || x > 0xFFFFFFFFL) {
+        PyErr_Clear();
+        return -1;
+    }
+    *out = (uint32_t)x;
+    return 0;
+}
+
+/* specs.get((tensor.shape, tensor.dtype)) -> (signature index, device index); -1 on a miss. */
+static int
+spec_of(PyObject *specs, PyObject *tensor, uint32_t *sig, uint32_t *dev)
+{
+    PyObject *shape = PyObject_GetAttr(tensor, s_shape);
+    if (shape == NULL) {
+        return -1;
+    }
+    PyObject *dtype = PyObject_GetAttr(tensor, s_dtype);
+    if (dtype == NULL) {
+        Py_DECREF(shape);
+        return -1;
+    }
+    PyObject *key = PyTuple_Pack(2, shape, dtype);
+    Py_DECREF(shape);
+    Py_DECREF(dtype);
+    if (key == NULL) {
+        return -1;
+    }
+    PyObject *value = PyDict_GetItemWithError(specs, key); /* borrowed */
+    Py_DECREF(key);
+    if (value == NULL || !PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != 2) {
+        return -1;
+    }
+    if (as_index(PyTuple_GET_ITEM(value, 0), sig) < 0 ||
+        as_index(PyTuple_GET_ITEM(value, 1), dev) < 0) {
+        return -1;
+    }
+    return 0;
+}
+
+/* The stack index of the caller ``frame`` for thread ``tid``: the thread cache's last top
+ * frame at the same instruction, else StackTable.capture (which walks and refreshes it). */
+static int
+stack_of(FastPath *self, PyObject *frame, PyObject *tid, uint32_t *out)
+{
+    if (self->depth == 0 || frame == Py_None) {
+        *out = 0;
+        return 0;
+    }
+    if (!PyFrame_Check(frame)) {
+        return -1;
+    }
+    PyObject *tc = PyDict_GetItemWithError(self->tcaches, tid); /* borrowed */
+    if (tc != NULL) {
+        PyObject *top = PyObject_GetAttr(tc, s_top);
+        if (top == NULL) {
+            return -1;
+        }
+        int same = top == frame;
+        Py_DECREF(top);
+        if (same) {
+            PyObject *lasti = PyObject_GetAttr(tc, s_top_lasti);
+            if (lasti == NULL) {
+                return -1;
+            }
+            long cached = PyLong_AsLong(lasti);
+            Py_DECREF(lasti);
+            if (cached == -1 && PyErr_Occurred()) {
+                return -1;
+            }
+            if (cached == PyFrame_GetLasti((PyFrameObject *)frame)) {
+                PyObject *index = PyObject_GetAttr(tc, s_top_index);
+                if (index == NULL) {
+                    return -1;
+                }
+                int rc = as_index(index, out);
+                Py_DECREF(index);
+                return rc;
+            }
+        }
+    }
+    else if (PyErr_Occurred()) {
+        return -1;
+    }
+    PyObject *index = PyObject_CallFunctionObjArgs(self->capture, frame, tid, NULL);
+    if (index == NULL) {
+        return -1;
+    }
+    int rc = as_index(index, out);
+    Py_DECREF(index);
+    return rc;
+}
+
+/* enter(op, flags, group, tensor_in, tensor_out, red, root, group_root, async_op, frame)
+ *
+ * op: string index of the operation; flags: its constant EntryFlag bits; tensor_in /
+ * tensor_out: single tensors, or the int 0 where the function has no such argument; red:
+ * the reduce op, or the int 0 where the function has none; root: the root as a global rank,
+ * or None; group_root: the same as a rank within the group, or None (used when root is
+ * None); async_op: the argument; frame: the caller's frame (sys._getframe(1)), or None
+ * without stacks.
+ *
+ * Returns the record id (> 0) of the entry written, 0 when the call must not be recorded
+ * (tracing off, or a call made inside a recorded one), -1 when the Python path must decide.
+ */
+static PyObject *
+FastPath_enter(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "enter() takes 10 arguments");
+        return NULL;
+    }
+    PyObject *group = args[2], *tin = args[3], *tout = args[4], *red = args[5],
+             *root = args[6], *group_root = args[7], *async_op = args[8], *frame = args[9];
+    PyObject *tid = NULL, *info = NULL, *seqobj = NULL, *ridobj = NULL, *counter = NULL;
+    long result = -1;
+    uint32_t op = 0, base_flags = 0, sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
+    int32_t peer = -1;
+
+    if (as_index(args[0], &op) < 0 || as_index(args[1], &base_flags) < 0) {
+        goto fallback;
+    }
+    PyObject *enabled = PyObject_GetAttr(self->rec, s_enabled);
+    if (enabled == NULL) {
+        goto fallback;
+    }
+    int on = PyObject_IsTrue(enabled);
+    Py_DECREF(enabled);
+    if (on <= 0) {
+        goto fallback; /* the Python path handles "off" and errors alike */
+    }
+    tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (tid == NULL) {
+        goto fallback;
+    }
+    int inside = PyDict_Contains(self->active, tid);
+    if (inside != 0) {
+        result = inside > 0 ? 0 : -1;
+        goto fallback;
+    }
+    info = PyDict_GetItemWithError(self->by_pg, group);
+    if (info == NULL || info == Py_None) {
+        goto fallback;
+    }
+    Py_INCREF(info);
+    int64_t t0 = now_ns();
+
+    int has_in = !PyLong_CheckExact(tin), has_out = !PyLong_CheckExact(tout);
+    if (has_in || has_out) {
+        PyObject *specs = PyObject_GetAttr(info, s_specs);
+        if (specs == NULL) {
+            goto fallback;
+        }
+        int rc = 0;
+        uint32_t dev_out = 0;
+        if (PyDict_CheckExact(specs)) {
+            if (has_in) {
+                rc = spec_of(specs, tin, &sig_in, &dev);
+            }
+            if (rc == 0 && has_out && tout == tin) {
+                sig_out = sig_in;
+            }
+            else if (rc == 0 && has_out) {
+                rc = spec_of(specs, tout, &sig_out, &dev_out);
+                if (!has_in) {
+                    dev = dev_out;
+                }
+            }
+        }
+        else {
+            rc = -1;
+        }
+        Py_DECREF(specs);
+        if (rc < 0) {
+            goto fallback;
+        }
+    }
+    if (PyLong_CheckExact(red)) {
+        if (as_index(red, &red_i) < 0) {
+            goto fallback;
+        }
+    }
+    else {
+        int hit = 0;
+        for (int i = 0; i < RED_CACHE; i++) {
+            if (self->red_obj[i] == red) {
+                red_i = self->red_idx[i];
+                hit = 1;
+                break;
+            }
+        }
+        if (!hit) {
+            PyObject *v = PyDict_GetItemWithError(self->reds, red);
+            if (v == NULL || as_index(v, &red_i) < 0) {
+                goto fallback;
+            }
+            int slot = self->red_next;
+            self->red_next = (slot + 1) % RED_CACHE;
+            Py_INCREF(red);
+            Py_XSETREF(self->red_obj[slot], red);
+            self->red_idx[slot] = red_i;
+        }
+    }
+    if (root != Py_None) {
+        if (!PyLong_CheckExact(root)) {
+            goto fallback;
+        }
+        long r = PyLong_AsLong(root);
+        if ((r == -1 && PyErr_Occurred()) || r < INT32_MIN || r > INT32_MAX) {
+            goto fallback;
+        }
+        peer = (int32_t)r;
+    }
+    else if (group_root != Py_None) {
+        /* As the Python path: the group rank's global rank, -1 when out of range. */
+        if (!PyLong_CheckExact(group_root)) {
+            goto fallback;
+        }
+        PyObject *ranks = PyObject_GetAttr(info, s_ranks);
+        if (ranks == NULL || !PyTuple_CheckExact(ranks)) {
+            Py_XDECREF(ranks);
+            goto fallback;
+        }
+        Py_ssize_t g = PyLong_AsSsize_t(group_root);
+        if (g == -1 && PyErr_Occurred()) {
+            Py_DECREF(ranks);
+            goto fallback;
+        }
+        if (g >= 0 && g < PyTuple_GET_SIZE(ranks)) {
+            PyObject *r = PyTuple_GET_ITEM(ranks, g);
+            long v = PyLong_CheckExact(r) ? PyLong_AsLong(r) : -1;
+            if (!PyLong_CheckExact(r) || (v == -1 && PyErr_Occurred()) || v < INT32_MIN ||
+                v > INT32_MAX) {
+                Py_DECREF(ranks);
+                goto fallback;
+            }
+            peer = (int32_t)v;
+        }
+        Py_DECREF(ranks);
+    }
+    PyObject *th = PyDict_GetItemWithError(self->threads, tid);
+    if (th == NULL || as_index(th, &thread) < 0) {
+        goto fallback;
+    }
+    int is_async = PyObject_IsTrue(async_op);
+    if (is_async < 0) {
+        goto fallback;
+    }
+    /* Last step that may run Python code (a stack walk on a miss): nothing is consumed yet. */
+    if (stack_of(self, frame, tid, &stack) < 0) {
+        goto fallback;
+    }
+
+    /* From here on nothing can miss: take the sequence number and the record id. */
+    counter = PyObject_GetAttr(info, s_counter);
+    if (counter == NULL) {
+        goto fallback;
+    }
+    seqobj = PyIter_Next(counter);
+    if (seqobj == NULL || PyObject_SetAttr(info, s_seq, seqobj) < 0) {
+        goto fallback;
+    }
+    unsigned long long seq = PyLong_AsUnsignedLongLong(seqobj);
+    PyObject *index = PyObject_GetAttr(info, s_index);
+    if (index == NULL) {
+        goto fallback;
+    }
+    uint32_t group_i = 0;
+    int bad = as_index(index, &group_i);
+    Py_DECREF(index);
+    ridobj = PyIter_Next(self->ids);
+    if (bad < 0 || ridobj == NULL) {
+        goto fallback;
+    }
+    unsigned long long rid = PyLong_AsUnsignedLongLong(ridobj);
+    if (rid == 0 || PyErr_Occurred()) {
+        goto fallback;
+    }
+    Py_ssize_t off = (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;
+    if (off + SLOT_SIZE > self->buf.len) {
+        goto fallback;
+    }
+    char *p = (char *)self->buf.buf + off;
+    char slot[SLOT_SIZE];
+    memset(slot, 0, sizeof slot);
+    put_u64(slot + OFF_RID, rid);
+    put_u64(slot + OFF_ENQ, (uint64_t)t0);
+    slot[OFF_STATE] = ENQUEUED;
+    put_u64(slot + OFF_SEQ, seq);
+    put_u32(slot + OFF_GROUP, group_i);
+    put_u32(slot + OFF_OP, op);
+    put_u32(slot + OFF_RED, red_i);
+    put_u32(slot + OFF_PEER, (uint32_t)peer);
+    put_u32(slot + OFF_THREAD, thread);
+    put_u32(slot + OFF_STACK, stack);
+    put_u32(slot + OFF_IN, sig_in);
+    put_u32(slot + OFF_OUT, sig_out);
+    put_u32(slot + OFF_DEV, dev);
+    put_u32(slot + OFF_FLAGS, base_flags | (is_async ? 1u : 0u));
+    put_u64(slot + OFF_RID2, rid);
+    memcpy(p, slot, SLOT_SIZE);
+    if (PyDict_SetItem(self->active, tid, ridobj) < 0) {
+        PyErr_Clear(); /* the entry is written; only the reentrancy guard is missing */
+    }
+    result = (long)rid;
+    Py_DECREF(ridobj);
+    Py_DECREF(seqobj);
+    Py_DECREF(counter);
+    Py_DECREF(info);
+    Py_DECREF(tid);
+    return PyLong_FromLong(result);
+
+fallback:
+    /* Errors here are the Python path's to meet again (and to report as torch would). */
+    PyErr_Clear();
+    Py_XDECREF(ridobj);
+    Py_XDECREF(seqobj);
+    Py_XDECREF(counter);
+    Py_XDECREF(info);
+    Py_XDECREF(tid);
+    return PyLong_FromLong(result);
+}
+
+/* leave(rid, result, async_op, group): the call returned. A synchronous CPU call is
+ * complete now (written in place unless the ring already reused the slot); async and GPU
+ * calls go to Recorder.settle. Never raises: the call ran, its result must reach the caller. */
+static PyObject *
+FastPath_leave(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "leave() takes 4 arguments");
+        return NULL;
+    }
+    PyObject *tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (tid == NULL || PyDict_DelItem(self->active, tid) < 0) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(tid);
+    unsigned long long rid = PyLong_AsUnsignedLongLong(args[0]);
+    if (rid == 0 || PyErr_Occurred()) {
+        PyErr_Clear();
+        Py_RETURN_NONE;
+    }
+    int is_async = PyObject_IsTrue(args[2]);
+    int gpu = 0;
+    PyObject *info = PyDict_GetItemWithError(self->by_pg, args[3]); /* borrowed */
+    if (info != NULL) {
+        PyObject *g = PyObject_GetAttr(info, s_gpu);
+        gpu = g == NULL ? 1 : PyObject_IsTrue(g); /* unsure: let settle() decide */
+        Py_XDECREF(g);
+    }
+    PyErr_Clear();
+    if (is_async != 0 || gpu != 0 || info == NULL) {
+        if (info == NULL) {
+            Py_RETURN_NONE; /* the group left the cache: the entry stays as recorded */
+        }
+        PyObject *r = PyObject_CallMethodObjArgs(
+            self->rec, s_settle, args[0], args[1], is_async > 0 ? Py_True : Py_False, info, NULL);
+        if (r == NULL) {
+            PyErr_Clear(); /* settle() reports its own errors; nothing may reach the caller */
+        }
+        Py_XDECREF(r);
+        Py_RETURN_NONE;
+    }
+    Py_ssize_t off = (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;
+    if (off + SLOT_SIZE <= self->buf.len) {
+        char *p = (char *)self->buf.buf + off;
+        uint64_t have;
+        memcpy(&have, p + OFF_RID, 8);
+        if (have == rid) { /* not yet overwritten by other threads' entries */
+            put_u64(p + OFF_COMPLETE, (uint64_t)now_ns());
+            p[OFF_STATE] = COMPLETED;
+        }
+    }
+    Py_RETURN_NONE;
+}
+
+static int
+FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"recorder", "by_pg", "active", "threads", "tcaches", "reds", "ids",
+                         "capture", "buffer", "capacity", "depth", NULL};
+    PyObject *rec, *by_pg, *active, *threads, *tcaches, *reds, *ids, *capture, *buffer;
+    Py_ssize_t capacity;
+    int depth;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!OOOni", kw, &rec, &PyDict_Type,
+                                     &by_pg, &PyDict_Type, &active, &PyDict_Type, &threads,
+                                     &PyDict_Type, &tcaches, &PyDict_Type, &reds, &ids, &capture,
+                                     &buffer, &capacity, &depth)) {
+        return -1;
+    }
+    if (capacity < 1) {
+        PyErr_SetString(PyExc_ValueError, "capacity must be at least 1");
+        return -1;
+    }
+    if (self->has_buf) {
+        PyBuffer_Release(&self->buf);
+        self->has_buf = 0;
+    }
+    if (PyObject_GetBuffer(buffer, &self->buf, PyBUF_WRITABLE | PyBUF_C_CONTIGUOUS) < 0) {
+        return -1;
+    }
+    self->has_buf = 1;
+    if (self->buf.len < capacity * SLOT_SIZE) {
+        PyErr_SetString(PyExc_ValueError, "ring buffer smaller than capacity slots");
+        return -1;
+    }
+    Py_INCREF(rec);
+    Py_XSETREF(self->rec, rec);
+    Py_INCREF(by_pg);
+    Py_XSETREF(self->by_pg, by_pg);
+    Py_INCREF(active);
+    Py_XSETREF(self->active, active);
+    Py_INCREF(threads);
+    Py_XSETREF(self->threads, threads);
+    Py_INCREF(tcaches);
+    Py_XSETREF(self->tcaches, tcaches);
+    Py_INCREF(reds);
+    Py_XSETREF(self->reds, reds);
+    Py_INCREF(ids);
+    Py_XSETREF(self->ids, ids);
+    Py_INCREF(capture);
+    Py_XSETREF(self->capture, capture);
+    self->capacity = capacity;
+    self->depth = depth;
+    return 0;
+}
+
+static int
+FastPath_traverse(FastPath *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->rec);
+    Py_VISIT(self->by_pg);
+    Py_VISIT(self->active);
+    Py_VISIT(self->threads);
+    Py_VISIT(self->tcaches);
+    Py_VISIT(self->reds);
+    Py_VISIT(self->ids);
+    Py_VISIT(self->capture);
+    for (int i = 0; i < RED_CACHE; i++) {
+        Py_VISIT(self->red_obj[i]);
+    }
+    return 0;
+}
+
+static int
+FastPath_clear(FastPath *self)
+{
+    Py_CLEAR(self->rec);
+    Py_CLEAR(self->by_pg);
+    Py_CLEAR(self->active);
+    Py_CLEAR(self->threads);
+    Py_CLEAR(self->tcaches);
+    Py_CLEAR(self->reds);
+    Py_CLEAR(self->ids);
+    Py_CLEAR(self->capture);
+    for (int i = 0; i < RED_CACHE; i++) {
+        Py_CLEAR(self->red_obj[i]);
+    }
+    return 0;
+}
+
+static void
+FastPath_dealloc(FastPath *self)
+{
+    PyObject_GC_UnTrack(self);
+    FastPath_clear(self);
+    if (self->has_buf) {
+        PyBuffer_Release(&self->buf);
+        self->has_buf = 0;
+    }
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef FastPath_methods[] = {
+    {"enter", (PyCFunction)(void (*)(void))FastPath_enter, METH_FASTCALL,
+     "Record the start of a call on cache hits; see the module source for the arguments."},
+    {"leave", (PyCFunction)(void (*)(void))FastPath_leave, METH_FASTCALL,
+     "Record that a call entered with enter() returned."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject FastPathType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder._fast.FastPath",
+    .tp_basicsize = sizeof(FastPath),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_doc = "The recorder's hot path over its live tables and ring buffer.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)FastPath_init,
+    .tp_dealloc = (destructor)FastPath_dealloc,
+    .tp_traverse = (traverseproc)FastPath_traverse,
+    .tp_clear = (inquiry)FastPath_clear,
+    .tp_methods = FastPath_methods,
+};
+
+static struct PyModuleDef fastmodule = {
+    PyModuleDef_HEAD_INIT, "_fast", "flightrec's recording hot path in C (optional).", -1, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__fast(void)
+{
+#define INTERN(var, text)                                \
+    if ((var = PyUnicode_InternFromString(text)) == NULL) \
+        return NULL;
+    INTERN(s_enabled, "enabled");
+    INTERN(s_specs, "specs");
+    INTERN(s_shape, "shape");
+    INTERN(s_dtype, "dtype");
+    INTERN(s_counter, "counter");
+    INTERN(s_seq, "seq");
+    INTERN(s_index, "index");
+    INTERN(s_gpu, "gpu");
+    INTERN(s_top, "top");
+    INTERN(s_top_lasti, "top_lasti");
+    INTERN(s_top_index, "top_index");
+    INTERN(s_settle, "settle");
+    INTERN(s_ranks, "ranks");
+#undef INTERN
+    if (PyType_Ready(&FastPathType) < 0) {
+        return NULL;
+    }
+    PyObject *m = PyModule_Create(&fastmodule);
+    if (m == NULL) {
+        return NULL;
+    }
+    if (PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&FastPathType);
+    if (PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType) < 0) {
+        Py_DECREF(&FastPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
