@@ -96,7 +96,6 @@ class NativeEntries:
     pg_desc: Sequence[str]
     seq: Sequence[int]
     p2p_seq: Sequence[int]
-    op_id: Sequence[int]
     backend: Sequence[str]
     op: Sequence[str]
     local_src: Sequence[int]
@@ -127,7 +126,6 @@ EMPTY_ENTRIES = NativeEntries(
     pg_desc=(),
     seq=(),
     p2p_seq=(),
-    op_id=(),
     backend=(),
     op=(),
     local_src=(),
@@ -439,7 +437,6 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
         pg_desc=pg_desc,
         seq=r.naturals(seqs, "collective_seq_id"),
         p2p_seq=r.naturals(_column(entries, "p2p_seq_id"), "p2p_seq_id"),
-        op_id=r.ints(_column(entries, "op_id"), "op_id"),
         backend=backends,
         op=ops,
         local_src=srcs,

@@ -21,6 +21,7 @@ from flightrec.errors import CorruptDumpError, NotADumpError, UnsafeDumpError
 from flightrec.native.entries import NativeEntries, read_entries
 from flightrec.native.reader import Reader
 
+_DIGITS = re.compile(r"\d+")
 _RANK_LIST = re.compile(r"\[\s*(?:\d{1,9}\s*(?:,\s*\d{1,9}\s*)*,?\s*)?\]")
 
 
@@ -69,14 +70,14 @@ def parse_rank_list(value: object, path: str) -> tuple[int, ...] | None:
                 f"pg_config rank list {value[:60]!r} is not a list of integers; "
                 "refusing it (it is never evaluated)",
             )
-        ranks = tuple(int(x) for x in re.findall(r"\d+", value))
+        ranks = tuple(map(int, _DIGITS.findall(value)))
     elif isinstance(value, list | tuple):
         ranks = tuple(x for x in value if isinstance(x, int) and not isinstance(x, bool))
         if len(ranks) != len(value):
             raise CorruptDumpError(path, "pg_config rank list holds something other than ranks")
     else:
         raise CorruptDumpError(path, f"pg_config rank list is {type(value).__name__}")
-    if any(r < 0 or r >= 1 << 24 for r in ranks):
+    if ranks and (min(ranks) < 0 or max(ranks) >= 1 << 24):
         raise CorruptDumpError(path, "pg_config rank list holds a rank out of range")
     return ranks or None
 

@@ -10,12 +10,19 @@ protobuf. The result reads like the ``pb.Dump`` ``read_native`` returns for the 
 
 from __future__ import annotations
 
+from array import array
 from pathlib import Path
 
 from flightrec.analysis.columns import DumpView, EntriesView, GroupView, narrow
 from flightrec.dumpfile import ENTRY_COLUMNS, validate
 from flightrec.native import job_of_file, load_native
 from flightrec.native.convert import convert_columns
+from flightrec.proto import flightrec_pb2 as pb
+
+
+def _code(bound: int) -> str:
+    """The narrowest unsigned array type for values below ``bound``."""
+    return "B" if bound <= 1 << 8 else "H" if bound <= 1 << 16 else "I"
 
 
 def read_native_view(path: str | Path) -> DumpView:
@@ -40,8 +47,28 @@ def read_native_view(path: str | Path) -> DumpView:
     groups = tuple(GroupView.of(g) for g in meta.groups)
     meta.ClearField("groups")
     meta.ClearField("entries")
-    view = DumpView(
-        meta, groups, EntriesView({name: narrow(columns[name]) for name in ENTRY_COLUMNS})
+    # Index columns point into tables of known size, so their array type follows from the
+    # size with no pass over the values (an index beyond its table still fails validate).
+    bounds = {
+        "group": len(groups),
+        "op": len(meta.strings),
+        "reduce_op": len(meta.strings),
+        "thread": len(meta.strings),
+        "device": len(meta.strings),
+        "stack": len(meta.stacks),
+        "inputs": len(meta.tensor_specs),
+        "outputs": len(meta.tensor_specs),
+        "state": max(pb.State.values()) + 1,
+        "flags": max(pb.EntryFlag.values()) * 2,
+    }
+    entries = EntriesView(
+        {
+            name: array(_code(bounds[name]), columns[name])
+            if name in bounds
+            else narrow(columns[name])
+            for name in ENTRY_COLUMNS
+        }
     )
+    view = DumpView(meta, groups, entries)
     validate(view, path)  # type: ignore[arg-type]  # reads like pb.Dump
     return view
