@@ -33,8 +33,16 @@ def pg() -> Iterator[None]:
         yield
 
 
-@pytest.fixture
-def rt(pg: None, tmp_path: Path) -> Iterator[Runtime]:
+@pytest.fixture(params=["c", "python"])
+def rt(
+    request: pytest.FixtureRequest, pg: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Runtime]:
+    """A traced runtime whose wrappers take the C hot path, or only the Python one."""
+    from flightrec.recorder import codegen
+
+    if request.param == "c" and codegen._fast is None:
+        pytest.skip("C hot path not built (python setup.py build_ext --inplace)")
+    monkeypatch.setattr(codegen, "USE_FAST", request.param == "c")
     early = types.ModuleType("early_importer")
     early.all_reduce = dist.all_reduce  # type: ignore[attr-defined]  # taken before tracing
     sys.modules["early_importer"] = early

@@ -1,0 +1,163 @@
+"""The C hot path records exactly what the Python path records, and steps aside on any miss."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+dist = pytest.importorskip("torch.distributed")
+
+from flightrec.recorder import codegen  # noqa: E402
+from flightrec.recorder.ring import COMPLETED, Slot, decode  # noqa: E402
+from flightrec.recorder.runtime import Runtime  # noqa: E402
+from flightrec.recorder.specs import spec_for  # noqa: E402
+from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    codegen._fast is None, reason="C hot path not built (python setup.py build_ext --inplace)"
+)
+c10d = dist.distributed_c10d
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[None]:
+    with one_rank_gloo():
+        yield
+
+
+@pytest.fixture
+def rt(pg: None, tmp_path: Path) -> Iterator[Runtime]:
+    with traced_runtime(tmp_path, buffer=64) as runtime:
+        yield runtime
+
+
+def wrappers(rt: Runtime, name: str, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The C-path and Python-path wrappers of torch's ``name``, on the same recorder."""
+    orig = rt.hooks.originals[name]
+    spec = spec_for(name, orig)
+    out = {}
+    for path in ("c", "python"):
+        monkeypatch.setattr(codegen, "USE_FAST", path == "c")
+        out[path] = codegen.generate(spec, orig, rt.recorder)
+    assert "_enter" in out["c"].__globals__ and "_enter" not in out["python"].__globals__
+    return out
+
+
+def rows(rt: Runtime) -> list[Slot]:
+    return decode(rt.recorder.ring.snapshot())
+
+
+def same_entry(a: Slot, b: Slot) -> None:
+    """Everything but record id, times and sequence number agrees."""
+    skip = {"record_id", "enqueue_ns", "complete_ns", "seq"}
+    assert {k: v for k, v in a._asdict().items() if k not in skip} == {
+        k: v for k, v in b._asdict().items() if k not in skip
+    }
+
+
+def call_site(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    # One line for both wrappers: the same caller frame and line give the same stack.
+    return fn(*args, **kwargs)
+
+
+CASES: list[tuple[str, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]]] = [
+    ("all_reduce", lambda: ((torch.ones(3, dtype=torch.float64),), {})),
+    ("all_reduce", lambda: ((torch.ones(2),), {"op": dist.ReduceOp.MAX})),
+    ("all_reduce", lambda: ((torch.ones(2),), {"async_op": True})),
+    ("broadcast", lambda: ((torch.ones(4), 0), {})),
+    ("broadcast", lambda: ((torch.ones(4),), {"group_src": 0})),
+    ("reduce", lambda: ((torch.ones(4), 0), {"op": dist.ReduceOp.MIN})),
+    ("all_gather_into_tensor", lambda: ((torch.zeros(4), torch.ones(4)), {})),
+    ("reduce_scatter_tensor", lambda: ((torch.zeros(4), torch.ones(4)), {})),
+    ("_all_gather_base", lambda: ((torch.zeros(2), torch.ones(2)), {})),
+    ("all_gather_single", lambda: ((torch.zeros(2), torch.ones(2)), {})),
+    ("reduce_scatter_single", lambda: ((torch.zeros(2), torch.ones(2)), {})),
+    ("all_to_all_single", lambda: ((torch.zeros(2), torch.ones(2)), {})),
+    ("barrier", lambda: ((), {})),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "make"), CASES, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CASES)]
+)
+def test_c_path_writes_the_python_paths_entry(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch, name: str, make: Any
+) -> None:
+    w = wrappers(rt, name, monkeypatch)
+    results = []
+    for path in ("python", "c", "c"):  # the first C call may fill caches; the second hits
+        args, kwargs = make()
+        work = call_site(w[path], *args, **kwargs)
+        if work is not None:
+            work.wait()
+        results.append(rows(rt)[-1])
+    rt.recorder.tracker.poll()
+    py, c1, c2 = results
+    same_entry(py, c1)
+    same_entry(py, c2)
+    assert [r.seq for r in results] == [py.seq, py.seq + 1, py.seq + 2]
+    for r in rows(rt)[-3:]:
+        assert r.state == COMPLETED and r.complete_ns >= r.enqueue_ns
+
+
+def test_enter_hits_only_when_every_cache_does(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    enter = w["c"].__globals__["_enter"]
+    leave = w["c"].__globals__["_leave"]
+    op = rt.recorder.op_index("all_reduce")
+    args = (op, 0, None)
+    fresh = torch.ones(7, 5)  # a shape this recorder has never seen
+    ids_before = len(rows(rt))
+    seq_before = rt.recorder.groups.by_pg[None].seq if None in rt.recorder.groups.by_pg else 0
+    assert enter(*args, fresh, fresh, dist.ReduceOp.SUM, None, None, False, None) == -1
+    assert len(rows(rt)) == ids_before  # nothing consumed: the Python path takes over
+    info = rt.recorder.groups.by_pg.get(None)
+    assert info is None or info.seq == seq_before
+    w["python"](fresh)  # fills the caches
+    rid = enter(*args, fresh, fresh, dist.ReduceOp.SUM, None, None, False, None)
+    assert rid > 0 and rt.recorder.active  # reentrancy guard set
+    # A call made inside a recorded one is not recorded by the C path either.
+    assert enter(*args, fresh, fresh, dist.ReduceOp.SUM, None, None, False, None) == 0
+    leave(rid, None, False, None)
+    assert not rt.recorder.active
+    assert rows(rt)[-1].record_id == rid and rows(rt)[-1].state == COMPLETED
+    # Not a tensor: the C path steps aside, and the Python path lets torch raise its error.
+    assert enter(*args, "x", "x", dist.ReduceOp.SUM, None, None, False, None) == -1
+    rt.recorder.enabled = False
+    assert enter(*args, fresh, fresh, dist.ReduceOp.SUM, None, None, False, None) == -1
+
+
+def test_c_path_wraps_the_ring_and_keeps_slots_whole(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    t = torch.ones(1)
+    for _ in range(150):  # buffer=64: wraps twice
+        w["c"](t)
+    got = rows(rt)
+    assert len(got) == 64
+    ids = [r.record_id for r in got]
+    assert ids == list(range(ids[0], ids[0] + 64))
+    assert [r.seq for r in got] == list(range(got[0].seq, got[0].seq + 64))
+    assert all(r.state == COMPLETED for r in got)
+
+
+def test_a_raising_call_is_failed_through_the_c_path(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = wrappers(rt, "broadcast", monkeypatch)
+    w["python"](torch.ones(1), 0)
+    w["c"](torch.ones(1), 0)  # caches warm
+    with pytest.raises(Exception) as theirs:
+        rt.hooks.originals["broadcast"](torch.ones(1), src=5)
+    with pytest.raises(type(theirs.value)):
+        w["c"](torch.ones(1), src=5)
+    last = rows(rt)[-1]
+    assert last.state == 4 and last.peer == 5  # FAILED
+    assert not rt.recorder.active
