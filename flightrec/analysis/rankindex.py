@@ -8,13 +8,14 @@ per-rank indexes. Positions and seqs are typed arrays (a few bytes per entry).
 
 from __future__ import annotations
 
+import operator
 from array import array
-from collections import Counter
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import compress
 
 from flightrec.analysis.model import RankDump
-from flightrec.analysis.signature import raw_signatures, resolve
+from flightrec.analysis.signature import RawSignature, raw_signatures, resolve, taker
 from flightrec.proto import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED
@@ -100,6 +101,24 @@ def incomplete_positions(states: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(found))
 
 
+# _ONLY[v] maps byte v to 1 and every other byte to 0.
+_ONLY = [bytes(int(b == v) for b in range(256)) for v in range(256)]
+
+
+_HAS_BITS: dict[int, bytes] = {}
+
+
+def _mask(col: Sequence[int], bits: int) -> Sequence[int]:
+    """Per value of ``col``: nonzero when it has any of ``bits`` (C speed either way)."""
+    if getattr(col, "typecode", "") == "B":
+        table = _HAS_BITS.get(bits)
+        if table is None:
+            table = _HAS_BITS[bits] = bytes(int(bool(b & bits)) for b in range(256))
+        data: bytes = col.tobytes()  # type: ignore[attr-defined]
+        return data.translate(table)
+    return list(map(bits.__and__, col))
+
+
 def index_rank(d: RankDump) -> RankIndex:
     """Index one rank's ring by local group and fingerprint each group's sequence.
 
@@ -112,27 +131,39 @@ def index_rank(d: RankDump) -> RankIndex:
     cols = d.columns
     groups, seqs, flags = cols["group"], cols["seq"], cols["flags"]
     per_local = [RankGroupIndex() for _ in d.dump.groups]
-    # A stable sort by group keeps ring order inside each group; one comprehension per group
-    # present (a handful) instead of a Python loop body per entry.
-    order = sorted(range(len(groups)), key=groups.__getitem__)
-    has_p2p = any(f & _IS_P2P for f in set(flags))
+    # Everything per entry runs in C: selections are ``compress`` over ``map``s of bound
+    # methods, gathers are ``itemgetter``s. This runs for every rank of the job.
+    p2p = _mask(flags, _IS_P2P)
+    has_p2p = any(p2p)
+    everyone = range(len(groups))
+    # One-byte group indices (the usual case): each group's selection is one C translate.
+    group_bytes = groups.tobytes() if getattr(groups, "typecode", "") == "B" else None
+    raw_all: list[RawSignature] | None = None
     signatures: dict[tuple[Hashable, ...], int] = {}
-    start = 0
-    for local, count in sorted(Counter(groups).items()):
-        mine = order[start : start + count]
-        start += count
+    for local in sorted(set(groups)):
         if local >= len(per_local):
             continue
         gi = per_local[local]
-        if has_p2p:
-            gi.p2p_positions = _compact([i for i in mine if flags[i] & _IS_P2P])
-            positions = [i for i in mine if not flags[i] & _IS_P2P]
+        if group_bytes is not None:
+            selected: Iterable[object] = group_bytes.translate(_ONLY[local])
         else:
-            positions = mine
+            selected = map(local.__eq__, groups)
+        positions = list(compress(everyone, selected))
+        if has_p2p:
+            kinds = taker(positions)(p2p)
+            gi.p2p_positions = _compact(list(compress(positions, kinds)))
+            positions = list(compress(positions, map(operator.not_, kinds)))
         gi.positions = _compact(positions)
-        gi.seqs = _compact([seqs[i] for i in positions])
-        raws = raw_signatures(d, positions)
-        ids: dict[tuple[int, ...], int] = {}
+        if not positions:
+            gi.seqs = _compact([])
+            gi.signature_ids = b"" if len(signatures) <= _MAX_LOCAL_SIGNATURES else None
+            continue
+        take = taker(positions)
+        gi.seqs = _compact(take(seqs))
+        if raw_all is None:
+            raw_all = raw_signatures(d, everyone)
+        raws = take(raw_all)
+        ids: dict[RawSignature, int] = {}
         for raw in set(raws):
             ids[raw] = signatures.setdefault(resolve(d, raw), len(signatures))
         if len(signatures) <= _MAX_LOCAL_SIGNATURES:

@@ -8,10 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Sequence
 from operator import itemgetter
+from typing import TypeVar
 
 from flightrec.analysis.model import CollectiveRecord, RankDump, TensorInfo
 from flightrec.proto import flightrec_pb2 as pb
 
+_OBJECT_API = int(pb.OBJECT_API)
+T = TypeVar("T")
 # Ops whose tensor sizes legitimately differ between ranks.
 _SIZES_MAY_DIFFER = ("all_to_all", "alltoall")
 
@@ -49,25 +52,43 @@ RawSignature = tuple[int, ...]
 """A dump's interned (op, reduce_op, peer, inputs, outputs, object-API flag) of one entry."""
 
 
-def taker(positions: Sequence[int]) -> Callable[[Sequence[int]], Sequence[int]]:
+class Taker:
+    """A C-speed gather of fixed positions from any sequence (always returning a sequence)."""
+
+    __slots__ = ("_get", "_only")
+
+    def __init__(self, positions: Sequence[int]) -> None:
+        self._only = positions[0] if len(positions) == 1 else None
+        self._get = itemgetter(*positions) if len(positions) > 1 else None
+
+    def __call__(self, col: Sequence[T]) -> Sequence[T]:
+        if self._get is not None:
+            return self._get(col)  # type: ignore[no-any-return]
+        return (col[self._only],) if self._only is not None else ()
+
+
+def taker(positions: Sequence[int]) -> Taker:
     """A C-speed gather of ``positions`` from a column (always returning a sequence)."""
-    if len(positions) == 1:
-        only = positions[0]
-        return lambda col: (col[only],)
-    get = itemgetter(*positions)
-    return lambda col: get(col)  # type: ignore[no-any-return]
+    return Taker(positions)
+
+
+def _whole(col: Sequence[int]) -> Sequence[int]:
+    return col
 
 
 def raw_signatures(d: RankDump, positions: Sequence[int]) -> list[RawSignature]:
     """The raw signature of each entry at ``positions``: columns sliced at C speed, zipped."""
     if not positions:
         return []
-    take = taker(positions)
     c = d.columns
+    if isinstance(positions, range) and positions == range(len(c["op"])):
+        take: Callable[[Sequence[int]], Sequence[int]] = _whole  # every entry: no gather
+    else:
+        take = taker(positions)
     return list(
         zip(
             *(take(c[name]) for name in ("op", "reduce_op", "peer", "inputs", "outputs")),
-            [f & pb.OBJECT_API for f in take(c["flags"])],
+            map(_OBJECT_API.__and__, take(c["flags"])),
             strict=True,
         )
     )
