@@ -19,10 +19,21 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
+from flightrec.proto import flightrec_pb2 as pb
+
 log = logging.getLogger("flightrec")
 POLL_S = 0.25
 """Seconds between polls: every rank dumps well within a second of a request."""
 DEFAULT_NAMESPACE = "default"
+MIN_REQUEST_INTERVAL_NS = 1_000_000_000
+"""At most one dump per second for requests, however many arrive (a flood fills no disk)."""
+MAX_LOOKAHEAD = 64
+"""Request numbers examined per poll for the first one not posted by this process."""
+REASONS = frozenset(pb.DumpReason.keys()) - {"REASON_UNSPECIFIED"}
+"""The only reasons a request may name (anything else is read as no reason)."""
+MAX_REQUEST_BYTES = 64
+"""A request description is "<rank> <REASON>"; anything longer is not one of ours."""
+MAX_RANK = 1 << 24
 
 
 def request_key(namespace: str) -> str:
@@ -79,16 +90,32 @@ def post_request(store: Any, namespace: str, rank: int, reason: str) -> int:
     return n
 
 
+def parse_request(raw: bytes) -> tuple[int, str]:
+    """(requesting rank, reason name) from a request description read from the store.
+
+    The store is shared with everything that can reach MASTER_ADDR:MASTER_PORT, so the value
+    is untrusted: only a rank in range and a reason from the fixed vocabulary (the dump
+    reasons' names) are kept; anything else reads as (-1, ""). Nothing from it is ever used
+    in a file name or executed.
+    """
+    if len(raw) > MAX_REQUEST_BYTES:
+        return -1, ""
+    rank_text, _, reason = raw.decode("ascii", "replace").partition(" ")
+    try:
+        rank = int(rank_text)
+    except ValueError:
+        rank = -1
+    if not -1 <= rank < MAX_RANK:
+        rank = -1
+    return rank, reason if reason in REASONS else ""
+
+
 def read_request(store: Any, namespace: str, n: int) -> tuple[int, str]:
     """(requesting rank, reason name) of request ``n``; (-1, "") when not (yet) described."""
     key = f"{request_key(namespace)}/{n}"
     for _ in range(3):  # the poster sets the description just after bumping the counter
         if store.check([key]):
-            rank, _, reason = bytes(store.get(key)).decode().partition(" ")
-            try:
-                return int(rank), reason
-            except ValueError:
-                return -1, reason
+            return parse_request(bytes(store.get(key)))
         time.sleep(0.05)
     return -1, ""
 
@@ -157,20 +184,26 @@ class Poller:
                 if failures >= 8:
                     return
                 continue
+            if current <= self._seen:
+                continue
+            now = time.monotonic_ns()
+            if self.last_request_ns and now - self.last_request_ns < MIN_REQUEST_INTERVAL_NS:
+                continue  # not consumed: answered (as one dump) once the interval is over
             # Requests that arrived together (every waiting rank times out at about the
-            # same moment) get one dump, naming the first of them.
+            # same moment) get one dump, naming the first of them. The counter is untrusted:
+            # look at a bounded number of them, however far it jumped.
             first: tuple[int, int, str] | None = None
-            while self._seen < current:
-                self._seen += 1
-                if self._seen in self.own or first is not None:
-                    continue
-                try:
-                    requester, reason = read_request(self._store, self._namespace, self._seen)
-                except Exception:
-                    requester, reason = -1, ""
-                first = (self._seen, requester, reason)
+            for n in range(self._seen + 1, min(current, self._seen + MAX_LOOKAHEAD) + 1):
+                if n not in self.own:
+                    try:
+                        requester, reason = read_request(self._store, self._namespace, n)
+                    except Exception:
+                        requester, reason = -1, ""
+                    first = (n, requester, reason)
+                    break
+            self._seen = current
             if first is not None:
-                self.last_request_ns = time.monotonic_ns()
+                self.last_request_ns = now
                 self._on_request(*first)
 
 
