@@ -39,6 +39,7 @@ _SEND_RECV = frozenset({"send", "recv"})
 _NONE = type(None)
 _SEQS = frozenset({list, tuple})
 _SEQS_OR_NONE = frozenset({list, tuple, _NONE})
+_TUPLES_OR_NONE = frozenset({tuple, _NONE})
 _INTS = frozenset({int})
 _STRS = frozenset({str})
 
@@ -212,7 +213,11 @@ def _per_object(columns: Sequence[list[object]], codes_of: Callable[..., list[in
     (by identity, which holds because the unpickled tree outlives the reading) makes the
     cost follow what the file holds, not how often entries refer to it.
     """
-    ids = list(zip(*(map(id, c) for c in columns), strict=True))
+    ids: list[object] = (
+        list(map(id, columns[0]))
+        if len(columns) == 1
+        else list(zip(*(map(id, c) for c in columns), strict=True))
+    )
     where = dict(zip(ids, range(len(ids)), strict=True))
     if len(where) == len(ids):
         return codes_of(*columns)
@@ -354,15 +359,22 @@ def _group_one(r: Reader, pg: object) -> tuple[str, str]:
 
 def _group_column(r: Reader, groups: list[object]) -> tuple[Sequence[str], Sequence[str]]:
     """(name, desc) columns from the ``process_group`` tuples."""
-    if set(map(type, groups)) <= _SEQS_OR_NONE:
+    types = set(map(type, groups))
+    if types <= _SEQS_OR_NONE:
+        r.tick(sum(map(len, filter(None, groups))))  # type: ignore[arg-type]  # hashed below
         try:
-            keys = [None if g is None else tuple(g[:2]) for g in groups]  # type: ignore[index]
+            # Tuples (the pickle form) are their own keys; lists (JSON) become tuples.
+            keys: list[Hashable] = (
+                groups  # type: ignore[assignment]
+                if types <= _TUPLES_OR_NONE
+                else [None if g is None else tuple(g[:2]) for g in groups]  # type: ignore[index]
+            )
             distinct = dict.fromkeys(keys)
         except TypeError:
             pass  # unhashable parts: explained value by value below
         else:
             r.tick(2 * len(groups))
-            pairs = {key: _group_one(r, key) for key in distinct}
+            pairs = {key: _group_one(r, key) for key in distinct}  # (validated once each)
             if len(pairs) == 1:
                 ((name, desc),) = pairs.values()
                 return [name] * len(groups), [desc] * len(groups)

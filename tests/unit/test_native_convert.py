@@ -362,3 +362,19 @@ def test_a_dump_that_lists_its_groups_converts_without_its_siblings(tmp_path: Pa
         ("0", [0, 1], True, "nccl")
     ]
     assert "disagree" not in d.header.reason_detail
+
+
+@pytest.mark.parametrize("scenario", ["hang", "subgroup_hang-json", "op_mismatch"])
+def test_the_analyzer_view_holds_what_read_native_converts(scenario: str) -> None:
+    from flightrec.analysis.model import RankDump
+    from flightrec.native.view import read_native_view
+
+    for path in sorted((SAMPLES / scenario).iterdir()):
+        if not sniff(path):
+            continue
+        via_pb = RankDump(str(path), read_native(path))  # type: ignore[arg-type]
+        direct = RankDump(str(path), read_native_view(path))
+        assert direct.dump.meta == via_pb.dump.meta
+        assert direct.dump.groups == via_pb.dump.groups
+        for name, column in via_pb.columns.items():
+            assert list(direct.columns[name]) == list(column), name
