@@ -29,7 +29,8 @@ def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
     for key, info in m.groups.items():
         if key in explained:
             continue
-        members = {r: p for r, p in info.progress.items() if r in info.ranks}
+        listed = set(info.ranks)  # (a set: the world group lists every rank of the job)
+        members = {r: p for r, p in info.progress.items() if r in listed}
         counters = {r: p.last_seq for r, p in members.items()}
         if len(set(counters.values())) < 2:
             continue
