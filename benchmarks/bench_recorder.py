@@ -80,28 +80,52 @@ def _at_depth(depth: int, fn, *args):  # type: ignore[no-untyped-def]
     return _at_depth(depth - 1, fn, *args)
 
 
-def _calls(n: int, batches: int) -> tuple[list[float], list[float]]:
+def _python_path(fn):  # type: ignore[no-untyped-def]
+    """``fn`` wrapped like the installed wrapper, but on the pure-Python hot path (what runs
+    where the C extension is not built), recording into the same recorder."""
+    from flightrec.recorder import codegen, runtime
+    from flightrec.recorder.specs import spec_for
+
+    rt = runtime.current()
+    assert rt is not None
+    saved, codegen.USE_FAST = codegen.USE_FAST, False
+    try:
+        return codegen.generate(
+            spec_for("all_reduce", rt.hooks.originals["all_reduce"]), fn, rt.recorder
+        )
+    finally:
+        codegen.USE_FAST = saved
+
+
+def _fast_built() -> bool:
+    from flightrec.recorder import codegen
+
+    return codegen.USE_FAST
+
+
+def _calls(n: int, batches: int) -> dict[str, list[float]]:
     """Per-call µs of batches through ``dist.all_reduce``; with flightrec on, each batch is
-    paired with one through torch's original function, so the difference of a pair is
-    flightrec's cost under the same machine load (the machine may be shared)."""
+    paired with one through torch's original function (and, where the C hot path is built,
+    one through a pure-Python-path wrapper), so the difference of a pair is flightrec's cost
+    under the same machine load (the machine may be shared)."""
     import torch
     import torch.distributed as dist
 
     original = getattr(dist.all_reduce, "__flightrec_original__", None)
     t = torch.ones(1)
-    out, diffs = [], []
+    fns = {"traced": dist.all_reduce}
+    if original is not None:
+        fns["original"] = original
+        if _fast_built():
+            fns["python"] = _python_path(original)
+    out: dict[str, list[float]] = {name: [] for name in fns}
     for _ in range(batches):
-        start = time.perf_counter_ns()
-        for _ in range(n):
-            dist.all_reduce(t)
-        traced = (time.perf_counter_ns() - start) / n / 1000
-        out.append(traced)
-        if original is not None:
+        for name, fn in fns.items():
             start = time.perf_counter_ns()
             for _ in range(n):
-                original(t)
-            diffs.append(traced - (time.perf_counter_ns() - start) / n / 1000)
-    return out, diffs
+                fn(t)
+            out[name].append((time.perf_counter_ns() - start) / n / 1000)
+    return out
 
 
 def _noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
@@ -129,7 +153,7 @@ def _recording_cost(wrapped, t, calls: int = 2000) -> float:  # type: ignore[no-
     return ((mid - start) - (time.perf_counter_ns() - mid)) / calls / 1000
 
 
-def _noop_cost(batches: int) -> float:
+def _noop_cost(batches: int, python_path: bool = False) -> float:
     """µs the recording itself takes: a wrapper generated for a no-op with all_reduce's
     signature, minus the no-op. Nothing else runs between calls, so caches stay warm."""
     import torch
@@ -141,7 +165,11 @@ def _noop_cost(batches: int) -> float:
     rt = runtime.current()
     assert rt is not None
 
-    wrapped = generate(spec_for("all_reduce", rt.hooks.originals["all_reduce"]), _noop, rt.recorder)
+    if python_path:
+        wrapped = _python_path(_noop)
+    else:
+        spec = spec_for("all_reduce", rt.hooks.originals["all_reduce"])
+        wrapped = generate(spec, _noop, rt.recorder)
     t = torch.ones(1)
     return statistics.median(_recording_cost(wrapped, t) for _ in range(batches))
 
@@ -151,11 +179,18 @@ def child_calls(calls: int) -> None:
     _with_torch_defaults()
     # Frames: this one + _at_depth chain + _calls = DEPTH frames under the module level.
     _at_depth(DEPTH - 3, _calls, 500, 2)  # warm-up
-    per_call, diffs = _at_depth(DEPTH - 3, _calls, 500, max(1, calls // 500))
-    result = {"us": statistics.median(per_call)}
-    if diffs:
-        result["paired_us"] = statistics.median(diffs)
+    got = _at_depth(DEPTH - 3, _calls, 500, max(1, calls // 500))
+    med = {name: statistics.median(v) for name, v in got.items()}
+    result = {"us": med["traced"]}
+    if "original" in med:
+        pairs = list(zip(got["traced"], got["original"], strict=True))
+        result["paired_us"] = statistics.median(a - b for a, b in pairs)
         result["noop_us"] = _at_depth(DEPTH - 3, _noop_cost, 10)
+        result["fast"] = _fast_built()
+        if "python" in got:
+            pairs = list(zip(got["python"], got["original"], strict=True))
+            result["paired_py_us"] = statistics.median(a - b for a, b in pairs)
+            result["noop_py_us"] = _at_depth(DEPTH - 3, _noop_cost, 10, True)
     print(json.dumps(result), flush=True)
     _finish()
 
@@ -264,6 +299,9 @@ def main() -> None:
     results: dict[str, list[float]] = {m: [] for m in MODES}
     paired: dict[str, list[float]] = {m: [] for m in MODES}
     noop: dict[str, list[float]] = {m: [] for m in MODES}
+    paired_py: dict[str, list[float]] = {m: [] for m in MODES}
+    noop_py: dict[str, list[float]] = {m: [] for m in MODES}
+    fast = False
     with tempfile.TemporaryDirectory() as tmp:
         for _ in range(opts.rounds):
             for mode, (_, env) in MODES.items():
@@ -272,6 +310,10 @@ def main() -> None:
                 if "paired_us" in r:
                     paired[mode].append(r["paired_us"])
                     noop[mode].append(r["noop_us"])
+                    fast = bool(r["fast"])
+                if "paired_py_us" in r:
+                    paired_py[mode].append(r["paired_py_us"])
+                    noop_py[mode].append(r["noop_py_us"])
         dump = _run_child(
             ["--child", "dump", "--entries", str(opts.entries)],
             {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_BUFFER": str(opts.entries)},
@@ -291,6 +333,9 @@ def main() -> None:
     print(f"  flightrec without stacks adds    {med['d'] - med['a']:6.2f} us/call  (d - a)")
     if torch_cost > 0:
         print(f"  ratio flightrec / PyTorch recorder: {fr_cost / torch_cost:.2f}")
+    print(
+        f"  hot path of (c)-(e): {'C extension (flightrec.recorder._fast)' if fast else 'pure Python (C extension not built)'}"
+    )
     for mode in ("c", "d", "e"):
         # Same process, alternating batches through the wrapper and through torch's own
         # function: immune to load from other processes, which the cross-process figures
@@ -301,6 +346,12 @@ def main() -> None:
     for mode in ("c", "d", "e"):
         print(f"  ({mode}) recording work alone (no-op collective, warm caches): "
               f"{statistics.median(noop[mode]):5.2f} us/call")  # fmt: skip
+    if fast:
+        for mode in ("c", "d"):
+            # The same comparisons for the pure-Python hot path (what runs where the
+            # extension is not built), in the same processes.
+            print(f"  ({mode}) pure-Python hot path: paired {statistics.median(paired_py[mode]):5.2f} "
+                  f"us/call, recording work alone {statistics.median(noop_py[mode]):5.2f} us/call")  # fmt: skip
     print(f"black box, same process, recording work alone: ring in a memory-mapped file "
           f"{blackbox['mmap']:.2f} us/call, ring in memory {blackbox['memory']:.2f} us/call")  # fmt: skip
     print(f"dump of a full {opts.entries}-entry ring with stacks: "

@@ -15,6 +15,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <frameobject.h>
+#include <structmember.h>
 #include <string.h>
 #include <time.h>
 
@@ -204,23 +205,16 @@ stack_of(FastPath *self, PyObject *frame, PyObject *tid, uint32_t *out)
  * Returns the record id (> 0) of the entry written, 0 when the call must not be recorded
  * (tracing off, or a call made inside a recorded one), -1 when the Python path must decide.
  */
-static PyObject *
-FastPath_enter(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
+static long
+do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyObject *tin,
+         PyObject *tout, PyObject *red, PyObject *root, PyObject *group_root, PyObject *async_op,
+         PyObject *frame)
 {
-    if (nargs != 10) {
-        PyErr_SetString(PyExc_TypeError, "enter() takes 10 arguments");
-        return NULL;
-    }
-    PyObject *group = args[2], *tin = args[3], *tout = args[4], *red = args[5],
-             *root = args[6], *group_root = args[7], *async_op = args[8], *frame = args[9];
     PyObject *tid = NULL, *info = NULL, *seqobj = NULL, *ridobj = NULL, *counter = NULL;
     long result = -1;
-    uint32_t op = 0, base_flags = 0, sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
+    uint32_t sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
     int32_t peer = -1;
 
-    if (as_index(args[0], &op) < 0 || as_index(args[1], &base_flags) < 0) {
-        goto fallback;
-    }
     PyObject *enabled = PyObject_GetAttr(self->rec, s_enabled);
     if (enabled == NULL) {
         goto fallback;
@@ -409,7 +403,7 @@ FastPath_enter(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     Py_DECREF(counter);
     Py_DECREF(info);
     Py_DECREF(tid);
-    return PyLong_FromLong(result);
+    return result;
 
 fallback:
     /* Errors here are the Python path's to meet again (and to report as torch would). */
@@ -419,7 +413,74 @@ fallback:
     Py_XDECREF(counter);
     Py_XDECREF(info);
     Py_XDECREF(tid);
-    return PyLong_FromLong(result);
+    return result;
+}
+
+static PyObject *
+FastPath_enter(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    uint32_t op = 0, base_flags = 0;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError, "enter() takes 10 arguments");
+        return NULL;
+    }
+    if (as_index(args[0], &op) < 0 || as_index(args[1], &base_flags) < 0) {
+        PyErr_Clear();
+        return PyLong_FromLong(-1);
+    }
+    return PyLong_FromLong(do_enter(self, op, base_flags, args[2], args[3], args[4], args[5],
+                                    args[6], args[7], args[8], args[9]));
+}
+
+static void
+do_leave(FastPath *self, long rid_l, PyObject *result, PyObject *async_op, PyObject *group)
+{
+    PyObject *tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
+    if (tid == NULL || PyDict_DelItem(self->active, tid) < 0) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(tid);
+    if (rid_l <= 0) {
+        return;
+    }
+    unsigned long long rid = (unsigned long long)rid_l;
+    int is_async = PyObject_IsTrue(async_op);
+    int gpu = 0;
+    PyObject *info = PyDict_GetItemWithError(self->by_pg, group); /* borrowed */
+    if (info != NULL) {
+        PyObject *g = PyObject_GetAttr(info, s_gpu);
+        gpu = g == NULL ? 1 : PyObject_IsTrue(g); /* unsure: let settle() decide */
+        Py_XDECREF(g);
+    }
+    PyErr_Clear();
+    if (is_async != 0 || gpu != 0 || info == NULL) {
+        if (info == NULL) {
+            return; /* the group left the cache: the entry stays as recorded */
+        }
+        Py_INCREF(info); /* settle() runs Python code: keep it alive */
+        PyObject *ridobj = PyLong_FromLong(rid_l);
+        PyObject *r = ridobj == NULL ? NULL
+                                     : PyObject_CallMethodObjArgs(
+                                           self->rec, s_settle, ridobj, result,
+                                           is_async > 0 ? Py_True : Py_False, info, NULL);
+        if (r == NULL) {
+            PyErr_Clear(); /* settle() reports its own errors; nothing may reach the caller */
+        }
+        Py_XDECREF(r);
+        Py_XDECREF(ridobj);
+        Py_DECREF(info);
+        return;
+    }
+    Py_ssize_t off = (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;
+    if (off + SLOT_SIZE <= self->buf.len) {
+        char *p = (char *)self->buf.buf + off;
+        uint64_t have;
+        memcpy(&have, p + OFF_RID, 8);
+        if (have == rid) { /* not yet overwritten by other threads' entries */
+            put_u64(p + OFF_COMPLETE, (uint64_t)now_ns());
+            p[OFF_STATE] = COMPLETED;
+        }
+    }
 }
 
 /* leave(rid, result, async_op, group): the call returned. A synchronous CPU call is
@@ -432,47 +493,12 @@ FastPath_leave(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_TypeError, "leave() takes 4 arguments");
         return NULL;
     }
-    PyObject *tid = PyLong_FromUnsignedLong(PyThread_get_thread_ident());
-    if (tid == NULL || PyDict_DelItem(self->active, tid) < 0) {
+    long rid = PyLong_AsLong(args[0]);
+    if (rid == -1 && PyErr_Occurred()) {
         PyErr_Clear();
+        rid = 0;
     }
-    Py_XDECREF(tid);
-    unsigned long long rid = PyLong_AsUnsignedLongLong(args[0]);
-    if (rid == 0 || PyErr_Occurred()) {
-        PyErr_Clear();
-        Py_RETURN_NONE;
-    }
-    int is_async = PyObject_IsTrue(args[2]);
-    int gpu = 0;
-    PyObject *info = PyDict_GetItemWithError(self->by_pg, args[3]); /* borrowed */
-    if (info != NULL) {
-        PyObject *g = PyObject_GetAttr(info, s_gpu);
-        gpu = g == NULL ? 1 : PyObject_IsTrue(g); /* unsure: let settle() decide */
-        Py_XDECREF(g);
-    }
-    PyErr_Clear();
-    if (is_async != 0 || gpu != 0 || info == NULL) {
-        if (info == NULL) {
-            Py_RETURN_NONE; /* the group left the cache: the entry stays as recorded */
-        }
-        PyObject *r = PyObject_CallMethodObjArgs(
-            self->rec, s_settle, args[0], args[1], is_async > 0 ? Py_True : Py_False, info, NULL);
-        if (r == NULL) {
-            PyErr_Clear(); /* settle() reports its own errors; nothing may reach the caller */
-        }
-        Py_XDECREF(r);
-        Py_RETURN_NONE;
-    }
-    Py_ssize_t off = (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;
-    if (off + SLOT_SIZE <= self->buf.len) {
-        char *p = (char *)self->buf.buf + off;
-        uint64_t have;
-        memcpy(&have, p + OFF_RID, 8);
-        if (have == rid) { /* not yet overwritten by other threads' entries */
-            put_u64(p + OFF_COMPLETE, (uint64_t)now_ns());
-            p[OFF_STATE] = COMPLETED;
-        }
-    }
+    do_leave(self, rid, args[1], args[2], args[3]);
     Py_RETURN_NONE;
 }
 
@@ -594,6 +620,282 @@ static PyTypeObject FastPathType = {
     .tp_methods = FastPath_methods,
 };
 
+
+/* -- Site: a traced function with the hot path in front and no Python frame of its own -------
+ *
+ * Calling a Python wrapper costs a frame and its bytecodes on every call; a Site binds the few
+ * arguments the recorder reads (group, tensors, reduce op, root, async_op) straight from the
+ * vectorcall arguments, records, and forwards the caller's arguments to torch untouched. Any
+ * call it cannot bind plainly (too many arguments, an unknown or repeated keyword, a missing
+ * required argument) and any cache miss goes to ``fallback``, the generated Python wrapper,
+ * which binds, records, and lets torch raise its own errors exactly as without this code. */
+
+#define NPARAM_MAX 24
+enum { R_GROUP, R_IN, R_OUT, R_RED, R_ROOT, R_GROUP_ROOT, R_ASYNC, R_COUNT };
+
+typedef struct {
+    PyObject_HEAD
+    FastPath *fast;
+    PyObject *orig;     /* torch's function */
+    PyObject *fallback; /* the generated Python wrapper: the Python path */
+    PyObject *names;    /* tuple of the parameter names, in order */
+    PyObject *defaults; /* defaults of parameters required.. */
+    Py_ssize_t nparams, required;
+    int where[R_COUNT]; /* parameter index of each role, -1 where the function has none */
+    uint32_t op, flags;
+    PyObject *dict;
+    vectorcallfunc vectorcall;
+} Site;
+
+static PyObject *s_fail, *s_qualname, *zero;
+
+static Py_ssize_t
+param_index(Site *self, PyObject *key)
+{
+    for (Py_ssize_t i = 0; i < self->nparams; i++) {
+        if (PyTuple_GET_ITEM(self->names, i) == key) {
+            return i; /* keywords are interned: identity is the common case */
+        }
+    }
+    for (Py_ssize_t i = 0; i < self->nparams; i++) {
+        int eq = PyUnicode_Compare(PyTuple_GET_ITEM(self->names, i), key);
+        if (eq == 0) {
+            return i;
+        }
+        if (eq == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return -1;
+}
+
+static void
+report_failure(FastPath *fast, long rid)
+{
+    /* Recorder.fail(rid, exc) marks the entry FAILED and dumps; the exception then goes on
+     * unchanged, as the Python wrapper's bare ``raise`` does. */
+    PyObject *type, *value, *tb;
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != NULL && value != NULL) {
+        PyException_SetTraceback(value, tb);
+    }
+    PyObject *ridobj = PyLong_FromLong(rid);
+    PyObject *r = ridobj == NULL ? NULL
+                                 : PyObject_CallMethodObjArgs(fast->rec, s_fail, ridobj,
+                                                              value ? value : Py_None, NULL);
+    if (r == NULL) {
+        PyErr_Clear();
+    }
+    Py_XDECREF(r);
+    Py_XDECREF(ridobj);
+    PyErr_Restore(type, value, tb);
+}
+
+static PyObject *
+Site_vectorcall(Site *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    Py_ssize_t n = self->nparams;
+    PyObject *vals[NPARAM_MAX];
+    if (nargs > n) {
+        goto python;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        vals[i] = i < nargs ? args[i] : NULL;
+    }
+    if (kwnames != NULL) {
+        Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
+        for (Py_ssize_t k = 0; k < nk; k++) {
+            Py_ssize_t j = param_index(self, PyTuple_GET_ITEM(kwnames, k));
+            if (j < 0 || vals[j] != NULL) {
+                goto python;
+            }
+            vals[j] = args[nargs + k];
+        }
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (vals[i] == NULL) {
+            if (i < self->required) {
+                goto python;
+            }
+            vals[i] = PyTuple_GET_ITEM(self->defaults, i - self->required);
+        }
+    }
+#define ROLE(r, absent) (self->where[r] >= 0 ? vals[self->where[r]] : (absent))
+    PyObject *group = ROLE(R_GROUP, Py_None), *async_op = ROLE(R_ASYNC, Py_False);
+    PyObject *frame = Py_None;
+    if (self->fast->depth > 0) {
+        /* No frame of our own: the current frame is the caller's (sys._getframe(1) in the
+         * Python wrapper). */
+        PyFrameObject *f = PyEval_GetFrame();
+        if (f == NULL) {
+            goto python;
+        }
+        frame = (PyObject *)f;
+    }
+    long rid = do_enter(self->fast, self->op, self->flags, group, ROLE(R_IN, zero),
+                        ROLE(R_OUT, zero), ROLE(R_RED, zero), ROLE(R_ROOT, Py_None),
+                        ROLE(R_GROUP_ROOT, Py_None), async_op, frame);
+#undef ROLE
+    if (rid <= 0) {
+        goto python;
+    }
+    /* vals are borrowed from args, which the caller keeps alive for the whole call. */
+    Py_INCREF(group);
+    Py_INCREF(async_op);
+    PyObject *result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    if (result == NULL) {
+        report_failure(self->fast, rid);
+    }
+    else {
+        do_leave(self->fast, rid, result, async_op, group);
+    }
+    Py_DECREF(group);
+    Py_DECREF(async_op);
+    return result;
+
+python:
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+}
+
+static int
+Site_init(Site *self, PyObject *args, PyObject *kwds)
+{
+    static char *kw[] = {"fast", "orig", "fallback", "names", "required", "defaults", "where",
+                         "op", "flags", NULL};
+    PyObject *fast, *orig, *fallback, *names, *defaults, *where;
+    Py_ssize_t required;
+    unsigned int op, flags;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "O!OOO!nO!O!II", kw, &FastPathType, &fast,
+                                     &orig, &fallback, &PyTuple_Type, &names, &required,
+                                     &PyTuple_Type, &defaults, &PyTuple_Type, &where, &op,
+                                     &flags)) {
+        return -1;
+    }
+    Py_ssize_t n = PyTuple_GET_SIZE(names);
+    if (n > NPARAM_MAX || required < 0 || required > n ||
+        PyTuple_GET_SIZE(defaults) != n - required || PyTuple_GET_SIZE(where) != R_COUNT) {
+        PyErr_SetString(PyExc_ValueError, "Site: inconsistent parameters");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        if (!PyUnicode_Check(PyTuple_GET_ITEM(names, i))) {
+            PyErr_SetString(PyExc_TypeError, "Site: parameter names must be str");
+            return -1;
+        }
+    }
+    for (int r = 0; r < R_COUNT; r++) {
+        long w = PyLong_AsLong(PyTuple_GET_ITEM(where, r));
+        if ((w == -1 && PyErr_Occurred()) || w < -1 || w >= n) {
+            PyErr_SetString(PyExc_ValueError, "Site: role index out of range");
+            return -1;
+        }
+        self->where[r] = (int)w;
+    }
+    if (!PyCallable_Check(orig) || !PyCallable_Check(fallback)) {
+        PyErr_SetString(PyExc_TypeError, "Site: orig and fallback must be callable");
+        return -1;
+    }
+    Py_INCREF(fast);
+    Py_XSETREF(self->fast, (FastPath *)fast);
+    Py_INCREF(orig);
+    Py_XSETREF(self->orig, orig);
+    Py_INCREF(fallback);
+    Py_XSETREF(self->fallback, fallback);
+    Py_INCREF(names);
+    Py_XSETREF(self->names, names);
+    Py_INCREF(defaults);
+    Py_XSETREF(self->defaults, defaults);
+    self->nparams = n;
+    self->required = required;
+    self->op = op;
+    self->flags = flags;
+    self->vectorcall = (vectorcallfunc)Site_vectorcall;
+    return 0;
+}
+
+static int
+Site_traverse(Site *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->fast);
+    Py_VISIT(self->orig);
+    Py_VISIT(self->fallback);
+    Py_VISIT(self->names);
+    Py_VISIT(self->defaults);
+    Py_VISIT(self->dict);
+    return 0;
+}
+
+static int
+Site_clear(Site *self)
+{
+    Py_CLEAR(self->fast);
+    Py_CLEAR(self->orig);
+    Py_CLEAR(self->fallback);
+    Py_CLEAR(self->names);
+    Py_CLEAR(self->defaults);
+    Py_CLEAR(self->dict);
+    return 0;
+}
+
+static void
+Site_dealloc(Site *self)
+{
+    PyObject_GC_UnTrack(self);
+    Site_clear(self);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Site_reduce(Site *self, PyObject *Py_UNUSED(ignored))
+{
+    /* Pickled by reference, like the function it stands in for. */
+    return PyObject_GetAttr((PyObject *)self, s_qualname);
+}
+
+static PyObject *
+Site_repr(Site *self)
+{
+    return PyUnicode_FromFormat("<flightrec wrapper of %R>", self->orig);
+}
+
+static PyMethodDef Site_methods[] = {
+    {"__reduce__", (PyCFunction)Site_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef Site_members[] = {
+    {"fast", T_OBJECT, offsetof(Site, fast), READONLY, "The FastPath this site records through."},
+    {"fallback", T_OBJECT, offsetof(Site, fallback), READONLY, "The Python path."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyGetSetDef Site_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject SiteType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder._fast.Site",
+    .tp_basicsize = sizeof(Site),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_doc = "A traced function: records through its FastPath, then calls torch's own.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Site_init,
+    .tp_dealloc = (destructor)Site_dealloc,
+    .tp_traverse = (traverseproc)Site_traverse,
+    .tp_clear = (inquiry)Site_clear,
+    .tp_call = PyVectorcall_Call,
+    .tp_vectorcall_offset = offsetof(Site, vectorcall),
+    .tp_dictoffset = offsetof(Site, dict),
+    .tp_methods = Site_methods,
+    .tp_members = Site_members,
+    .tp_getset = Site_getset,
+    .tp_repr = (reprfunc)Site_repr,
+};
+
 static struct PyModuleDef fastmodule = {
     PyModuleDef_HEAD_INIT, "_fast", "flightrec's recording hot path in C (optional).", -1, NULL,
 };
@@ -617,8 +919,13 @@ PyInit__fast(void)
     INTERN(s_top_index, "top_index");
     INTERN(s_settle, "settle");
     INTERN(s_ranks, "ranks");
+    INTERN(s_fail, "fail");
+    INTERN(s_qualname, "__qualname__");
+    if ((zero = PyLong_FromLong(0)) == NULL) {
+        return NULL;
+    }
 #undef INTERN
-    if (PyType_Ready(&FastPathType) < 0) {
+    if (PyType_Ready(&FastPathType) < 0 || PyType_Ready(&SiteType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fastmodule);
@@ -632,6 +939,12 @@ PyInit__fast(void)
     Py_INCREF(&FastPathType);
     if (PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType) < 0) {
         Py_DECREF(&FastPathType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&SiteType);
+    if (PyModule_AddObject(m, "Site", (PyObject *)&SiteType) < 0) {
+        Py_DECREF(&SiteType);
         Py_DECREF(m);
         return NULL;
     }

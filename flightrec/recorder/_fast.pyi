@@ -35,3 +35,22 @@ class FastPath:
         /,
     ) -> int: ...
     def leave(self, rid: int, result: Any, async_op: Any, group: Any, /) -> None: ...
+
+class Site:
+    """A traced function: records through ``fast``, then calls torch's own function."""
+
+    fast: FastPath
+    fallback: Callable[..., Any]
+    def __init__(
+        self,
+        fast: FastPath,
+        orig: Callable[..., Any],
+        fallback: Callable[..., Any],
+        names: tuple[str, ...],
+        required: int,
+        defaults: tuple[Any, ...],
+        where: tuple[int, ...],
+        op: int,
+        flags: int,
+    ) -> None: ...
+    def __call__(self, *args: Any, **kwargs: Any) -> Any: ...

@@ -12,12 +12,14 @@ Any error while recording (a caller passing something torch itself would reject,
 back to the plain call, so torch raises its own error, never one of ours.
 
 Where the optional C extension ``_fast`` is built, collectives whose tensor arguments are single
-tensors (all_reduce, broadcast, reduce, all_gather_into_tensor, reduce_scatter_tensor, ...) go
-through it first: one C call records the entry on cache hits, one marks it finished. Measured
-around a real gloo call, the generated Python costs about three times its tight-loop cost
-(see benchmarks/bench_recorder.py), so what counts is how few instructions run, not how cheap
-each is. On any miss the C call returns before consuming anything and the Python code below
-runs, exactly as without the extension; it also fills the caches the C code reads.
+tensors (all_reduce, broadcast, reduce, all_gather_into_tensor, reduce_scatter_tensor, barrier,
+the object collectives, ...) are a C ``Site`` instead: it binds the arguments it needs from the
+call itself, records on cache hits, and forwards the call to torch untouched, with no Python
+frame of its own. Measured around a real gloo call, the generated Python costs about three
+times its tight-loop cost (see benchmarks/bench_recorder.py), so what counts is how few
+instructions run, not how cheap each is. On any miss, or a call it cannot bind plainly, the
+Site hands the call to the generated Python wrapper before consuming anything; that wrapper
+records exactly as without the extension, and fills the caches the C code reads.
 """
 
 from __future__ import annotations
@@ -56,22 +58,9 @@ SINGLE_TENSOR = frozenset({"tensor", "input_tensor", "output_tensor", "input", "
 USE_FAST = _fast is not None
 """Whether new wrappers use the C hot path (tests switch it off to cover the Python path)."""
 
-_FAST = """\
-    _rid = _enter(_OP, {flags}, {group}, {tin}, {tout}, {red}, {root}, {group_root}, {is_async},
-                  {frame})
-    if _rid > 0:
-        try:
-            _result = _orig({call})
-        except BaseException as _exc:
-            _rec.fail(_rid, _exc)
-            raise
-        _leave(_rid, _result, {is_async}, {group})
-        return _result
-"""
-
 _TEMPLATE = """\
 def {name}({params}):
-{fast}    _tid = _ident()
+    _tid = _ident()
     if not _rec.enabled or _tid in _active:
         return _orig({call})
     try:
@@ -215,25 +204,36 @@ def _signature_text(sig: inspect.Signature, env: dict[str, Any]) -> tuple[str, s
     return ", ".join(params), ", ".join(call)
 
 
-def _fast_lines(
-    spec: OpSpec, names: set[str], call: str, is_async: str, env: dict[str, Any]
-) -> str:
-    """The C fast-path block for ``spec``, or "" where only the Python path applies.
+def _site(
+    spec: OpSpec,
+    sig: inspect.Signature,
+    orig: Callable[..., Any],
+    python: Callable[..., Any],
+    rec: Recorder,
+) -> Callable[..., Any] | None:
+    """The C ``Site`` in front of ``python`` (the generated wrapper), or None where only the
+    Python path applies.
 
     The C code handles what repeats in training loops: collectives on single tensors. P2P
-    (per-peer counters under a lock), tensor lists and object collectives stay in Python.
+    (per-peer counters under a lock), tensor lists and exotic signatures stay in Python.
     """
-    rec: Recorder = env["_rec"]
     if not USE_FAST or _fast is None or spec.p2p or spec.always_async:
-        return ""
-    tensors: list[str] = []
+        return None
+    params = list(sig.parameters.values())
+    if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in params):
+        return None
+    names = [p.name for p in params]
     for param in (spec.inputs, spec.outputs):
-        if param.name not in names:
-            tensors.append("0")  # the C code's "no such argument"
-        elif param.name in SINGLE_TENSOR:
-            tensors.append(param.name)
-        else:
-            return ""
+        if param.name in names and param.name not in SINGLE_TENSOR:
+            return None
+    required = 0
+    while required < len(params) and params[required].default is params[required].empty:
+        required += 1
+    if any(p.default is p.empty for p in params[required:]):
+        return None
+    roles = (spec.group, spec.inputs, spec.outputs, spec.reduce_op, spec.root, spec.group_root)
+    where = [names.index(r.name) if r.name in names else -1 for r in roles]
+    where.append(names.index(spec.async_op.name) if spec.async_op.name in names else -1)
     fast = _fast.FastPath(
         recorder=rec,
         by_pg=rec.groups.by_pg,
@@ -247,23 +247,16 @@ def _fast_lines(
         capacity=rec.ring.capacity,
         depth=rec.depth,
     )
-    env["_enter"], env["_leave"] = fast.enter, fast.leave
-
-    def present(name: str) -> str:
-        return name if name and name in names else "None"
-
-    red = present(spec.reduce_op.name)
-    return _FAST.format(
+    return _fast.Site(
+        fast=fast,
+        orig=orig,
+        fallback=python,
+        names=tuple(names),
+        required=required,
+        defaults=tuple(p.default for p in params[required:]),
+        where=tuple(where),
+        op=rec.op_index(spec.name),
         flags=spec.flags,
-        group=present(spec.group.name),
-        tin=tensors[0],
-        tout=tensors[1],
-        red="0" if red == "None" else red,
-        root=present(spec.root.name),
-        group_root=present(spec.group_root.name),
-        is_async="False" if is_async == "None" else is_async,
-        frame="_getframe(1)" if rec.depth else "None",
-        call=call,
     )
 
 
@@ -310,7 +303,6 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
     if not spec.always_async and is_async != "None":
         flags = f"{spec.flags} | (1 if {is_async} else 0)"
     source = _TEMPLATE.format(
-        fast=_fast_lines(spec, names, call, is_async, env),
         name=spec.name,
         params=params,
         call=call,
@@ -325,4 +317,5 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
     )
     code = compile(source, f"<flightrec wrapper of {spec.name}>", "exec")
     exec(code, env)  # our template over the installed torch's own signature
-    return cast(Callable[..., Any], env[spec.name])
+    python = cast(Callable[..., Any], env[spec.name])
+    return _site(spec, sig, orig, python, rec) or python

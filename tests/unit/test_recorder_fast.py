@@ -43,7 +43,9 @@ def wrappers(rt: Runtime, name: str, monkeypatch: pytest.MonkeyPatch) -> dict[st
     for path in ("c", "python"):
         monkeypatch.setattr(codegen, "USE_FAST", path == "c")
         out[path] = codegen.generate(spec, orig, rt.recorder)
-    assert "_enter" in out["c"].__globals__ and "_enter" not in out["python"].__globals__
+    assert isinstance(out["c"], codegen._fast.Site) and not isinstance(
+        out["python"], codegen._fast.Site
+    )
     return out
 
 
@@ -108,8 +110,7 @@ def test_enter_hits_only_when_every_cache_does(
     rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     w = wrappers(rt, "all_reduce", monkeypatch)
-    enter = w["c"].__globals__["_enter"]
-    leave = w["c"].__globals__["_leave"]
+    enter, leave = w["c"].fast.enter, w["c"].fast.leave
     op = rt.recorder.op_index("all_reduce")
     args = (op, 0, None)
     fresh = torch.ones(7, 5)  # a shape this recorder has never seen
@@ -161,3 +162,61 @@ def test_a_raising_call_is_failed_through_the_c_path(
     last = rows(rt)[-1]
     assert last.state == 4 and last.peer == 5  # FAILED
     assert not rt.recorder.active
+
+
+def test_site_binds_positional_and_keyword_calls_like_the_function(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = wrappers(rt, "reduce", monkeypatch)
+    site = w["c"]
+    calls = [
+        ((torch.ones(2), 0, dist.ReduceOp.MAX), {}),
+        ((torch.ones(2),), {"dst": 0, "op": dist.ReduceOp.MAX}),
+        ((), {"tensor": torch.ones(2), "op": dist.ReduceOp.MAX, "group_dst": 0}),
+    ]
+    got = []
+    for args, kwargs in calls:
+        for path in ("python", "c"):  # one line: the same stack
+            call_site(w[path], *args, **kwargs)
+        got.extend(rows(rt)[-2:])
+    for py, c in zip(got[::2], got[1::2], strict=True):
+        same_entry(py, c)
+        assert rt.recorder.strings.values[c.reduce_op] == "MAX" and c.peer == 0
+    # What the Site cannot bind plainly goes to the Python path, which lets Python raise.
+    before = len(rows(rt))
+    for args, kwargs in [((torch.ones(1),), {"bogus": 1}), ((), {}), ((torch.ones(1),) * 9, {})]:
+        with pytest.raises(TypeError) as ours:
+            site(*args, **kwargs)
+        with pytest.raises(TypeError) as theirs:
+            rt.hooks.originals["reduce"](*args, **kwargs)
+        assert str(ours.value) == str(theirs.value)
+    with pytest.raises(TypeError, match="multiple values"):
+        site(torch.ones(1), 0, dst=0)
+    assert len(rows(rt)) == before
+
+
+def test_site_stands_in_for_the_function(rt: Runtime) -> None:
+    import inspect
+    import pickle
+
+    site = rt.hooks.wrappers["all_reduce"]
+    orig = rt.hooks.originals["all_reduce"]
+    assert isinstance(site, codegen._fast.Site)
+    assert site.__name__ == "all_reduce" and site.__doc__ == orig.__doc__
+    assert inspect.signature(site) == inspect.signature(orig)
+    assert pickle.loads(pickle.dumps(site)) is site  # by reference, like a function
+    assert "all_reduce" in repr(site)
+
+
+def test_site_records_the_callers_stack(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    w = wrappers(rt, "all_reduce", monkeypatch)
+
+    def user_code_line() -> None:
+        w["c"](torch.ones(1))
+
+    user_code_line()
+    user_code_line()  # the cached-top path
+    for row in rows(rt)[-2:]:
+        frames = rt.recorder.stacks.symbolize(row.stack)
+        assert frames[0][1].endswith("user_code_line"), frames[:2]
+        assert frames[1][1].endswith("test_site_records_the_callers_stack")
