@@ -128,19 +128,24 @@ def _count_varints(chunk: bytes) -> int:
 
 def _columns(data: bytes, start: int, end: int, dump: pb.Dump) -> dict[str, array[int]]:
     chunks: dict[str, bytes] = {}
-    for number, wire, a, b, _ in _fields(data, start, end):
+    encoded: dict[str, tuple[int, int]] = {}
+    for number, wire, a, b, at in _fields(data, start, end):
         name = _COLUMN_OF.get(number)
         if name is None or wire != _WIRE_LEN or name in chunks:
             raise _Odd  # an unknown, unpacked or split column
         chunks[name] = data[a:b]
+        encoded[name] = (at, b)
     if len(chunks) != len(ENTRY_COLUMNS):
         raise _Odd  # an empty column (no entries, or damage): the ordinary reader decides
-    parsed: pb.Entries | None = None
+    # The columns with a value of 128 or more, parsed together (and only those) at C speed.
+    counts = {name: _count_varints(chunk) for name, chunk in chunks.items()}
+    wide = [name for name, chunk in chunks.items() if counts[name] != len(chunk)]
+    parsed = pb.Entries.FromString(b"".join(data[slice(*encoded[name])] for name in wide))
     columns: dict[str, array[int]] = {}
     n = -1
     for name in ENTRY_COLUMNS:
         chunk = chunks[name]
-        count = _count_varints(chunk)
+        count = counts[name]
         if n < 0:
             n = count
         if count != n:
@@ -154,8 +159,6 @@ def _columns(data: bytes, start: int, end: int, dump: pb.Dump) -> dict[str, arra
             else:
                 columns[name] = array("B", chunk)
             continue
-        if parsed is None:
-            parsed = pb.Entries.FromString(data[start:end])
         values = getattr(parsed, name)[:]
         if name in _WIDE:  # clock readings: 64 bits whatever their bounds
             columns[name] = array("q", values)

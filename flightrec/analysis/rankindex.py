@@ -9,10 +9,12 @@ per-rank indexes. Positions and seqs are typed arrays (a few bytes per entry).
 from __future__ import annotations
 
 import operator
+import sys
 from array import array
-from collections.abc import Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
+from typing import Any
 
 from flightrec.analysis.model import RankDump
 from flightrec.analysis.signature import RawSignature, raw_signatures, resolve, taker
@@ -119,6 +121,41 @@ def _mask(col: Sequence[int], bits: int) -> Sequence[int]:
     return list(map(bits.__and__, col))
 
 
+_KEYED = ("op", "reduce_op", "peer", "inputs", "outputs", "flags")
+_OBJECT_API = int(pb.OBJECT_API)
+_KEEP_OBJECT_API = bytes(b & _OBJECT_API for b in range(256))
+assert _OBJECT_API < 256
+
+
+def _raw_keys(d: RankDump) -> tuple[Sequence[Hashable], Callable[[Any], RawSignature]]:
+    """Every entry's raw signature, and how to turn one back into ``RawSignature``.
+
+    When the compared columns are one byte each (the usual case), an entry's raw signature is
+    its six bytes laid side by side in one 64-bit number: built by six strided C copies, no
+    tuple per entry, and hashed as an int.
+    """
+    cols = d.columns
+    codes = [getattr(cols[name], "typecode", "") for name in _KEYED]
+    if any(code != "B" for i, code in enumerate(codes) if i != 2) or codes[2] not in "Bb":
+        return raw_signatures(d, range(len(cols["op"]))), _same
+    blob = bytearray(8 * len(cols["op"]))
+    for k, name in enumerate(_KEYED[:5]):
+        blob[k::8] = cols[name].tobytes()
+    blob[5::8] = cols["flags"].tobytes().translate(_KEEP_OBJECT_API)
+    signed_peer = codes[2] == "b"
+
+    def decode(key: int) -> RawSignature:
+        b = key.to_bytes(8, sys.byteorder)
+        peer = b[2] - 256 if signed_peer and b[2] >= 128 else b[2]
+        return (b[0], b[1], peer, b[3], b[4], b[5])
+
+    return memoryview(blob).cast("Q"), decode
+
+
+def _same(raw: RawSignature) -> RawSignature:
+    return raw
+
+
 def index_rank(d: RankDump) -> RankIndex:
     """Index one rank's ring by local group and fingerprint each group's sequence.
 
@@ -138,7 +175,7 @@ def index_rank(d: RankDump) -> RankIndex:
     everyone = range(len(groups))
     # One-byte group indices (the usual case): each group's selection is one C translate.
     group_bytes = groups.tobytes() if getattr(groups, "typecode", "") == "B" else None
-    raw_all: list[RawSignature] | None = None
+    raw_all: Sequence[Hashable] | None = None
     signatures: dict[tuple[Hashable, ...], int] = {}
     for local in sorted(set(groups)):
         if local >= len(per_local):
@@ -161,11 +198,11 @@ def index_rank(d: RankDump) -> RankIndex:
         take = taker(positions)
         gi.seqs = _compact(take(seqs))
         if raw_all is None:
-            raw_all = raw_signatures(d, everyone)
+            raw_all, decode = _raw_keys(d)
         raws = take(raw_all)
-        ids: dict[RawSignature, int] = {}
+        ids: dict[Hashable, int] = {}
         for raw in set(raws):
-            ids[raw] = signatures.setdefault(resolve(d, raw), len(signatures))
+            ids[raw] = signatures.setdefault(resolve(d, decode(raw)), len(signatures))
         if len(signatures) <= _MAX_LOCAL_SIGNATURES:
             gi.signature_ids = bytes(map(ids.__getitem__, raws))
     if len(signatures) > _MAX_LOCAL_SIGNATURES:
