@@ -5,11 +5,14 @@ per rank named with a prefix and the rank: ``rank_3``, ``nccl_trace_rank_3``,
 ``comm_lib_trace_rank_3``, possibly with a host name in front. Its analyzer loads them with
 ``pickle.load`` and ``eval``; here the pickle form goes through an unpickler that refuses every
 global (``unpickle``), the JSON form through strict JSON (``jsonform``), and the data through
-a typed validator (``model``) before anything is converted into flightrec's schema
-(``convert``). Because gloo dumps lack group membership, it is rebuilt from all the ranks'
-dumps of a folder (``groups``).
+a typed validator (``model`` for the dump, ``entries`` for its ring, a column at a time, on
+the accessors of ``reader``) before anything is converted into flightrec's schema
+(``convert``), or straight into the analyzer's compact form (``view``). Because gloo dumps
+lack group membership, it is rebuilt from all the ranks' dumps of a folder (``groups``); a
+dump that lists its own groups (NCCL) is converted alone.
 
-Public API: ``sniff(path)``, ``read_native(path)``, ``convert_paths(paths)``.
+Public API: ``sniff(path)``, ``read_native(path)``, ``convert_paths(paths)``,
+``convert_dir(src, out)``; ``view.read_native_view(path)`` for the analyzer.
 """
 
 from __future__ import annotations

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from itertools import compress
+from itertools import compress, repeat
+from operator import eq
 
 from flightrec.builder import COALESCED, IS_P2P, SEND, DumpBuilder
 from flightrec.native.groups import GroupInfo, JobGroups
@@ -90,11 +91,11 @@ def to_pb(d: NativeDump, job: JobGroups) -> pb.Dump:
         A ``pb.Dump`` with ``header.source`` naming the native form and reason CONVERTED.
     """
     b, columns = convert_columns(d, job)
-    b.entry_columns(columns)
+    b.entry_columns({name: list(column) for name, column in columns.items()})
     return b.build()
 
 
-def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[str, list[int]]]:
+def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[str, Sequence[int]]]:
     """Convert one native dump into a builder (header, groups, tables) and entry columns.
 
     Works a column at a time: what repeats (names, states, stacks, tensor signatures) is
@@ -127,7 +128,8 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     seqs = [0 if p else s for s, p in zip(es.seq, es.is_p2p, strict=True)] if any_p2p else es.seq
     wrapped = bool(n) and es.record_id[0] > 0
     for g in mine:
-        mine_seqs = [s for s in compress(seqs, [nm == g.name for nm in names]) if s]
+        # This group's sequence numbers, zeros (P2P, unknown) left out: C-speed selections.
+        mine_seqs = list(filter(None, compress(seqs, map(eq, names, repeat(g.name)))))
         b.group(
             g.name,
             g.ranks,
@@ -157,38 +159,49 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
         for i, f in p2p.flags.items():
             flags[i] |= f
     states = {s: _STATES.get(s.lower(), pb.STATE_UNKNOWN) for s in dict.fromkeys(es.state)}
-    state: list[int] = [
-        pb.COMPLETED if done else states[s]
-        for s, done in zip(es.state, es.completed_ns, strict=True)
-    ]
+    state: list[int] = list(map(states.__getitem__, es.state))
+    if any(states[s] != pb.COMPLETED for s in set(compress(es.state, es.completed_ns))):
+        # A completion time says it completed, whatever the state string says.
+        state = [
+            pb.COMPLETED if done else code
+            for code, done in zip(state, es.completed_ns, strict=True)
+        ]
+
     # "cpu" for gloo groups; the group's backend as rebuilt, else the entry's own prefix.
-    devices = {
-        (name, backend): string(
-            "cpu" if (job.groups[name].backend if name in job.groups else backend) == "gloo" else ""
-        )
-        for name, backend in dict.fromkeys(zip(names, es.backend, strict=True))
-    }
+    def device(name: str, backend: str) -> int:
+        group = job.groups.get(name)
+        return string("cpu" if (group.backend if group else backend) == "gloo" else "")
+
+    backends = set(es.backend)
+    if len(backends) == 1:
+        (only,) = backends
+        on_group = {name: device(name, only) for name in dict.fromkeys(names)}
+        device_column = list(map(on_group.__getitem__, names))
+    else:
+        pairs = list(zip(names, es.backend, strict=True))
+        on_pair = {pair: device(*pair) for pair in dict.fromkeys(pairs)}
+        device_column = list(map(on_pair.__getitem__, pairs))
     group_of = {name: index.get(name, 0) for name in dict.fromkeys(names)}
     stacks = [b.stack(s) for s in es.stacks]
     sigs = [b.tensors(t) for t in es.tensor_sigs]
-    columns = {
-        "record_id": list(es.record_id),
+    columns: dict[str, Sequence[int]] = {
+        "record_id": es.record_id,
         "group": codes(names, group_of),
-        "seq": list(seqs),
+        "seq": seqs,
         "p2p_seq": p2p.p2p_seq if p2p else [0] * n,
         "op": codes(ops, op_codes),
         "reduce_op": [0] * n,
         "peer": p2p.peer if p2p else [-1] * n,
         "state": state,
-        "enqueue_ns": list(es.created_ns),
-        "start_ns": list(es.started_ns),
-        "complete_ns": list(es.completed_ns),
+        "enqueue_ns": es.created_ns,
+        "start_ns": es.started_ns,
+        "complete_ns": es.completed_ns,
         "thread": codes(es.thread, {t: string(t) for t in dict.fromkeys(es.thread)}),
         "stack": list(map(stacks.__getitem__, es.stack)),
         "inputs": list(map(sigs.__getitem__, es.inputs)),
         "outputs": list(map(sigs.__getitem__, es.outputs)),
         "flags": flags,
-        "device": list(map(devices.__getitem__, zip(names, es.backend, strict=True))),
+        "device": device_column,
     }
 
     default = next((g for g in mine if g.desc == "default_pg"), mine[0] if mine else None)

@@ -420,7 +420,13 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
         srcs: Sequence[int] = [src] * n
         dsts: Sequence[int] = [dst] * n
     else:
-        backends, ops, srcs, dsts = zip(*map(calls.__getitem__, names), strict=True)
+        backends = list(map({k: c[0] for k, c in calls.items()}.__getitem__, names))
+        ops = list(map({k: c[1] for k, c in calls.items()}.__getitem__, names))
+        if any(c[2] >= 0 or c[3] >= 0 for c in calls.values()):
+            srcs = list(map({k: c[2] for k, c in calls.items()}.__getitem__, names))
+            dsts = list(map({k: c[3] for k, c in calls.items()}.__getitem__, names))
+        else:
+            srcs = dsts = [-1] * n
     pg_name, pg_desc = _group_column(r, _column(entries, "process_group"))
 
     seqs = _column(entries, "collective_seq_id")

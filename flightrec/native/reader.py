@@ -119,12 +119,16 @@ class Reader:
         does). Only a column it refuses is read value by value.
         """
         self.tick(len(column))
-        if None in column:  # missing values (the pickle form's unknown times)
-            column = [default if v is None else v for v in column]
         try:
             return array("q", column)  # type: ignore[arg-type]
         except (TypeError, OverflowError):
             pass
+        if None in column:  # missing values (the pickle form's unknown times)
+            column = [default if v is None else v for v in column]
+            try:
+                return array("q", column)  # type: ignore[arg-type]
+            except (TypeError, OverflowError):
+                pass
         self.cells -= len(column)  # the value-by-value pass counts each value itself
         return [self.integer(v, what, default) for v in column]
 

@@ -11,6 +11,7 @@ protobuf. The result reads like the ``pb.Dump`` ``read_native`` returns for the 
 from __future__ import annotations
 
 from array import array
+from collections.abc import Sequence
 from pathlib import Path
 
 from flightrec.analysis.columns import DumpView, EntriesView, GroupView, narrow
@@ -18,6 +19,13 @@ from flightrec.dumpfile import ENTRY_COLUMNS, validate
 from flightrec.native import job_of_file, load_native
 from flightrec.native.convert import convert_columns
 from flightrec.proto import flightrec_pb2 as pb
+
+# Wall-clock nanoseconds need 64 bits whatever their values: no narrowing pass.
+_CLOCKS = frozenset({"enqueue_ns", "start_ns", "complete_ns"})
+
+
+def _clock(column: Sequence[int]) -> array[int]:
+    return column if isinstance(column, array) and column.typecode == "q" else array("q", column)
 
 
 def _code(bound: int) -> str:
@@ -65,7 +73,9 @@ def read_native_view(path: str | Path) -> DumpView:
         {
             name: array(_code(bounds[name]), columns[name])
             if name in bounds
-            else narrow(columns[name])
+            else _clock(columns[name])
+            if name in _CLOCKS
+            else narrow(list(columns[name]))
             for name in ENTRY_COLUMNS
         }
     )
