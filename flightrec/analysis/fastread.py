@@ -87,21 +87,30 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
             raise _Odd
 
 
-def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int, int]]:
+def _fields(
+    buf: bytes, start: int, end: int, stop_after: int = 0
+) -> list[tuple[int, int, int, int, int]]:
     """(field number, wire type, start, end, tag start) of each field in ``buf[start:end]``.
 
     ``start``/``end`` delimit the value's bytes (for length-delimited fields, its payload);
-    the field's encoding as a whole is ``buf[tag start:end]``.
+    the field's encoding as a whole is ``buf[tag start:end]``. With ``stop_after``, the walk
+    ends after the first field of that number.
     """
     out: list[tuple[int, int, int, int, int]] = []
     i = start
     try:
         while i < end:
             at = i
-            tag, i = _varint(buf, i)
+            tag = buf[i]  # one-byte tags and lengths (nearly all of them) without a call
+            i += 1
+            if tag >= 0x80:
+                tag, i = _varint(buf, at)
             wire = tag & 7
             if wire == _WIRE_LEN:
-                size, i = _varint(buf, i)
+                size = buf[i]
+                i += 1
+                if size >= 0x80:
+                    size, i = _varint(buf, i - 1)
                 out.append((tag >> 3, wire, i, i + size, at))
                 i += size
             elif wire == _WIRE_VARINT:
@@ -114,6 +123,8 @@ def _fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, int, 
                 i = j
             else:
                 raise _Odd
+            if tag >> 3 == stop_after:
+                return out
     except IndexError:
         raise _Odd from None
     if i != end:
@@ -165,8 +176,22 @@ def _columns(data: bytes, start: int, end: int, dump: pb.Dump) -> dict[str, arra
             continue
         if bound and max(values) >= bound:
             raise _Odd
-        columns[name] = narrow(values)
+        columns[name] = _fit(values, name in _ZIGZAG)
     return columns
+
+
+def _fit(values: list[int], signed: bool) -> array[int]:
+    """Values of which some are 128 or more, in two bytes each when they fit, else wider.
+
+    Tried in order: a failed try stops at the first value out of range, and the first try
+    fits most of these columns (seqs, record ids, peers of jobs below 32,768 ranks).
+    """
+    for code in ("h", "i", "q") if signed else ("H", "I", "Q"):
+        try:
+            return array(code, values)
+        except OverflowError:
+            continue
+    return narrow(values)  # (raises OverflowError: beyond 64 bits)
 
 
 def _members(data: bytes, start: int, end: int, group: pb.ProcessGroup) -> Sequence[int]:
@@ -198,7 +223,9 @@ def read_compact(data: bytes, path: str) -> RankDump | None:
     if not data.startswith(MAGIC_PREFIX):
         return None
     try:
-        top = _fields(data, 0, len(data))
+        # Groups come before the entries (fields are written in number order); the rest
+        # of the file is left to the parser.
+        top = _fields(data, 0, len(data), stop_after=_ENTRIES)
         entries = [(a, b, at) for number, wire, a, b, at in top if number == _ENTRIES]
         groups = [(a, b) for number, wire, a, b, _ in top if number == _GROUPS]
         if len(entries) != 1:
@@ -209,12 +236,14 @@ def read_compact(data: bytes, path: str) -> RankDump | None:
             dump = parse_dump(data[:at] + data[end:], path)
         except DumpError:
             raise _Odd from None
+        if dump.entries.ByteSize():
+            raise _Odd  # a second entries field further on: the parser merges them
         columns = _columns(data, start, end, dump)
         views = tuple(
             GroupView.of(g, _members(data, a, b, g))
             for (a, b), g in zip(groups, dump.groups, strict=True)
         )
-    except (_Odd, ValueError, DecodeError):
+    except (_Odd, ValueError, OverflowError, DecodeError):
         # ValueError: the parser saw other groups than the walk; DecodeError: damaged entries.
         return None
     dump.ClearField("groups")
