@@ -107,7 +107,7 @@ def test_hostile_store_values_never_leave_the_dump_folder(
         listening(rt, "job-1")
         dist.all_reduce(torch.ones(2))
         key = request_key("job-1")
-        hostile = [b"../../../escaped ../../../escaped", b"0 ../../x\n/etc/passwd", b"\xff" * 64]
+        hostile = [b"../../../escaped ../../../escaped", b"0 ../../x\n/etc/passwd\xff"]
         for value in hostile:
             n = int(client.add(key, 1))  # type: ignore[attr-defined]
             client.set(f"{key}/{n}", value)  # type: ignore[attr-defined]
@@ -143,12 +143,12 @@ def test_a_request_flood_costs_at_most_one_dump_per_second(
         key = request_key("job-flood")
         client.add(key, 10**12)  # type: ignore[attr-defined]  # the counter jumps
         start = time.monotonic()
-        while time.monotonic() - start < 2.5:
+        while time.monotonic() - start < 1.5:
             client.add(key, 1)  # type: ignore[attr-defined]
             time.sleep(0.01)
         time.sleep(0.3)
         files = wait_for_files(tmp_path, 0, 0)
-        assert 1 <= len(files) <= 3, files
+        assert 1 <= len(files) <= 2, files
         # The poller is still alive and caught up: a later request is answered.
         time.sleep(1.0)
         client.add(key, 1)  # type: ignore[attr-defined]
@@ -227,7 +227,9 @@ def test_every_bad_file_is_one_line_and_the_good_ones_are_analyzed(tmp_path: Pat
     assert "another job 'old-job'" in result.stdout
 
 
-@pytest.mark.parametrize("kind", sorted(WHY))
+@pytest.mark.parametrize(
+    "kind", ["truncated", "wrong-version", "enormous"]
+)  # others: test_cli_analyze
 def test_a_bad_file_alone_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> None:
     (good,) = stalled().write(tmp_path / "good", ranks=[0])
     path = bad_files(tmp_path / "bad", good)[kind]
