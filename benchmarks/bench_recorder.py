@@ -119,12 +119,17 @@ def _calls(n: int, batches: int) -> dict[str, list[float]]:
         if _fast_built():
             fns["python"] = _python_path(original)
     out: dict[str, list[float]] = {name: [] for name in fns}
+    out.update({f"{name}_cpu": [] for name in fns})
     for _ in range(batches):
         for name, fn in fns.items():
+            cpu = time.thread_time_ns()
             start = time.perf_counter_ns()
             for _ in range(n):
                 fn(t)
             out[name].append((time.perf_counter_ns() - start) / n / 1000)
+            # The calling thread's CPU time: what recording adds there, without the time
+            # this thread spent preempted by other processes on a shared machine.
+            out[f"{name}_cpu"].append((time.thread_time_ns() - cpu) / n / 1000)
     return out
 
 
@@ -185,11 +190,15 @@ def child_calls(calls: int) -> None:
     if "original" in med:
         pairs = list(zip(got["traced"], got["original"], strict=True))
         result["paired_us"] = statistics.median(a - b for a, b in pairs)
+        pairs = list(zip(got["traced_cpu"], got["original_cpu"], strict=True))
+        result["paired_cpu_us"] = statistics.median(a - b for a, b in pairs)
         result["noop_us"] = _at_depth(DEPTH - 3, _noop_cost, 10)
         result["fast"] = _fast_built()
         if "python" in got:
             pairs = list(zip(got["python"], got["original"], strict=True))
             result["paired_py_us"] = statistics.median(a - b for a, b in pairs)
+            pairs = list(zip(got["python_cpu"], got["original_cpu"], strict=True))
+            result["paired_py_cpu_us"] = statistics.median(a - b for a, b in pairs)
             result["noop_py_us"] = _at_depth(DEPTH - 3, _noop_cost, 10, True)
     print(json.dumps(result), flush=True)
     _finish()
@@ -300,6 +309,8 @@ def main() -> None:
     paired: dict[str, list[float]] = {m: [] for m in MODES}
     noop: dict[str, list[float]] = {m: [] for m in MODES}
     paired_py: dict[str, list[float]] = {m: [] for m in MODES}
+    paired_cpu: dict[str, list[float]] = {m: [] for m in MODES}
+    paired_py_cpu: dict[str, list[float]] = {m: [] for m in MODES}
     noop_py: dict[str, list[float]] = {m: [] for m in MODES}
     fast = False
     with tempfile.TemporaryDirectory() as tmp:
@@ -309,10 +320,12 @@ def main() -> None:
                 results[mode].append(r["us"])
                 if "paired_us" in r:
                     paired[mode].append(r["paired_us"])
+                    paired_cpu[mode].append(r["paired_cpu_us"])
                     noop[mode].append(r["noop_us"])
                     fast = bool(r["fast"])
                 if "paired_py_us" in r:
                     paired_py[mode].append(r["paired_py_us"])
+                    paired_py_cpu[mode].append(r["paired_py_cpu_us"])
                     noop_py[mode].append(r["noop_py_us"])
         dump = _run_child(
             ["--child", "dump", "--entries", str(opts.entries)],
@@ -342,7 +355,8 @@ def main() -> None:
         # are not on a shared machine.
         print(f"  ({mode}) paired in-process cost of flightrec: "
               f"{statistics.median(paired[mode]):6.2f} us/call  "
-              f"[{', '.join(f'{x:.2f}' for x in paired[mode])}]")  # fmt: skip
+              f"[{', '.join(f'{x:.2f}' for x in paired[mode])}]; calling thread's CPU time "
+              f"{statistics.median(paired_cpu[mode]):5.2f} us/call")  # fmt: skip
     for mode in ("c", "d", "e"):
         print(f"  ({mode}) recording work alone (no-op collective, warm caches): "
               f"{statistics.median(noop[mode]):5.2f} us/call")  # fmt: skip
@@ -351,7 +365,8 @@ def main() -> None:
             # The same comparisons for the pure-Python hot path (what runs where the
             # extension is not built), in the same processes.
             print(f"  ({mode}) pure-Python hot path: paired {statistics.median(paired_py[mode]):5.2f} "
-                  f"us/call, recording work alone {statistics.median(noop_py[mode]):5.2f} us/call")  # fmt: skip
+                  f"us/call (CPU {statistics.median(paired_py_cpu[mode]):5.2f}), recording work "
+                  f"alone {statistics.median(noop_py[mode]):5.2f} us/call")  # fmt: skip
     print(f"black box, same process, recording work alone: ring in a memory-mapped file "
           f"{blackbox['mmap']:.2f} us/call, ring in memory {blackbox['memory']:.2f} us/call")  # fmt: skip
     print(f"dump of a full {opts.entries}-entry ring with stacks: "
