@@ -8,9 +8,9 @@ C do the walking: ``list(map(dict.get, entries, repeat(key)))`` pulls one column
 value, then shared. What any value is allowed to be is exactly what the scalar accessors of
 ``Reader`` allow: the fast paths only skip work for data that is already well formed.
 
-Nested containers are bounded before they are walked: the pickle memo lets a small file
-reference one big list many times, so their total length is counted against the reader's
-work budget first.
+The work stays bounded: the pickle memo lets a small file refer to one big list many times,
+so nested lists are handled once per distinct object (by identity) and their lengths are
+counted against the reader's work budget before they are walked.
 """
 
 from __future__ import annotations
@@ -227,17 +227,10 @@ def _per_object(columns: Sequence[list[object]], codes_of: Callable[..., list[in
     return list(map(by_ids.__getitem__, ids))
 
 
-def _described(r: Reader, column: list[object]) -> None:
-    """Count the items of every list in ``column`` (shared ones each time they are used)."""
-    if set(map(type, column)) <= _SEQS_OR_NONE:
-        r.tick(sum(map(len, filter(None, column))))  # type: ignore[arg-type]
-
-
 def _tensor_column(
     r: Reader, sizes: list[object], dtypes: list[object], what: str, interned: _Interned
 ) -> list[int]:
     """The tensor signature index of every entry, for ``what`` = "input" or "output"."""
-    _described(r, sizes)  # what a shared list describes is bounded before it is walked
     return _per_object((sizes, dtypes), lambda s, d: _tensor_codes(r, s, d, what, interned))
 
 
@@ -306,7 +299,6 @@ def _stack_one(r: Reader, value: object, interned: _Interned) -> StackTuple:
 
 def _stack_column(r: Reader, frames: list[object], interned: _Interned) -> list[int]:
     """The stack index of every entry."""
-    _described(r, frames)
     return _per_object((frames,), lambda f: _stack_codes(r, f, interned))
 
 
@@ -378,8 +370,9 @@ def _group_column(r: Reader, groups: list[object]) -> tuple[Sequence[str], Seque
             if len(pairs) == 1:
                 ((name, desc),) = pairs.values()
                 return [name] * len(groups), [desc] * len(groups)
-            names, descs = zip(*map(pairs.__getitem__, keys), strict=True)
-            return names, descs
+            name_of = {key: pair[0] for key, pair in pairs.items()}
+            desc_of = {key: pair[1] for key, pair in pairs.items()}
+            return list(map(name_of.__getitem__, keys)), list(map(desc_of.__getitem__, keys))
     if not groups:
         return (), ()
     names, descs = zip(*(_group_one(r, g) for g in groups), strict=True)
