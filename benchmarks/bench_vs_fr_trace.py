@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -22,6 +23,31 @@ from bench_scale import generate, measure, verdict_matches
 
 TARGET_SPEEDUP = 20.0
 TARGET_MEMORY_SHARE = 0.25
+
+
+_BLOCK = "Not all ranks joining collective"
+_MISSING = re.compile(r"missing ranks: \{([\d,\s]*)\}")
+
+
+def fr_trace_verdict(output: str) -> str:
+    """What fr_trace said, in one line: its blocks and the ranks it names as missing.
+
+    fr_trace prints one block per collective that not every member joined (through logging
+    in recent torch, on stderr); each names the ``missing ranks``.
+    """
+    blocks = output.count(_BLOCK)
+    named = [
+        {int(r) for r in m.group(1).replace(",", " ").split()} for m in _MISSING.finditer(output)
+    ]
+    if not blocks and not named:
+        said = output.strip().splitlines()
+        return f"last line: {(said or ['(no output)'])[-1][:160]}"
+    everyone = sorted(set().union(*named)) if named else []
+    first = sorted(named[0]) if named else []
+    return (
+        f"{blocks} '{_BLOCK}' block(s) naming {len(everyone)} distinct missing rank(s) "
+        f"{everyone[:12]}{' ...' if len(everyone) > 12 else ''}; first block: {first}"
+    )
 
 
 def main() -> int:
@@ -70,10 +96,9 @@ def main() -> int:
         cpus=args.cpus,
         timeout=args.timeout,
     )
-    last = (theirs.stdout.strip().splitlines() or ["(no output)"])[-1][:160]
     print(
         f"  fr_trace:          {theirs.wall_s:7.1f} s ({theirs.cpu_s:.1f} s CPU), peak {theirs.tree_peak_bytes / 2**20:7.0f} MB, "
-        f"exit {theirs.returncode}; last line: {last}",
+        f"exit {theirs.returncode}; {fr_trace_verdict(theirs.stdout + theirs.stderr)}",
         flush=True,
     )
     speedup = theirs.wall_s / ours.wall_s
