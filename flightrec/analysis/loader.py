@@ -26,6 +26,7 @@ from flightrec.blackbox.format import TABLES_SUFFIX
 from flightrec.dumpfile import MAGIC_PREFIX, MAX_DUMP_BYTES, SUFFIX, has_magic, read_dump, validate
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.proto import flightrec_pb2 as pb
+from flightrec.recorder.rawstacks import attach as attach_raw_stacks
 from flightrec.report.ranges import compress
 
 
@@ -86,6 +87,8 @@ def read_any(path: str | Path) -> pb.Dump | list[pb.Dump]:
     # file of ours, so the analysis can rely on them whatever the source.
     if is_blackbox(path):
         dump = read_blackbox(path)
+        # The thread stacks faulthandler wrote beside it if the process's Python stopped.
+        attach_raw_stacks(dump, path)
         validate(dump, path)
         return dump
     native = _native()
@@ -333,6 +336,8 @@ def load_dir(
             built[id(d)] = ri
     if not candidates:
         what = f"{len(problems)} unreadable" if problems else "none readable"
+        if root.is_file() and problems:  # one file: say what is wrong with it
+            what += f": {problems[0].reason}"
         extra = f", {skipped} other files skipped" if skipped else ""
         raise NoDumpsError(f"{root}: no readable dump ({what}{extra})")
 

@@ -7,6 +7,7 @@ run still leaves its threads' stacks.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from flightrec.analysis import analyze_dir
 from flightrec.blackbox import read_blackbox
 from flightrec.dumpfile import read_dump
 from flightrec.proto import flightrec_pb2 as pb
@@ -101,6 +103,11 @@ def test_a_rank_holding_the_gil_in_a_c_call_leaves_raw_stacks(tmp_path: Path) ->
     # The rest of the black box is intact: rank 1's completed all_reduces up to step 5.
     states = list(dump.entries.state)
     assert states and all(s == pb.COMPLETED for s in states), states
+    # The analysis reads the stacks with the black box: where rank 1 was is in the report.
+    report = analyze_dir(str(job.dump_dir))
+    blamed = report.findings[0]
+    assert blamed.ranks == (1,), blamed
+    assert '"function": "wedged_in_c_call"' in json.dumps(blamed.evidence), blamed.evidence
 
 
 def test_raw_stacks_are_not_left_by_a_healthy_run(tmp_path: Path) -> None:
