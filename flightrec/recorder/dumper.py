@@ -102,6 +102,8 @@ class Dumper:
         when the interpreter ends; without this, a dump they were writing would be left as a
         temporary file instead of arriving whole.
         """
+        if os.getpid() != self._pid:
+            return  # a forked child: the lock may be held by a thread that is not here
         if self._lock.acquire(timeout=timeout_s):
             self._closed = True
             self._lock.release()

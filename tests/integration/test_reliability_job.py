@@ -71,16 +71,20 @@ _REFERENCE: dict[str, list[str]] = {}
 
 
 def reference(workload: str, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
-    """Checksums of an untraced run of ``workload`` (computed once per test session)."""
-    if workload not in _REFERENCE:
-        world = 1 if workload == "nodist" else WORLD
-        out = run(
-            ["--workload", workload], tmp_path_factory.mktemp(f"ref-{workload}"),
-            traced=False, world=world,
-        )  # fmt: skip
-        assert out.codes == [0] * world and all(out.results), "\n".join(out.logs)
-        _REFERENCE[workload] = out.results
-    return _REFERENCE[workload]
+    """Per rank, the checksum an untraced run of ``workload`` ends with.
+
+    One untraced 2-rank run computes every workload (``--workload reference``), once per
+    test session.
+    """
+    if not _REFERENCE:
+        out = run(["--workload", "reference"], tmp_path_factory.mktemp("ref"), traced=False)
+        assert out.codes == [0] * WORLD, "\n".join(out.logs)
+        for rank_log in out.logs:
+            for name, digest in re.findall(r"^REFERENCE (\w+) ([0-9a-f]{64})$", rank_log, re.M):
+                _REFERENCE.setdefault(name, []).append(digest)
+        assert {len(v) for v in _REFERENCE.values()} == {WORLD}, _REFERENCE
+    # nodist runs as a single process: any rank's value (they are all the same) is rank 0's.
+    return _REFERENCE[workload][:1] if workload == "nodist" else _REFERENCE[workload]
 
 
 def assert_unharmed(out: Outcome, expected: list[str], max_warnings: int = 1) -> None:
@@ -261,6 +265,9 @@ def test_signals_arriving_during_dumps(
         indices = sorted(d.header.dump_index for d in mine)
         assert indices == list(range(len(mine)))  # none lost, none overwritten
     assert list(out.job.dump_dir.glob(".tmp-*")) == []
+    # A healthy exit takes its black box and its (unused) raw-stacks file with it.
+    assert [p.name for p in out.job.dump_dir.glob("*.ring*")] == []
+    assert [p.name for p in out.job.dump_dir.glob(".*.stacks")] == []
 
 
 def test_tracing_on_without_torch_distributed(

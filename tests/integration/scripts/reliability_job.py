@@ -10,6 +10,7 @@ Workloads (``--workload``):
   serial   one training loop on the default group.
   threads  eight threads, each training its own model on its own process group, at once.
   nodist   imports torch.distributed but never initializes it (one process, no collectives).
+  reference  the three above one after the other, printing ``REFERENCE <workload> <hex>``.
 
 Faults (``--fault``), acted out inside the job:
   none            nothing (the test changes the environment instead: dump folder, file size).
@@ -28,7 +29,7 @@ instead of hosting one on rank 0), ``--go-file PATH`` (after READY, wait until P
 EFBIG, as on a full disk).
 
 Progress markers on stdout: READY, CHILD_EXIT <how> <status>, WEDGED, DUMPED <n>,
-RESULT <hex>, DONE.
+RESULT <hex>, REFERENCE <workload> <hex>, DONE.
 """
 
 from __future__ import annotations
@@ -50,7 +51,9 @@ THREADS = 8
 
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
-    p.add_argument("--workload", choices=["serial", "threads", "nodist"], default="serial")
+    p.add_argument(
+        "--workload", choices=["serial", "threads", "nodist", "reference"], default="serial"
+    )
     p.add_argument(
         "--fault",
         choices=[
@@ -268,7 +271,20 @@ def inject_internal_error(where: str) -> None:
         Tracker.track = broken  # type: ignore[method-assign]
 
 
+def references() -> None:
+    """Every workload's checksum in one (untraced) run: what the faults are compared with."""
+    print("REFERENCE nodist", checksum(nodist()), flush=True)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=ARGS.pg_timeout))
+    print("REFERENCE serial", checksum(serial()), flush=True)
+    print("REFERENCE threads", checksum(threaded()), flush=True)
+    dist.destroy_process_group()
+    print("DONE", flush=True)
+
+
 def main() -> None:
+    if ARGS.workload == "reference":
+        references()
+        return
     if ARGS.workload == "nodist":
         print("RESULT", checksum(nodist()), flush=True)
         print("DONE", flush=True)
