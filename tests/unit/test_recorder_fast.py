@@ -220,3 +220,22 @@ def test_site_records_the_callers_stack(rt: Runtime, monkeypatch: pytest.MonkeyP
         frames = rt.recorder.stacks.symbolize(row.stack)
         assert frames[0][1].endswith("user_code_line"), frames[:2]
         assert frames[1][1].endswith("test_site_records_the_callers_stack")
+
+
+def test_site_alternating_groups_keep_their_own_counters(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    other = dist.new_group([0])
+    t = torch.ones(1)
+    for group in (None, other) * 3:
+        w["python"](t, group=group)  # first sight of each group goes through Python
+    for group in (None, other) * 3:
+        w["c"](t, group=group)
+    got = rows(rt)[-6:]
+    infos = rt.recorder.groups
+    names = [infos.groups[r.group].name for r in got]
+    assert names[0::2] == [infos.by_pg[None].name] * 3
+    assert names[1::2] == [infos.by_pg[other].name] * 3 and names[0] != names[1]
+    assert [r.seq for r in got[0::2]] == [4, 5, 6] and [r.seq for r in got[1::2]] == [4, 5, 6]
+    dist.destroy_process_group(other)
