@@ -29,6 +29,8 @@ from flightrec.recorder.stacks import StackTable
 from flightrec.recorder.tables import StringTable, TensorTable
 
 log = logging.getLogger("flightrec")
+UNTRACKED = 0
+"""``State.STATE_UNKNOWN``: the state of an entry whose completion tracking failed."""
 _now = time.monotonic_ns
 _ident = threading.get_ident
 
@@ -235,6 +237,16 @@ class Recorder:
                 self.ring.finish(rid, COMPLETED, _now())
         except Exception as exc:
             self.internal_error("completion tracking", exc)
+            self._untracked((rid,))
+
+    def _untracked(self, rids: tuple[int, ...] | list[int]) -> None:
+        """Entries whose completion can no longer be followed: neither pending (the watchdog
+        would report a hang that is not there) nor completed (nobody knows)."""
+        try:
+            for rid in rids:
+                self.ring.finish(rid, UNTRACKED, 0)
+        except Exception:
+            pass  # already warned once; nothing more to do for them
 
     def fail(self, rid: int, exc: BaseException) -> None:
         """A recorded call raised: mark the entry FAILED and dump (the caller re-raises).
@@ -292,6 +304,7 @@ class Recorder:
                     self.tracker.track_many(rids, works[0], info.gpu)
         except Exception as exc:
             self.internal_error("completion tracking", exc)
+            self._untracked(rids)
         return works
 
     def _enqueue_batch(

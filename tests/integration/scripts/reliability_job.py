@@ -26,7 +26,7 @@ Other options: ``--straggle S`` (rank 1 sleeps S seconds before step 5, so short
 FLIGHTREC_TIMEOUTs fire the watchdog), ``--store HOST:PORT`` (join an external TCPStore
 instead of hosting one on rank 0), ``--go-file PATH`` (after READY, wait until PATH exists),
 ``--fsize N`` (RLIMIT_FSIZE of N bytes, SIGXFSZ ignored: every write past N bytes fails with
-EFBIG, as on a full disk).
+EFBIG, as on a full disk), ``--linger S`` (sleep S seconds before leaving the process group).
 
 Progress markers on stdout: READY, CHILD_EXIT <how> <status>, WEDGED, DUMPED <n>,
 RESULT <hex>, REFERENCE <workload> <hex>, DONE.
@@ -72,6 +72,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--go-file", default="")
     p.add_argument("--fsize", type=int, default=0)
     p.add_argument("--fill", type=int, default=10000)
+    p.add_argument("--linger", type=float, default=0.0)
     p.add_argument("--pg-timeout", type=float, default=20.0)
     return p.parse_args()
 
@@ -318,6 +319,7 @@ def main() -> None:
     if stop is not None:
         stop.set()
     print("RESULT", checksum(tensors), flush=True)
+    time.sleep(ARGS.linger)  # time for the watchdog to look at what was recorded
     dist.destroy_process_group()  # leaving gloo to the interpreter's exit may abort
     print("DONE", flush=True)
 
