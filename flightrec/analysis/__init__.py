@@ -8,6 +8,9 @@ passes (mismatch, wait-for graph and root causes, P2P, desync, missing ranks) an
 
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from flightrec.analysis.desync import find_desyncs
@@ -136,4 +139,23 @@ def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:
         NoDumpsError: no readable dump under ``path``.
     """
     options = options or AnalysisOptions()
-    return analyze(load_dir(path, options.view, workers=options.workers, progress=options.progress))
+    with gc_paused():
+        run = load_dir(path, options.view, workers=options.workers, progress=options.progress)
+        return analyze(run)
+
+
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """Pause Python's cyclic garbage collector for the duration (restored after).
+
+    Loading a 16,384-rank job creates about a million long-lived objects and no reference
+    cycles; every automatic full collection walks all of them (about a tenth of the loading
+    process's CPU time). Whatever cycles do arise are collected once it is back on.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
