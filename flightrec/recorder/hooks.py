@@ -10,6 +10,7 @@ before tracing began. ``uninstall`` reverses exactly what ``install`` did.
 from __future__ import annotations
 
 import functools
+import logging
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -18,6 +19,7 @@ from flightrec.recorder.codegen import generate
 from flightrec.recorder.specs import BATCH, TRACED, OpSpec, spec_for
 
 ORIGINAL_ATTR = "__flightrec_original__"
+log = logging.getLogger("flightrec")
 
 
 def _generate(spec: OpSpec, orig: Callable[..., Any], recorder: Any) -> Callable[..., Any]:
@@ -160,7 +162,10 @@ class Hooks:
             try:
                 return orig(*args, **kwargs)
             finally:
-                after()
+                try:
+                    after()
+                except Exception as exc:  # torch's result (or error) must reach the caller
+                    log.warning("flightrec: tracing could not start its watchers: %s", exc)
 
         setattr(wrapper, ORIGINAL_ATTR, orig)
         return wrapper

@@ -46,6 +46,7 @@ class Runtime:
         self.signals = SignalHandlers(self._on_signal)
         self._lock = threading.Lock()
         self._last_error_dump = 0
+        self._warned: set[str] = set()
         self.recorder.on_first_use = self.start_background
         self.recorder.on_error = self._on_error
         self._identified = False
@@ -131,21 +132,34 @@ class Runtime:
         """Start the watchdog, the request poller and the signal handlers (idempotent)."""
         if not self.recorder.enabled:
             return
+        # Called at init_process_group and at the first recorded call: each part that fails
+        # is left off with one warning, whichever call saw it first.
         with self._lock:
-            if self.watchdog is None:
-                self.watchdog = Watchdog(self.recorder, self._on_hang, on_tick=self._tick)
+            try:
+                if self.watchdog is None:
+                    self.watchdog = Watchdog(self.recorder, self._on_hang, on_tick=self._tick)
+            except Exception as exc:
+                self._warn_once("watchdog", "no hang detection (watchdog not started)", exc)
             if self.poller is None:
                 store = default_store()
                 if store is not None:
                     try:
                         self.poller = Poller(store, self.namespace, self._on_request)
                     except Exception as exc:
-                        log.warning("flightrec: dump requests through the store are off: %s", exc)
-            if not self.signals.installed:
-                self.signals.install()
+                        self._warn_once("poller", "dump requests through the store are off", exc)
+            try:
+                if not self.signals.installed:
+                    self.signals.install()
+            except Exception as exc:
+                self._warn_once("signals", "SIGUSR1/SIGTERM dumps are off", exc)
         self._install_ddp()
         self._identify_blackbox()
         self._arm_rawstacks()
+
+    def _warn_once(self, topic: str, what: str, exc: BaseException) -> None:
+        if topic not in self._warned:
+            self._warned.add(topic)
+            log.warning("flightrec: %s: %s", what, exc)
 
     def _arm_rawstacks(self) -> None:
         """Beside the black box (named by rank by now), once the default group exists."""

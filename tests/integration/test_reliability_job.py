@@ -184,10 +184,11 @@ def test_store_unreachable_for_the_dump_request(
     assert reasons == {(0, pb.WATCHDOG_TIMEOUT)}, out.logs
 
 
-@pytest.mark.parametrize("where", ["pre", "post"])
+@pytest.mark.parametrize("where", ["start", "pre", "post"])
 def test_internal_error_in_the_recorder(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory, where: str
 ) -> None:
+    # start: starting the background machinery raises inside init_process_group's wrapper;
     # pre: the group lookup raises before each collective runs (the call goes unrecorded);
     # post: tracking an async Work raises after the collective returned (the Work must still
     # reach the caller).
@@ -197,7 +198,7 @@ def test_internal_error_in_the_recorder(
     assert_unharmed(out, reference("serial", tmp_path_factory))
     for rank in range(WORLD):
         (warning,) = out.warnings(rank)
-        assert "internal error" in warning and "injected recorder fault" in warning
+        assert "injected recorder fault" in warning
     # No false evidence either: no hang reported for the calls it lost track of, and the
     # healthy exit removed the black box.
     assert out.job.dump_files() == []

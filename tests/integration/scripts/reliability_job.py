@@ -18,6 +18,7 @@ Faults (``--fault``), acted out inside the job:
                   ``flightrec.dump()`` between steps: signals arrive during dumps.
   fork            ``os.fork()`` while a helper thread dumps in a loop; the child does tensor
                   work, calls ``flightrec.dump()`` and exits through ``sys.exit`` (atexit runs).
+  internal-start  ``SignalHandlers.install`` raises (inside ``init_process_group``'s wrapper).
   internal-pre    ``GroupRegistry.get`` raises (before the collective runs).
   internal-post   ``Tracker.track`` raises (after an async collective returned).
   gil-wedge       rank 1 holds the GIL in a 30 s C call at step 5 (``wedged_in_c_call``).
@@ -60,6 +61,7 @@ def parse() -> argparse.Namespace:
             "none",
             "dump-storm",
             "fork",
+            "internal-start",
             "internal-pre",
             "internal-post",
             "gil-wedge",
@@ -262,7 +264,11 @@ def inject_internal_error(where: str) -> None:
     def broken(*args: Any, **kwargs: Any) -> Any:
         raise RuntimeError("injected recorder fault")
 
-    if where == "pre":
+    if where == "start":
+        from flightrec.recorder.signals import SignalHandlers
+
+        SignalHandlers.install = broken  # type: ignore[method-assign]
+    elif where == "pre":
         from flightrec.recorder.groups import GroupRegistry
 
         GroupRegistry.get = broken  # type: ignore[method-assign]
@@ -297,8 +303,10 @@ def main() -> None:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     else:
+        if ARGS.fault == "internal-start":
+            inject_internal_error("start")  # fails inside init_process_group's wrapper
         dist.init_process_group("gloo", timeout=timeout)
-    if ARGS.fault.startswith("internal-"):
+    if ARGS.fault in ("internal-pre", "internal-post"):
         inject_internal_error(ARGS.fault.split("-", 1)[1])
     stop = start_dump_storm() if ARGS.fault == "dump-storm" else None
     if ARGS.fault == "gil-wedge":
