@@ -263,6 +263,30 @@ def local_offsets(diffs: Sequence[int]) -> list[float]:
     return [float(d) for d in diffs]
 
 
+def _shift(times: Sequence[int], offsets: float | list[float]) -> list[int]:
+    """``times`` minus one constant offset, or minus an offset each (rounded to ns)."""
+    if isinstance(offsets, float):
+        return list(map(round, map(offsets.__rsub__, times)))
+    return [round(t - o) for t, o in zip(times, offsets, strict=True)]
+
+
+class _Completions(Mapping[int, Sequence[int]]):
+    """Per rank, aligned completion times, shifted when first asked for (rarely: the
+    straggler pass reads arrivals only)."""
+
+    def __init__(self) -> None:
+        self.pending: dict[int, tuple[Sequence[int], float | list[float]]] = {}
+
+    def __getitem__(self, rank: int) -> Sequence[int]:
+        return _shift(*self.pending[rank])
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.pending)
+
+    def __len__(self) -> int:
+        return len(self.pending)
+
+
 class _Spread(Mapping[int, float]):
     """Per rank ``jitter_ns`` of its completion differences, computed when first asked for.
 
@@ -316,7 +340,7 @@ def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals |
     anchor = ranks[0]
     ref = lanes[anchor].at(seqs).complete_ns
     arrivals: dict[int, list[int]] = {}
-    completions: dict[int, list[int]] = {}
+    completions = _Completions()
     spread = _Spread()
     positions: dict[int, Sequence[int]] = {}
     for r in ranks:
@@ -326,13 +350,11 @@ def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals |
         # sigma is at most 1.4826 x their range, so a small range (two C-speed passes)
         # settles it without the two sorts.
         if _MAD_SIGMA * (max(diffs) - min(diffs)) < STABLE_NS or _sigma(diffs) < STABLE_NS:
-            whole = float(_median_sorted(sorted(diffs)))
-            arrivals[r] = list(map(round, map(whole.__rsub__, mine.enqueue_ns)))
-            completions[r] = list(map(round, map(whole.__rsub__, mine.complete_ns)))
+            offs: float | list[float] = float(_median_sorted(sorted(diffs)))
         else:
             offs = local_offsets(diffs)
-            arrivals[r] = [round(t - o) for t, o in zip(mine.enqueue_ns, offs, strict=True)]
-            completions[r] = [round(t - o) for t, o in zip(mine.complete_ns, offs, strict=True)]
+        arrivals[r] = _shift(mine.enqueue_ns, offs)
+        completions.pending[r] = (mine.complete_ns, offs)
         spread.diffs[r] = diffs
         positions[r] = mine.positions
     return GroupArrivals(group, anchor, ranks, seqs, arrivals, completions, spread, positions)

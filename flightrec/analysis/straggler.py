@@ -97,37 +97,45 @@ def _median_rule(ordered: Sequence[int]) -> tuple[int, float, int, float, float]
 
 
 _Rule = tuple[int, float, int, float, float]
-_Pending = tuple[Mapping[int, Sequence[int]], list[_Rule]]
-"""A group's aligned arrivals and per-collective median rules, for ``_add_behind``."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """What a group's tally leaves for the steps that only a finding needs."""
+
+    arrivals: Mapping[int, Sequence[int]]
+    spread_ns: Mapping[int, float]
+    lasts: frozenset[int]
+    """Members that arrived last at least once."""
 
 
 def _tally_group(
     m: Matched, ga: GroupArrivals, opt: StragglerOptions, t: dict[int, _Tally]
 ) -> _Pending:
-    """Count who arrived last, by how much; return what ``_add_behind`` needs later."""
+    """Count who arrived last, by how much; return what the finding's evidence needs later."""
     ranks = ga.ranks
     n = len(ranks)
     floor_ns = opt.min_margin_ms * 1e6
+    lasts: set[int] = set()
     # Per collective, the members' arrivals in rank order: sorting and searching these runs
-    # at C speed, so a 16,384-member group costs a few sorts per collective, and the Python
-    # work per member is one comprehension over its collectives (below).
-    rules: list[_Rule] = []
+    # at C speed, so a 16,384-member group costs a few sorts per collective.
     for i, col in enumerate(zip(*(ga.arrivals[r] for r in ranks), strict=True)):
         ordered = sorted(col)
-        rules.append(_median_rule(ordered))
         a_last, a_second = ordered[-1], ordered[-2]
         # The last arrival; on a tie the highest rank (as sorting (arrival, rank) pairs does).
         backwards = col[::-1]
         j_last = backwards.index(a_last)
-        j_second = backwards.index(a_second, j_last + 1 if a_second == a_last else 0)
-        last, second = ranks[n - 1 - j_last], ranks[n - 1 - j_second]
-        margin = a_last - a_second
+        last = ranks[n - 1 - j_last]
+        lasts.add(last)
         tl = t[last]
         tl.last += 1
+        margin = a_last - a_second
+        if margin < floor_ns:
+            continue
+        j_second = backwards.index(a_second, j_last + 1 if a_second == a_last else 0)
+        second = ranks[n - 1 - j_second]
         # Alignment jitter of the two ranks compared bounds what a margin can mean.
-        noise = 3.0 * (ga.spread_ns[last] ** 2 + ga.spread_ns[second] ** 2) ** 0.5
-        tl.spread_ns = max(tl.spread_ns, ga.spread_ns[last])
-        if margin < max(floor_ns, noise):
+        if margin < 3.0 * (ga.spread_ns[last] ** 2 + ga.spread_ns[second] ** 2) ** 0.5:
             continue
         tl.late.append(margin / 1e6)
         tl.waited_ns += margin * (n - 1)
@@ -136,17 +144,17 @@ def _tally_group(
         d = m.dump(last)
         tl.ops[d.string(d.columns["op"][ga.positions[last][i]])] += 1
     for r in ranks:
-        t[r].taken += len(rules)
-    return ga.arrivals, rules
+        t[r].taken += len(ga.seqs)
+    return _Pending(ga.arrivals, ga.spread_ns, frozenset(lasts))
 
 
-def _add_behind(pending: _Pending, t: dict[int, _Tally]) -> None:
-    """Each member's arrival minus the others' median arrival, per collective (ms).
+def _add_evidence(pending: _Pending, blamed: set[int], t: dict[int, _Tally]) -> None:
+    """Per member, arrival minus the others' median (ms); per blamed rank, its clock jitter.
 
-    Only the lateness table needs these, so they are computed only when there is a finding:
-    one comprehension per member and group instead of Python work per collective.
+    Only a finding needs these: computed then, one comprehension per member and group.
     """
-    arrivals, rules = pending
+    arrivals = pending.arrivals
+    rules = [_median_rule(sorted(col)) for col in zip(*arrivals.values(), strict=True)]
     for r, mine in arrivals.items():
         t[r].behind.extend(
             [
@@ -154,6 +162,8 @@ def _add_behind(pending: _Pending, t: dict[int, _Tally]) -> None:
                 for a, (t1, hi, t2, mid, lo) in zip(mine, rules, strict=True)
             ]
         )
+    for r in pending.lasts & blamed:
+        t[r].spread_ns = max(t[r].spread_ns, pending.spread_ns[r])
 
 
 def lateness_table(
@@ -226,8 +236,9 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
     blamed.sort(key=lambda kv: (kv[1] == 0, -kv[0], kv[1]))
     if not blamed:
         return []
+    blamed_ranks = {r for _, r in blamed}
     for p in pending:
-        _add_behind(p, tallies)
+        _add_evidence(p, blamed_ranks, tallies)
     alignment = estimate_offsets(m, opt.recent)
     table = lateness_table(tallies, [r for _, r in blamed], alignment)
     clock = clock_summary(alignment)
