@@ -10,6 +10,10 @@ resident memory of the analysing process tree (the parent plus its loader worker
 every 20 ms from /proc, and the largest single process as the kernel counts it), dump size
 per rank, and whether the first finding matches the simulator's expected.json.
 Never run two large analyses at once on a shared machine.
+
+With ``--profile``, each size is also analysed once in this process, serially (one loader
+process, so the per-file work shows up too) under cProfile, and the functions that take the
+most time are printed, grouped by phase (loading, then each analysis pass).
 """
 
 from __future__ import annotations
@@ -197,6 +201,24 @@ def folder_bytes(folder: Path) -> tuple[int, int]:
     return sum(sizes), len(sizes)
 
 
+def profile(folder: Path, top: int = 25) -> None:
+    """Analyse ``folder`` serially in this process under cProfile; print where time goes."""
+    import cProfile
+    import pstats
+
+    sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
+    from flightrec.analysis import AnalysisOptions, analyze_dir
+
+    prof = cProfile.Profile()
+    start = time.perf_counter()
+    prof.enable()
+    analyze_dir(str(folder), AnalysisOptions(workers=1))
+    prof.disable()
+    print(f"  serial profile ({time.perf_counter() - start:.1f} s under cProfile):")
+    stats = pstats.Stats(prof, stream=sys.stdout)
+    stats.sort_stats("cumulative").print_stats(r"flightrec/analysis", top)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
@@ -206,6 +228,9 @@ def main() -> int:
     parser.add_argument("--layout", default="tp=8,pp=4", help="tensor/pipeline layout")
     parser.add_argument("--cpus", type=int, default=2, help="CPUs the analysis may use")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flightrec-bench"))
+    parser.add_argument(
+        "--profile", action="store_true", help="also profile a serial in-process analysis"
+    )
     args = parser.parse_args()
     print(
         f"flightrec analyze, {args.entries} entries/rank, fault {args.fault}, "
@@ -235,6 +260,8 @@ def main() -> int:
             f"{total / files / 1024:.0f} KB/rank, verdict {'OK' if good else 'WRONG'}: {why}",
             flush=True,
         )
+        if args.profile:
+            profile(folder)
     return 0 if ok else 1
 
 
