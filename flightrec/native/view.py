@@ -28,9 +28,11 @@ def _clock(column: Sequence[int]) -> array[int]:
     return column if isinstance(column, array) and column.typecode == "q" else array("q", column)
 
 
-def _code(bound: int) -> str:
-    """The narrowest unsigned array type for values below ``bound``."""
-    return "B" if bound <= 1 << 8 else "H" if bound <= 1 << 16 else "I"
+def _indices(bound: int, column: Sequence[int]) -> array[int]:
+    """``column`` (values below ``bound``) in the narrowest unsigned array type."""
+    if bound <= 1 << 8:
+        return array("B", bytes(column))  # bytes() packs a list at C speed; array() per item
+    return array("H" if bound <= 1 << 16 else "I", column)
 
 
 def read_native_view(path: str | Path) -> DumpView:
@@ -71,7 +73,7 @@ def read_native_view(path: str | Path) -> DumpView:
     }
     entries = EntriesView(
         {
-            name: array(_code(bounds[name]), columns[name])
+            name: _indices(bounds[name], columns[name])
             if name in bounds
             else _clock(columns[name])
             if name in _CLOCKS
