@@ -12,11 +12,14 @@ across ranks whatever object collectives do inside. ``call_batch`` records
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from flightrec.blackbox.writer import BlackBox
@@ -59,14 +62,69 @@ def _reduce_name(op: Any) -> str:
     return str(name)
 
 
+_NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+RESERVE_MARGIN = 1 << 20
+"""Room wanted beyond the ring itself: its header, its tables and a few dumps."""
+
+
+def _check_room(directory: Path, needed: int) -> None:
+    """Refuse (ENOSPC) a folder whose filesystem lacks ``needed`` free bytes.
+
+    Creating the black box writes its header through the memory map before ``_reserve`` can
+    run; on a full disk that write is a SIGBUS, so an already full disk is caught here.
+
+    Raises:
+        OSError: ENOSPC, with the free space found.
+    """
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        st = os.statvfs(probe)
+    except (OSError, AttributeError):
+        return  # cannot tell: try, as before
+    free = st.f_bavail * st.f_frsize
+    if free < needed:
+        raise OSError(errno.ENOSPC, f"{free} bytes free, the black box needs {needed}")
+
+
+def _reserve(path: Path) -> None:
+    """Allocate every block of the black box now.
+
+    The file is created sparse and written through a memory map: a page first touched when the
+    disk has filled up cannot be allocated, and the kernel answers with SIGBUS, which kills the
+    training process. Reserved now, a full disk is one OSError at start instead.
+
+    Raises:
+        OSError: no room for the file (ENOSPC, EFBIG, EDQUOT).
+    """
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:  # not on this platform: the file stays sparse
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fallocate(fd, 0, os.fstat(fd).st_size)
+    except OSError as exc:
+        if exc.errno in _NO_SPACE:
+            raise
+    finally:
+        os.close(fd)
+
+
 def _open_blackbox(config: Config) -> tuple[BlackBox | None, OSError | None]:
     """The on-disk ring (None when off or impossible: one warning), and the OSError if any."""
     if not config.blackbox:
         return None, None
     try:
+        _check_room(Path(config.directory), config.buffer * SLOT_SIZE + RESERVE_MARGIN)
         bb = BlackBox(
             config.directory, config.buffer, SLOT_SIZE, config.stack_depth, config.timeout_s
         )
+        try:
+            _reserve(bb.path)
+        except OSError:
+            bb.close(healthy=True)  # deletes its files
+            raise
     except OSError as exc:  # a read-only or full disk must not stop the job
         log.warning(
             "flightrec: cannot write to FLIGHTREC_DIR %s (%s): no black box, and dumps are "

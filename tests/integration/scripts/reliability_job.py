@@ -27,7 +27,8 @@ Other options: ``--straggle S`` (rank 1 sleeps S seconds before step 5, so short
 FLIGHTREC_TIMEOUTs fire the watchdog), ``--store HOST:PORT`` (join an external TCPStore
 instead of hosting one on rank 0), ``--go-file PATH`` (after READY, wait until PATH exists),
 ``--fsize N`` (RLIMIT_FSIZE of N bytes, SIGXFSZ ignored: every write past N bytes fails with
-EFBIG, as on a full disk), ``--linger S`` (sleep S seconds before leaving the process group).
+EFBIG, as on a full disk), ``--extra-calls N`` (N more all_reduces after the checksum), ``--linger
+S`` (sleep S seconds before leaving the process group).
 
 Progress markers on stdout: READY, CHILD_EXIT <how> <status>, WEDGED, DUMPED <n>,
 RESULT <hex>, REFERENCE <workload> <hex>, DONE.
@@ -75,6 +76,7 @@ def parse() -> argparse.Namespace:
     p.add_argument("--fsize", type=int, default=0)
     p.add_argument("--fill", type=int, default=10000)
     p.add_argument("--linger", type=float, default=0.0)
+    p.add_argument("--extra-calls", type=int, default=0)
     p.add_argument("--pg-timeout", type=float, default=20.0)
     return p.parse_args()
 
@@ -327,6 +329,9 @@ def main() -> None:
     if stop is not None:
         stop.set()
     print("RESULT", checksum(tensors), flush=True)
+    scratch = torch.ones(4)
+    for _ in range(ARGS.extra_calls):  # more ring entries (outside the checksum)
+        dist.all_reduce(scratch)
     time.sleep(ARGS.linger)  # time for the watchdog to look at what was recorded
     dist.destroy_process_group()  # leaving gloo to the interpreter's exit may abort
     print("DONE", flush=True)
