@@ -21,7 +21,10 @@ users turn it on, with FLIGHTREC=1 in the child's environment.
 Then the dump: a full 2,000-entry ring with 16-frame stacks from several call sites, dumped
 several times; median wall time and file size.
 
-Run: ``python benchmarks/bench_recorder.py [--rounds N] [--calls N]``.
+With ``--instructions`` (needs valgrind), instead: instructions per call counted by callgrind
+for torch's call alone and with each hot path, a figure other processes cannot disturb.
+
+Run: ``python benchmarks/bench_recorder.py [--rounds N] [--calls N] [--instructions]``.
 """
 
 from __future__ import annotations
@@ -291,13 +294,91 @@ def _run_child(args: list[str], env_extra: dict[str, str], tmp: str) -> dict[str
     raise RuntimeError(f"benchmark child failed ({out.returncode}): {out.stderr[-2000:]}")
 
 
+INSTRUCTION_MODES = {
+    "torch": ("torch's all_reduce alone (flightrec off)", {}),
+    "c": ("flightrec, C hot path, 16-frame stacks", {"FLIGHTREC": "1"}),
+    "c0": ("flightrec, C hot path, no stacks", {"FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "0"}),
+    "python": ("flightrec, pure-Python hot path, 16-frame stacks", {"FLIGHTREC": "1"}),
+}  # fmt: skip
+
+
+def child_instructions(mode: str, calls: int) -> None:
+    """The measured loop for ``--instructions``: it runs inside a ctypes call, the only code
+    callgrind counts (--collect-atstart=no --toggle-collect=_ctypes_callproc)."""
+    import ctypes
+
+    import torch
+    import torch.distributed as dist
+
+    _init()
+    original = getattr(dist.all_reduce, "__flightrec_original__", dist.all_reduce)
+    fn = {"torch": original, "c": dist.all_reduce, "c0": dist.all_reduce}.get(mode)
+    if mode == "python":
+        fn = _python_path(original)
+    t = torch.ones(1)
+    for _ in range(200):  # caches filled, as in a training loop
+        fn(t)
+
+    def loop() -> None:
+        for _ in range(calls):
+            fn(t)
+
+    ctypes.CFUNCTYPE(None)(lambda: _at_depth(DEPTH - 3, loop))()
+    _finish()
+
+
+def instructions(calls: int) -> None:
+    """Instructions per call counted by valgrind's callgrind: deterministic, so unaffected by
+    other processes on the machine (wall time is not). Needs valgrind on PATH."""
+    import re
+    import shutil
+
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind")
+    counts = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for mode, (label, extra) in INSTRUCTION_MODES.items():
+            env = {
+                k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTREC", "TORCH_FR"))
+            }
+            env.update(extra, TORCH_FR_BUFFER_SIZE="0", FLIGHTREC_DIR=tmp)
+            env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli")])
+            out = subprocess.run(
+                ["valgrind", "--tool=callgrind", "--collect-atstart=no",
+                 "--toggle-collect=_ctypes_callproc", f"--callgrind-out-file={tmp}/cg.{mode}",
+                 sys.executable, __file__, "--child", f"instr-{mode}", "--calls", str(calls)],
+                env=env, capture_output=True, text=True,
+            )  # fmt: skip
+            found = re.findall(r"I\s+refs:\s+([\d,]+)", out.stderr)
+            if not found:
+                raise RuntimeError(f"callgrind run {mode} failed: {out.stderr[-2000:]}")
+            counts[mode] = int(found[-1].replace(",", "")) / calls
+            print(f"  {label:<52} {counts[mode]:9,.0f} instructions/call", flush=True)
+    base = counts["torch"]
+    for mode in ("c", "c0", "python"):
+        print(f"  {INSTRUCTION_MODES[mode][0]} adds {counts[mode] - base:7,.0f} "
+              f"({(counts[mode] - base) / base:.0%} of torch's call)")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="processes per mode")
     parser.add_argument("--calls", type=int, default=20000, help="measured calls per process")
-    parser.add_argument("--child", choices=["calls", "dump", "blackbox"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--instructions",
+        action="store_true",
+        help="count instructions per call with valgrind (deterministic on a busy machine)",
+    )
+    children = ["calls", "dump", "blackbox", *(f"instr-{m}" for m in INSTRUCTION_MODES)]
+    parser.add_argument("--child", choices=children, help=argparse.SUPPRESS)
     parser.add_argument("--entries", type=int, default=2000)
     opts = parser.parse_args()
+    if opts.child and opts.child.startswith("instr-"):
+        return child_instructions(opts.child.removeprefix("instr-"), opts.calls)
+    if opts.instructions:
+        print(f"instructions per all_reduce(1 element), 1-rank gloo, {DEPTH} frames deep, "
+              f"{min(opts.calls, 1000)} calls under callgrind")  # fmt: skip
+        return instructions(min(opts.calls, 1000))
     if opts.child == "calls":
         return child_calls(opts.calls)
     if opts.child == "dump":
