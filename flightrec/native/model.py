@@ -13,6 +13,7 @@ rank lists, which PyTorch stores as a string like "[0, 1, 2]" and its analyzer p
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,6 +51,19 @@ class NativeDump:
     mtime_ns: int
 
 
+def _parse_rank_string(value: str) -> tuple[int, ...] | None:
+    if not _RANK_LIST.fullmatch(value):
+        return None
+    return tuple(map(int, _DIGITS.findall(value)))
+
+
+# Every rank's dump repeats the same lists (the world group's is 16,384 numbers at 16,384
+# ranks): a process reading many dumps parses each distinct list once. Only lists of a
+# plausible size are kept (64 x 1 MB at most).
+_parse_known_rank_string = functools.lru_cache(maxsize=64)(_parse_rank_string)
+_CACHED_LIST_CHARS = 1_000_000
+
+
 def parse_rank_list(value: object, path: str) -> tuple[int, ...] | None:
     """Parse a ``pg_config`` rank list without evaluating it.
 
@@ -64,13 +78,20 @@ def parse_rank_list(value: object, path: str) -> tuple[int, ...] | None:
         CorruptDumpError: not a string or list, or ranks out of range.
     """
     if isinstance(value, str):
-        if len(value) > 10_000_000 or not _RANK_LIST.fullmatch(value):
+        if len(value) > 10_000_000:
+            raise UnsafeDumpError(path, "pg_config rank list is longer than any job's")
+        parsed = (
+            _parse_known_rank_string(value)
+            if len(value) <= _CACHED_LIST_CHARS
+            else _parse_rank_string(value)
+        )
+        if parsed is None:
             raise UnsafeDumpError(
                 path,
                 f"pg_config rank list {value[:60]!r} is not a list of integers; "
                 "refusing it (it is never evaluated)",
             )
-        ranks = tuple(map(int, _DIGITS.findall(value)))
+        ranks = parsed
     elif isinstance(value, list | tuple):
         ranks = tuple(x for x in value if isinstance(x, int) and not isinstance(x, bool))
         if len(ranks) != len(value):
