@@ -205,6 +205,9 @@ def _tensors_one(
     return tuple(out)
 
 
+_SAMPLE = 64  # entries looked at to guess whether a column shares its objects
+
+
 def _per_object(columns: Sequence[list[object]], codes_of: Callable[..., list[int]]) -> list[int]:
     """``codes_of(*columns)``, computed once per distinct combination of objects.
 
@@ -213,6 +216,9 @@ def _per_object(columns: Sequence[list[object]], codes_of: Callable[..., list[in
     (by identity, which holds because the unpickled tree outlives the reading) makes the
     cost follow what the file holds, not how often entries refer to it.
     """
+    head = columns[0][:_SAMPLE]
+    if len(head) == _SAMPLE and len(set(map(id, head))) == _SAMPLE:
+        return codes_of(*columns)  # no sharing where the ring starts: likely none at all
     ids: list[object] = (
         list(map(id, columns[0]))
         if len(columns) == 1
