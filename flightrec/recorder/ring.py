@@ -9,7 +9,8 @@ middle of a write drops a slot whose two copies disagree.
 
 Writers do not lock: record ids come from ``itertools.count`` (atomic under the GIL) and each
 ``pack_into`` is a single C call, so a reader copying the buffer sees every slot either before
-or after a write, never half of one. Columns that hold table indices (op, thread, stack, ...)
+or after a write, never half of one. The optional C hot path (``_fast.c``) writes the same
+layout into the same buffer, also in one step under the GIL; its offsets mirror ``SLOT``. Columns that hold table indices (op, thread, stack, ...)
 refer to the recorder's intern tables, which only ever grow.
 """
 

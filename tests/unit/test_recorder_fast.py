@@ -239,3 +239,9 @@ def test_site_alternating_groups_keep_their_own_counters(
     assert names[1::2] == [infos.by_pg[other].name] * 3 and names[0] != names[1]
     assert [r.seq for r in got[0::2]] == [4, 5, 6] and [r.seq for r in got[1::2]] == [4, 5, 6]
     dist.destroy_process_group(other)
+
+
+def test_c_slot_layout_is_the_rings() -> None:
+    from flightrec.recorder.ring import SLOT_SIZE
+
+    assert codegen._fast is not None and codegen._fast.SLOT_SIZE == SLOT_SIZE
