@@ -115,14 +115,19 @@ class Runtime:
             log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
 
     def _after_destroy(self) -> None:
-        """The default group (and with it, usually, the store) is gone: stop polling it.
+        """Every group (and with it, usually, the store) is gone: stop polling it, and let go
+        of the ProcessGroup objects.
 
+        Held on to, they would be destroyed at interpreter exit instead of here, as they are
+        untraced; a gloo group torn down that late can abort the process ("terminate called
+        without an active exception"). Their records (names, ranks, counters) stay for dumps.
         A later ``init_process_group`` starts a poller on the new store.
         """
         import torch.distributed as dist
 
         if dist.is_initialized():
             return
+        self.recorder.groups.by_pg.clear()  # in place: the generated wrappers share this dict
         with self._lock:
             if self.poller is not None:
                 self.poller.stop()

@@ -349,3 +349,26 @@ def test_tracing_on_without_torch_distributed(
     assert elapsed < 30, elapsed  # nothing blocked at exit
     # Nothing to report and nothing left behind: no dump, no black box.
     assert dump_files(out.job.dump_dir) == [] and list(out.job.dump_dir.glob("*.ring")) == []
+
+
+def test_process_groups_are_released_when_destroyed(tmp_path: Path) -> None:
+    # In-process: a traced job's groups must die at destroy_process_group as untraced ones
+    # do. Kept alive by the recorder, they were torn down at interpreter exit instead, where
+    # gloo sometimes aborted the process ("terminate called without an active exception").
+    import gc
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+
+    from tests.unit.gloo import one_rank_gloo, traced_runtime
+
+    with traced_runtime(tmp_path, buffer=16):
+        with one_rank_gloo():
+            sub = dist.new_group([0])
+            dist.all_reduce(torch.ones(2))
+            dist.all_reduce(torch.ones(2), group=sub)
+            refs = [weakref.ref(dist.group.WORLD), weakref.ref(sub)]
+            del sub
+        gc.collect()
+        assert [r() for r in refs] == [None, None]
