@@ -161,9 +161,9 @@ def _columns(data: bytes, start: int, end: int, dump: pb.Dump) -> dict[str, arra
             n = count
         if count != n:
             raise _Odd
-        bound = len(getattr(dump, _BOUNDED[name])) if name in _BOUNDED else 0
+        bound = len(getattr(dump, _BOUNDED[name])) if name in _BOUNDED else None
         if count == len(chunk):  # every value below 128: the packed bytes are the values
-            if bound and bound < 128 and chunk.translate(None, _BELOW[bound]):
+            if bound is not None and bound < 128 and chunk.translate(None, _BELOW[bound]):
                 raise _Odd  # an index beyond its table (C speed: drop the valid values)
             if name in _ZIGZAG:
                 columns[name] = array("b", chunk.translate(_UNZIGZAG))
@@ -174,7 +174,7 @@ def _columns(data: bytes, start: int, end: int, dump: pb.Dump) -> dict[str, arra
         if name in _WIDE:  # clock readings: 64 bits whatever their bounds
             columns[name] = array("q", values)
             continue
-        if bound and max(values) >= bound:
+        if bound is not None and max(values) >= bound:
             raise _Odd
         columns[name] = _fit(values, name in _ZIGZAG)
     return columns

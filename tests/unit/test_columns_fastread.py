@@ -20,6 +20,7 @@ from flightrec.analysis.fastread import read_compact
 from flightrec.analysis.model import RankDump
 from flightrec.dumpfile import parse_dump
 from flightrec.errors import DumpError
+from flightrec.proto import flightrec_pb2 as pb
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 
 
@@ -92,3 +93,18 @@ def test_damaged_bytes_are_never_accepted_by_the_fast_reader_alone(
         assert fast is None
     elif fast is not None:
         _same(fast, slow)
+
+
+def test_indices_beyond_their_tables_are_declined(job: list[Path]) -> None:
+    dump = parse_dump(job[5].read_bytes(), job[5])
+    no_groups = pb.Dump()
+    no_groups.CopyFrom(dump)
+    no_groups.ClearField("groups")  # every entry's group index now points nowhere
+    few_strings = pb.Dump()
+    few_strings.CopyFrom(dump)
+    del few_strings.strings[max(few_strings.entries.op) :]  # the newest op names are gone
+    for damaged in (no_groups, few_strings):
+        data = damaged.SerializeToString()
+        with pytest.raises(DumpError):
+            parse_dump(data, "x")
+        assert read_compact(data, "x") is None
