@@ -130,24 +130,30 @@ assert _OBJECT_API < 256
 def _raw_keys(d: RankDump) -> tuple[Sequence[Hashable], Callable[[Any], RawSignature]]:
     """Every entry's raw signature, and how to turn one back into ``RawSignature``.
 
-    When the compared columns are one byte each (the usual case), an entry's raw signature is
-    its six bytes laid side by side in one 64-bit number: built by six strided C copies, no
-    tuple per entry, and hashed as an int.
+    When the compared columns are one byte each, peers two (the usual case, up to 32,767
+    ranks), an entry's raw signature is those seven bytes laid side by side in one 64-bit
+    number: built by strided C copies, no tuple per entry, and hashed as an int.
     """
     cols = d.columns
     codes = [getattr(cols[name], "typecode", "") for name in _KEYED]
-    if any(code != "B" for i, code in enumerate(codes) if i != 2) or codes[2] not in "Bb":
+    if any(code != "B" for i, code in enumerate(codes) if i != 2) or codes[2] not in "BbhH":
         return raw_signatures(d, range(len(cols["op"]))), _same
+    signed_peer = codes[2] != "H"
+    peers = cols["peer"] if codes[2] in "hH" else array("h", cols["peer"])
+    peer_bytes = peers.tobytes()
     blob = bytearray(8 * len(cols["op"]))
-    for k, name in enumerate(_KEYED[:5]):
-        blob[k::8] = cols[name].tobytes()
-    blob[5::8] = cols["flags"].tobytes().translate(_KEEP_OBJECT_API)
-    signed_peer = codes[2] == "b"
+    blob[0::8] = cols["op"].tobytes()
+    blob[1::8] = cols["reduce_op"].tobytes()
+    blob[2::8] = peer_bytes[0::2]  # the peer's two bytes in native order
+    blob[3::8] = peer_bytes[1::2]
+    blob[4::8] = cols["inputs"].tobytes()
+    blob[5::8] = cols["outputs"].tobytes()
+    blob[6::8] = cols["flags"].tobytes().translate(_KEEP_OBJECT_API)
 
     def decode(key: int) -> RawSignature:
         b = key.to_bytes(8, sys.byteorder)
-        peer = b[2] - 256 if signed_peer and b[2] >= 128 else b[2]
-        return (b[0], b[1], peer, b[3], b[4], b[5])
+        peer = int.from_bytes(b[2:4], sys.byteorder, signed=signed_peer)
+        return (b[0], b[1], peer, b[4], b[5], b[6])
 
     return memoryview(blob).cast("Q"), decode
 
