@@ -27,6 +27,9 @@ from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store
 from flightrec.recorder.watchdog import Watchdog
 
 log = logging.getLogger("flightrec")
+POLLER_STOP_WAIT_S = 2.0
+"""How long the end of the job waits for the poller to leave a store call (it polls every
+0.25 s, and a call to a live store takes milliseconds)."""
 ERROR_DUMP_INTERVAL_NS = 5_000_000_000
 """A dead peer makes every later call fail; one error dump per interval is enough."""
 
@@ -54,6 +57,7 @@ class Runtime:
         # the black box decides whether it is still needed, and a dump another thread is
         # writing is finished before the interpreter stops that thread.
         atexit.register(self.dumper.close)
+        atexit.register(self._stop_threads)
         self.rawstacks: RawStacks | None = None
         atexit.register(self._close_rawstacks)  # after the black box decided to stay or go
         if self.recorder.blackbox is not None:
@@ -128,10 +132,29 @@ class Runtime:
         if dist.is_initialized():
             return
         self.recorder.groups.by_pg.clear()  # in place: the generated wrappers share this dict
+        self._stop_poller()
+
+    def _stop_threads(self) -> None:
+        """At exit, before the interpreter finalizes: end the watchdog and the poller.
+
+        Left running, a daemon thread can be inside torch when the interpreter shuts down: the
+        poller in a store call, or the watchdog dropping the last reference to a finished
+        frame's tensors and Works (the stack cache's purge), whose C++ destructors then race
+        the finalization; gloo aborts the process ("terminate called without an active
+        exception") after the job has finished.
+        """
         with self._lock:
-            if self.poller is not None:
-                self.poller.stop()
-                self.poller = None
+            watchdog, self.watchdog = self.watchdog, None
+        if watchdog is not None:
+            watchdog.stop(wait_s=POLLER_STOP_WAIT_S)
+        self._stop_poller()
+
+    def _stop_poller(self) -> None:
+        """Stop the request poller and wait (briefly) until its thread is out of the store."""
+        with self._lock:
+            poller, self.poller = self.poller, None
+        if poller is not None:
+            poller.stop(wait_s=POLLER_STOP_WAIT_S)
 
     def start_background(self) -> None:
         """Start the watchdog, the request poller and the signal handlers (idempotent)."""

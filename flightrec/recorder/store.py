@@ -167,8 +167,16 @@ class Poller:
             self.own.add(n)
             return True
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop polling; with ``wait_s``, wait that long for the thread to end.
+
+        Waiting matters at the end of a process: a daemon thread still inside a store call when
+        the interpreter finalizes is ended from within torch's C++ frames, which aborts the
+        process ("terminate called without an active exception") after the job finished.
+        """
         self._stop.set()
+        if wait_s and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
 
     def _run(self) -> None:
         failures = 0

@@ -49,8 +49,11 @@ class Watchdog:
         self._thread = threading.Thread(target=self._run, name="flightrec-watchdog", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = 0.0) -> None:
+        """Stop scanning; with ``wait_s``, wait that long for the thread to end."""
         self._stop.set()
+        if wait_s and self._thread is not threading.current_thread():
+            self._thread.join(wait_s)
 
     def _run(self) -> None:
         while not self._stop.wait(self._period):
