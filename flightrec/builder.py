@@ -8,7 +8,7 @@ columns in one pass at ``build()``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from flightrec.dumpfile import new_dump
@@ -50,10 +50,24 @@ class EntryValues:
     device: str = ""
 
 
-class DumpBuilder:
-    """Accumulates one dump. Not thread-safe: build each dump in one thread."""
+MAX_SOURCE_CHARS = 200
+"""Longest source line kept in a dump; longer ones are cut (a generated or minified line)."""
 
-    def __init__(self) -> None:
+SourceReader = Callable[[str, int], str]
+"""(file, line) -> that line of source, stripped; "" when it cannot be read."""
+
+
+class DumpBuilder:
+    """Accumulates one dump. Not thread-safe: build each dump in one thread.
+
+    Args:
+        source: reads the source line of each new frame into the dump (the recorder passes
+            one: the analysis usually runs on another machine, or after the code changed, so
+            the line must come from the files the job ran). None leaves frames without it.
+    """
+
+    def __init__(self, source: SourceReader | None = None) -> None:
+        self._source = source
         self._dump = new_dump()
         self._strings: dict[str, int] = {"": 0}
         self._frames: dict[tuple[int, int, int], int] = {}
@@ -90,7 +104,9 @@ class DumpBuilder:
         if index is None:
             index = len(self._dump.frames)
             self._frames[key] = index
-            self._dump.frames.add(file=key[0], name=key[1], line=key[2])
+            text = self._source(file, line)[:MAX_SOURCE_CHARS] if self._source and line > 0 else ""
+            code = self.string(text) if text else 0
+            self._dump.frames.add(file=key[0], name=key[1], line=key[2], code=code)
         return index
 
     def stack(self, frames: Iterable[FrameTuple]) -> int:

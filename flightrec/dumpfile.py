@@ -20,7 +20,7 @@ from flightrec.proto import flightrec_pb2 as pb
 MAGIC = "flightrec.dump"
 MAGIC_PREFIX = b"\x0a" + bytes([len(MAGIC)]) + MAGIC.encode()
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 0
+SCHEMA_MINOR = 1
 SUFFIX = ".frdump"
 # A 16,384-entry ring with deep stacks is a few MB; anything past this is not a dump we wrote,
 # and reading it whole could exhaust the analysis machine's memory.
@@ -163,7 +163,7 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
     _check_index(path, "entry column outputs", e.outputs, len(dump.tensor_specs))
     nf = len(dump.frames)
     for frame in dump.frames:
-        if frame.file >= ns or frame.name >= ns:
+        if frame.file >= ns or frame.name >= ns or frame.code >= ns:
             raise CorruptDumpError(path, "a stack frame names a string outside the table")
     for stack in dump.stacks:
         _check_index(path, "a stack", stack.frames, nf)

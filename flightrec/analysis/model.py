@@ -13,11 +13,12 @@ import enum
 import re
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypeAlias
 
 from flightrec.analysis.columns import DumpView, EntriesView, GroupView, meta_of
+from flightrec.analysis.scrub import scrub
 from flightrec.proto import flightrec_pb2 as pb
 
 
@@ -59,11 +60,14 @@ class Culprit(enum.StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class FrameInfo:
-    """One Python frame: file, function, line."""
+    """One Python frame: file, function, line, and the source line when the dump carries it."""
 
     file: str
     function: str
     line: int
+    code: str = field(default="", compare=False)
+    """The line's source text as the recording process read it (schema 1.1); "" when unknown.
+    Not part of equality: a black box's frames (no text) equal a dump's frames of the same line."""
 
     def where(self) -> str:
         """``file:line`` with the file shortened to its last two path components."""
@@ -181,7 +185,7 @@ class RankDump:
         if not isinstance(dump, DumpView):
             groups = tuple(GroupView.of(g) for g in dump.groups)
             dump = DumpView(meta_of(dump), groups, EntriesView.of(dump.entries))
-        self.dump = dump
+        self.dump = scrub(dump)
         self._frame_cache: dict[int, FrameInfo] = {}
         self._stack_cache: dict[int, tuple[FrameInfo, ...]] = {}
         self._spec_cache: dict[int, tuple[TensorInfo, ...]] = {}
@@ -242,7 +246,8 @@ class RankDump:
         f = self._frame_cache.get(index)
         if f is None:
             raw = self.dump.frames[index]
-            f = FrameInfo(self.dump.strings[raw.file], self.dump.strings[raw.name], raw.line)
+            strings = self.dump.strings
+            f = FrameInfo(strings[raw.file], strings[raw.name], raw.line, strings[raw.code])
             self._frame_cache[index] = f
         return f
 

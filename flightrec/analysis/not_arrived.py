@@ -25,7 +25,10 @@ from flightrec.report.ranges import compress, ranks_phrase
 
 def frame_json(frame: FrameInfo) -> dict[str, object]:
     """A frame as JSON."""
-    return {"file": frame.file, "function": frame.function, "line": frame.line}
+    out: dict[str, object] = {"file": frame.file, "function": frame.function, "line": frame.line}
+    if frame.code:
+        out["code"] = frame.code
+    return out
 
 
 # The operation a P2P peer owes to a rank blocked in the key.

@@ -31,7 +31,8 @@ from flightrec.blackbox.format import (
     Status,
     text,
 )
-from flightrec.builder import DumpBuilder
+from flightrec.builder import MAX_SOURCE_CHARS, DumpBuilder
+from flightrec.dumpfile import MAX_DUMP_BYTES
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.recorder.ring import SLOT, SLOT_SIZE, Slot
@@ -63,18 +64,28 @@ class Tables:
         self.strings: dict[int, str] = {0: ""}
         self.tensors: dict[int, list[tuple[list[int], str]]] = {0: []}
         self.frames: dict[int, tuple[str, str, int]] = {}
+        self.sources: dict[int, str] = {}
+        """Frame id -> its source line, as the recording process read it."""
         self.stacks: dict[int, list[int]] = {0: []}
         self.groups: dict[int, tuple[str, str, list[int], str]] = {}
         self.bad_lines = 0
 
 
 def read_tables(path: Path) -> Tables:
-    """Parse a ``.ring.tables`` journal; unparseable lines (a torn last write) are counted."""
+    """Parse a ``.ring.tables`` journal; unparseable lines (a torn last write) are counted.
+
+    At most ``MAX_DUMP_BYTES`` are read: a journal holds each distinct string, frame and stack
+    once, far less than that; the rest of a larger file counts as one bad line.
+    """
     t = Tables()
     try:
-        data = path.read_bytes()
+        with open(path, "rb") as f:
+            data = f.read(MAX_DUMP_BYTES + 1)
     except OSError:
         return t
+    if len(data) > MAX_DUMP_BYTES:
+        data = data[: data.rfind(b"\n", 0, MAX_DUMP_BYTES) + 1]
+        t.bad_lines += 1
     for line in data.splitlines():
         try:
             rec = json.loads(line)
@@ -85,6 +96,8 @@ def read_tables(path: Path) -> Tables:
                 t.tensors[index] = [(list(map(int, s)), str(d)) for s, d in rec[2]]
             elif kind == "f":
                 t.frames[index] = (str(rec[2]), str(rec[3]), int(rec[4]))
+            elif kind == "c":
+                t.sources[index] = str(rec[2])[:MAX_SOURCE_CHARS]
             elif kind == "k":
                 t.stacks[index] = [int(f) for f in rec[2]]
             elif kind == "g":
@@ -198,6 +211,11 @@ def read_blackbox(path: str | Path) -> pb.Dump:
     """
     p = Path(path)
     try:
+        size = p.stat().st_size
+        if size > MAX_DUMP_BYTES:  # refused before reading: memory stays bounded
+            raise CorruptDumpError(
+                p, f"{size} bytes is larger than any black box ({MAX_DUMP_BYTES} max)"
+            )
         data = p.read_bytes()
     except OSError as exc:
         raise CorruptDumpError(p, f"cannot read: {exc.strerror or exc}") from None
@@ -205,7 +223,11 @@ def read_blackbox(path: str | Path) -> pb.Dump:
     tables = read_tables(p.with_name(p.name.removesuffix(".ring") + TABLES_SUFFIX))
     entries, dropped = read_slots(p, data, head["capacity"], tables)
 
-    b = DumpBuilder()
+    # Each frame's source line from the journal (never from the files on this machine).
+    by_site = {
+        (f[0], f[2]): tables.sources[i] for i, f in tables.frames.items() if i in tables.sources
+    }
+    b = DumpBuilder(source=lambda file, line: by_site.get((file, line), ""))
     h = b.header
     h.rank, h.world_size = head["rank"], head["world_size"]
     h.hostname, h.pid = head["hostname"], head["pid"]

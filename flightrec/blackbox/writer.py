@@ -36,7 +36,7 @@ from flightrec.blackbox.format import (
     fixed,
     ring_name,
 )
-from flightrec.recorder.stacks import line_of
+from flightrec.recorder.stacks import line_of, source_line
 
 log = logging.getLogger("flightrec")
 
@@ -79,6 +79,9 @@ class BlackBox:
         self._frames: dict[tuple[str, str, int], int] = {}
         self._symbols: dict[tuple[int, int], int] = {}
         self._codes: list[CodeType] = []  # keeps ids in _symbols from being reused
+        # Frames whose source line is not journaled yet: read by the watchdog's tick, never on
+        # the calling thread (a source file read is I/O the hot path must not wait for).
+        self._unsourced: list[tuple[int, str, int]] = []
         self._failed = False
         self.closed = False
         from flightrec import __version__
@@ -195,11 +198,31 @@ class BlackBox:
                     if fid is None:
                         fid = self._frames[sym] = len(self._frames) + 1
                         records.append(["f", fid, *sym])
+                        self._unsourced.append((fid, sym[0], sym[2]))
                     self._symbols[key] = fid
                     self._codes.append(code)
                 ids.append(fid)
             records.append(["k", index, ids])
             self._append(records)
+
+    def write_sources(self) -> None:
+        """Journal the source line of every frame seen since the last call (watchdog thread).
+
+        A rank that dies hard leaves the code it ran, not whatever the file says when and
+        where the black box is analyzed. Never raises.
+        """
+        if not self._unsourced:
+            return
+        with self._lock:
+            pending, self._unsourced = self._unsourced, []
+        records: list[list[Any]] = []
+        for fid, file, line in pending:
+            text = source_line(file, line)
+            if text:
+                records.append(["c", fid, text])
+        if records:
+            with self._lock:
+                self._append(records)
 
     def on_group(self, info: Any) -> None:
         """A new process group (a ``GroupInfo``)."""

@@ -389,19 +389,23 @@ class Frame(google.protobuf.message.Message):
     FILE_FIELD_NUMBER: builtins.int
     NAME_FIELD_NUMBER: builtins.int
     LINE_FIELD_NUMBER: builtins.int
+    CODE_FIELD_NUMBER: builtins.int
     file: builtins.int
     """index into strings"""
     name: builtins.int
     """index into strings: the function"""
     line: builtins.int
+    code: builtins.int
+    """index into strings: the source line, stripped, read by the"""
     def __init__(
         self,
         *,
         file: builtins.int = ...,
         name: builtins.int = ...,
         line: builtins.int = ...,
+        code: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["file", b"file", "line", b"line", "name", b"name"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["code", b"code", "file", b"file", "line", b"line", "name", b"name"]) -> None: ...
 
 global___Frame = Frame
 

@@ -21,7 +21,7 @@ from flightrec.builder import DumpBuilder
 from flightrec.dumpfile import dump_filename, write_dump
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.recorder.ring import decode
-from flightrec.recorder.stacks import frames_of, without_own_frames
+from flightrec.recorder.stacks import frames_of, source_line, without_own_frames
 
 if TYPE_CHECKING:
     from flightrec.recorder.recorder import Recorder
@@ -150,7 +150,7 @@ class Dumper:
         rec.forget_thread_names()
 
         entries = decode(snap)
-        b = DumpBuilder()
+        b = DumpBuilder(source=source_line)
         rank, world, backend, store = _dist_info()
         device, device_name, device_uuid = _device_identity(backend)
         h = b.header

@@ -207,6 +207,9 @@ class Runtime:
         raw = self.rawstacks
         if raw is not None:
             raw.rearm(now_ns)
+        bb = self.recorder.blackbox
+        if bb is not None:
+            bb.write_sources()
 
     def _close_rawstacks(self) -> None:
         """Disarm; keep a file faulthandler wrote into only while its black box stays."""

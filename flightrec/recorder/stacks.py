@@ -9,12 +9,13 @@ alive, so an ``id()`` in a key can never be reused by another code object.
 
 from __future__ import annotations
 
+import linecache
 import os
 import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 
-from flightrec.builder import FrameTuple
+from flightrec.builder import MAX_SOURCE_CHARS, FrameTuple
 
 # (code, f_lasti) pairs, innermost first.
 RawStack = tuple[tuple[CodeType, int], ...]
@@ -36,6 +37,20 @@ def frames_of(frame: FrameType | None, depth: int) -> list[FrameTuple]:
         out.append((code.co_filename, code.co_qualname, frame.f_lineno or 0))
         frame = frame.f_back
     return out
+
+
+def source_line(file: str, line: int) -> str:
+    """Line ``line`` of ``file``, stripped, as a traceback shows it; "" when it cannot be read.
+
+    Read at dump time, in the recording process: the dump then shows the code the job ran,
+    wherever and whenever it is analyzed. linecache reads each file once per process.
+    """
+    if not file or file.startswith("<"):  # <string>, <frozen ...>, flightrec's wrappers
+        return ""
+    try:
+        return linecache.getline(file, line).strip()[:MAX_SOURCE_CHARS]
+    except Exception:  # a dump must never fail for a source file
+        return ""
 
 
 # flightrec's own code: the package folder, and the wrappers codegen.py compiles.

@@ -125,3 +125,5 @@ class DumpRenderer:
             c.print(Text(f"  {t.name}" + (f" ({', '.join(marks)})" if marks else "")))
             for f in t.stack:
                 c.print(Text(f"      {f.where()} in {f.function}"))
+                if f.code:
+                    c.print(Text(f"          {f.code}", style="dim"))

@@ -6,7 +6,6 @@ drops colour under ``NO_COLOR`` and writes plain text when the output is not a t
 
 from __future__ import annotations
 
-import linecache
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
@@ -289,9 +288,11 @@ def _stack_text(stack: tuple[FrameInfo, ...]) -> Group:
                 style="bold" if user else "dim",
             )
         )
-        source = linecache.getline(frame.file, frame.line).strip() if frame.line else ""
-        if source:
-            lines.append(Text(f"        {source}", style="" if user else "dim"))
+        # Only the dump's own copy of the line (what the job ran). A path named by a dump is
+        # never opened here: the file may differ from the code that ran, and a crafted dump
+        # could name any file on the analyst's machine, or /dev/zero.
+        if frame.code:
+            lines.append(Text(f"        {frame.code}", style="" if user else "dim"))
     if len(stack) > MAX_FRAMES:
         lines.append(Text(f"    ... {len(stack) - MAX_FRAMES} outer frames", style="dim"))
     return Group(*lines)

@@ -163,6 +163,9 @@ def test_stalled_rank_outside_collectives_is_caught_by_peer_request(tmp_path: Pa
     assert stalled.header.requested_by in (0, 1, 3)
     main = main_thread(stalled)
     assert stack_names(stalled, main.stack)[0] == "stalled_data_loader"
+    # Each frame carries the source line the job ran, read by the rank when it dumped.
+    inner = stalled.frames[stalled.stacks[main.stack].frames[0]]
+    assert stalled.strings[inner.code] == "time.sleep(0.05)"
     assert not main.holds_recorder
     assert set(stalled.entries.state) == {pb.COMPLETED} and stalled.groups[0].last_seq == 3
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flightrec.analysis.loader import Run
 from flightrec.analysis.model import RankDump
-from flightrec.builder import IS_P2P, SEND, DumpBuilder, EntryValues, FrameTuple
+from flightrec.builder import IS_P2P, SEND, DumpBuilder, EntryValues, FrameTuple, SourceReader
 from flightrec.dumpfile import dump_filename, write_dump
 from flightrec.proto import flightrec_pb2 as pb
 
@@ -50,6 +50,8 @@ class Job:
         }
         self.ranks = {r: _Rank() for r in range(world_size)}
         self.reason: dict[int, int] = {}
+        self.source: SourceReader | None = None
+        """Reads each frame's source line into the dumps, as the recorder does."""
 
     def group(self, name: str, ranks: Sequence[int], desc: str = "") -> str:
         """Declare a subgroup (known to every rank, as ``new_group`` makes it)."""
@@ -163,7 +165,7 @@ class Job:
     ) -> pb.Dump:
         """The dump of one rank."""
         st = self.ranks[rank]
-        b = DumpBuilder()
+        b = DumpBuilder(source=self.source)
         h = b.header
         h.rank, h.world_size, h.hostname, h.pid = (
             rank,

@@ -111,7 +111,7 @@ def test_bad_bytes_get_one_clear_line(
 
 def test_unknown_major_version_is_refused_in_plain_words() -> None:
     dump = small_dump()
-    dump.schema_major = 2
+    dump.schema_major, dump.schema_minor = 2, 0
     with pytest.raises(UnsupportedVersionError, match=r"schema 2\.0.*reads schema 1\.x"):
         parse_dump(dump.SerializeToString(), "future.frdump")
 

@@ -6,7 +6,7 @@ import sys
 import threading
 from types import FrameType
 
-from flightrec.recorder.stacks import StackTable, frames_of
+from flightrec.recorder.stacks import MAX_SOURCE_CHARS, StackTable, frames_of, source_line
 
 
 def here(table: StackTable, fresh: list[list[tuple[str, str, int]]] | None = None) -> int:
@@ -102,3 +102,13 @@ def test_dump_time_stacks_start_where_the_program_was() -> None:
     # flightrec's own threads keep their stacks
     watchdog = [(stacks._PACKAGE_DIR + "recorder/watchdog.py", "_loop", 60), (lib, "run", 982)]
     assert stacks.without_own_frames(watchdog) == watchdog
+
+
+def test_source_line_reads_the_line_and_never_fails(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    script = tmp_path / "job.py"
+    script.write_text("first()\n    second(x)  # why\n" + "y = " + "1" * 500 + "\n")
+    assert source_line(str(script), 2) == "second(x)  # why"
+    assert len(source_line(str(script), 3)) == MAX_SOURCE_CHARS
+    assert source_line(str(script), 99) == ""
+    assert source_line(str(tmp_path / "gone.py"), 1) == ""
+    assert source_line("<flightrec wrapper all_reduce>", 1) == ""

@@ -45,14 +45,28 @@ def test_progress_table_compresses_ranks() -> None:
     assert "4/3: ranks 0-1,3" in text and "3/3: rank 2" in text
 
 
-def test_culprit_stack_shows_source_lines_when_readable(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_a_path_named_by_a_dump_is_never_opened(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # A dump without source lines (a native dump, an older flightrec) names a readable file:
+    # the report shows the frame, not the file's contents.
     script = tmp_path / "train.py"
-    script.write_text("\n".join(f"line {i}" for i in range(1, 30)) + "\n")
+    script.write_text("\n".join(f"leaked {i}" for i in range(1, 30)) + "\n")
     job = healthy(Job())
     job.collective(ranks=[0, 1, 3], complete=False)
     job.ranks[2].threads = [("MainThread", [(str(script), "load_batch", 18)], True, False)]
     text = render(job)
-    assert "Stack of rank 2" in text and "line 18" in text
+    assert "Stack of rank 2" in text and "load_batch" in text and "leaked" not in text
+
+
+def test_culprit_stack_shows_the_source_line_the_job_ran(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # The file on the analysis machine has changed since the job ran: the dump's copy wins.
+    script = tmp_path / "train.py"
+    script.write_text("\n".join(f"edited {i}" for i in range(1, 30)) + "\n")
+    job = healthy(Job())
+    job.source = lambda file, line: f"as run {line}" if file == str(script) else ""
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.ranks[2].threads = [("MainThread", [(str(script), "load_batch", 18)], True, False)]
+    text = render(job)
+    assert "as run 18" in text and "edited 18" not in text
 
 
 def test_healthy_verdict() -> None:
@@ -71,3 +85,13 @@ def test_no_ansi_codes_when_not_a_terminal_or_no_color() -> None:
 def test_fits_a_narrow_terminal() -> None:
     for line in render(stalled(), width=60).splitlines():
         assert len(line) <= 60
+
+
+def test_control_characters_in_a_dump_never_reach_the_terminal() -> None:
+    # A crafted dump names a function that would retitle the window and clear the screen.
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.stall(2, "load\x1b]0;pwned\x07batch\x1b[2J", 18)
+    text = render(job, color_system=None)
+    assert "\x1b" not in text and "\x07" not in text
+    assert "load?]0;pwned?batch?[2J" in text

@@ -88,6 +88,9 @@ def die(args: argparse.Namespace) -> None:
     print("READY", flush=True)
     train(args.steps)
     if dist.get_rank() == args.die_rank:
+        # A rank dies after running a while, not within the watchdog's first tick (the black
+        # box journals source lines from that thread, a tick after a frame is first seen).
+        time.sleep(0.3)
         print("DYING", flush=True)
         if args.how == "sigkill":
             os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,54 @@
+"""Strip terminal control characters from everything a dump says in words.
+
+A dump is untrusted input, and its strings (function names, file names, host names, group
+descriptions, exception text) end up on the analyst's terminal. An ESC in one of them could
+move the cursor, rewrite earlier lines of the report or set the window title. Every string
+of a dump is checked once as it enters the analysis; the rare one that holds a control
+character has each such character replaced by ``?``. Tabs are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+from flightrec.analysis.columns import DumpView
+from flightrec.proto import flightrec_pb2 as pb
+
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+_HEADER_TEXT = tuple(f.name for f in pb.Header.DESCRIPTOR.fields if f.type == f.TYPE_STRING)
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but tab replaced by ``?``."""
+    return _CONTROL.sub("?", text)
+
+
+def scrub(view: DumpView) -> DumpView:
+    """``view`` with no control characters in its strings, header or group names.
+
+    One regular-expression search over the joined strings in the common case (nothing to
+    replace); the tables are rewritten in place only when something is found.
+    """
+    meta = view.meta
+    strings = meta.strings
+    if _CONTROL.search("\t".join(strings)):
+        for i, s in enumerate(strings):
+            if _CONTROL.search(s):
+                strings[i] = printable(s)
+    h = meta.header
+    for name in _HEADER_TEXT:
+        value = getattr(h, name)
+        if value and _CONTROL.search(value):
+            setattr(h, name, printable(value))
+    for t in meta.threads:
+        if _CONTROL.search(t.name):
+            t.name = printable(t.name)
+    groups = view.groups
+    if any(_CONTROL.search(g.name) or _CONTROL.search(g.desc) for g in groups):
+        groups = tuple(
+            dataclasses.replace(g, name=printable(g.name), desc=printable(g.desc)) for g in groups
+        )
+        view = DumpView(meta, groups, view.entries)
+    return view
