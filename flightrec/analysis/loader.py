@@ -126,6 +126,11 @@ def discover(root: Path) -> Iterator[Path]:
                 yield path
 
 
+def _ranks(ranks: list[int]) -> str:
+    """Say "rank 3" or "ranks 0-3,7"."""
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {compress(ranks)}"
+
+
 def _order_key(d: RankDump) -> tuple[int, int, str]:
     return (d.header.wall_time_ns, d.header.dump_index, d.path)
 
@@ -363,6 +368,7 @@ def load_dir(
         per_rank[d.rank].append(d)
     chosen: dict[int, RankDump] = {}
     several: list[int] = []
+    claimed: list[int] = []
     reasons: dict[str, list[int]] = defaultdict(list)
     for rank, ds in sorted(per_rank.items()):
         ds.sort(key=_order_key)
@@ -377,15 +383,27 @@ def load_dir(
                 continue
             seen[ident] = d
             unique.append(d)
+        # Two processes claiming one rank: a restarted job, or two runs in one folder. Only
+        # the newest process speaks for the rank; mixing incarnations would make its history
+        # jump back to sequence number 1 in the middle.
+        process = (unique[-1].header.hostname, unique[-1].header.pid)
+        if any((d.header.hostname, d.header.pid) != process for d in unique):
+            claimed.append(rank)
+            unique = [d for d in unique if (d.header.hostname, d.header.pid) == process]
         pick = unique[-1] if view is View.LATEST else unique[0]
         chosen[rank] = pick
         if len(unique) > 1:
             several.append(rank)
             reasons[pb.DumpReason.Name(pick.header.reason)].append(rank)
-    if several:
-        picked = "; ".join(f"{reason} for ranks {compress(rs)}" for reason, rs in reasons.items())
+    if claimed:
         notes.append(
-            f"ranks {compress(several)} dumped more than once; using the {view.value} dump "
+            f"{_ranks(claimed)} written by more than one process (a restarted job, or two runs "
+            "in one folder); using the newest process of each"
+        )
+    if several:
+        picked = "; ".join(f"{reason} for {_ranks(rs)}" for reason, rs in reasons.items())
+        notes.append(
+            f"{_ranks(several)} dumped more than once; using the {view.value} dump "
             f"of each ({picked})"
         )
     world_size = max(max(d.header.world_size for d in chosen.values()), max(chosen) + 1)

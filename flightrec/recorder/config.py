@@ -41,7 +41,8 @@ class Config:
     dump_on_exit: bool = False
     """FLIGHTREC_DUMP_ON_EXIT: dump at normal exit too."""
     job_id: str = ""
-    """FLIGHTREC_JOB_ID or TORCHELASTIC_RUN_ID: namespaces store keys; empty when unknown."""
+    """FLIGHTREC_JOB_ID or TORCHELASTIC_RUN_ID: the job's name in its dumps; empty when unknown.
+    The store namespace is FLIGHTREC_JOB_ID alone (``store_namespace``)."""
     blackbox: bool = True
     """FLIGHTREC_BLACKBOX: keep the ring in a memory-mapped file under FLIGHTREC_DIR (on
     unless set to something other than 1/true/yes) so a rank that dies hard leaves evidence."""
@@ -100,6 +101,15 @@ def job_id_from_env(env: Mapping[str, str]) -> str:
         if value and value != "none":
             return value
     return ""
+
+
+def store_namespace(env: Mapping[str, str]) -> str:
+    """The job's namespace for dump requests in its store: FLIGHTREC_JOB_ID, or "".
+
+    Only the variable a user sets on purpose, so that ``flightrec trigger`` run from another
+    shell (where the launcher's TORCHELASTIC_RUN_ID is not set) finds the same keys.
+    """
+    return env.get("FLIGHTREC_JOB_ID", "").strip()
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Config:

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.proto import flightrec_pb2 as pb
-from flightrec.recorder.config import Config, from_env
+from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.hooks import Hooks
@@ -43,7 +43,7 @@ class Runtime:
         self.dumper = Dumper(self.recorder, config.job_id)
         self.hooks = Hooks()
         self.ddp = DDPHooks()
-        self.namespace = os.environ.get("FLIGHTREC_JOB_ID", "").strip() or DEFAULT_NAMESPACE
+        self.namespace = store_namespace(os.environ) or DEFAULT_NAMESPACE
         self.watchdog: Watchdog | None = None
         self.poller: Poller | None = None
         self.signals = SignalHandlers(self._on_signal)

@@ -6,7 +6,13 @@ import logging
 
 import pytest
 
-from flightrec.recorder.config import DEFAULT_BUFFER, DEFAULT_TIMEOUT_S, Config, from_env
+from flightrec.recorder.config import (
+    DEFAULT_BUFFER,
+    DEFAULT_TIMEOUT_S,
+    Config,
+    from_env,
+    store_namespace,
+)
 
 
 def test_unset_means_off_with_defaults() -> None:
@@ -39,6 +45,12 @@ def test_job_id_prefers_flightrec_and_ignores_torchrun_placeholder() -> None:
     assert from_env({"TORCHELASTIC_RUN_ID": "none"}).job_id == ""
     env = {"FLIGHTREC_JOB_ID": "mine", "TORCHELASTIC_RUN_ID": "theirs"}
     assert from_env(env).job_id == "mine"
+
+
+def test_store_namespace_is_what_the_user_set_and_nothing_else() -> None:
+    # The trigger, run from another shell, sees no TORCHELASTIC_RUN_ID: the job must not use it.
+    assert store_namespace({"TORCHELASTIC_RUN_ID": "rdzv-7"}) == ""
+    assert store_namespace({"FLIGHTREC_JOB_ID": " run-42 ", "TORCHELASTIC_RUN_ID": "x"}) == "run-42"
 
 
 @pytest.mark.parametrize(

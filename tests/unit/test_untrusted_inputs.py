@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from flightrec.blackbox.format import MAGIC as BLACKBOX_MAGIC
 from flightrec.dumpfile import MAGIC_PREFIX, SUFFIX, read_dump, write_dump
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.recorder.store import parse_request, post_request, request_key
@@ -175,6 +176,7 @@ def stalled() -> Job:
 WHY = {
     "truncated": "truncated", "zero-length": "empty file", "random": "not a flightrec dump",
     "wrong-version": "schema 9", "enormous": "larger than any dump",
+    "enormous-ring": "larger than any black box",
 }  # fmt: skip
 """Each bad kind, and the words its one line gives as the reason."""
 
@@ -200,6 +202,11 @@ def bad_files(folder: Path, good: Path) -> dict[str, Path]:
         f.write(MAGIC_PREFIX)
         f.truncate(300 * 1024 * 1024)
     out["enormous"] = enormous
+    ring = folder / "flightrec-rank00003-node9-999.ring"
+    with open(ring, "wb") as f:  # a black box, sparse, far larger than any ring
+        f.write(BLACKBOX_MAGIC)
+        f.truncate(300 * 1024 * 1024)
+    out["enormous-ring"] = ring
     return out
 
 
@@ -223,12 +230,32 @@ def test_every_bad_file_is_one_line_and_the_good_ones_are_analyzed(tmp_path: Pat
         (line,) = [x for x in lines if path.name in x]
         assert WHY[kind] in line, line
     assert "Rank 2" in result.stdout.split("\n", 3)[1]
-    assert "dumped more than once" in result.stdout
+    assert "rank 1 written by more than one process" in result.stdout
     assert "another job 'old-job'" in result.stdout
 
 
+def test_duplicated_rank_and_other_job_beside_a_healthy_job(tmp_path: Path) -> None:
+    # No finding, so exit 0; each oddity is one note, and no file is blamed on stderr.
+    job = healthy(Job())
+    for rank in range(job.world_size):
+        job.exited(rank)
+    job.write(tmp_path)
+    dup = job.build(1, dump_index=0)
+    dup.header.pid = 4242
+    write_dump(dup, tmp_path / "dup", "flightrec-rank00001-4242-000-process_exit.frdump")
+    other = healthy(Job(job_id="old-job")).build(0, wall_offset_s=-3600)
+    write_dump(other, tmp_path / "old", "flightrec-rank00000-77-000-watchdog_timeout.frdump")
+    result = analyze(tmp_path)
+    assert result.returncode == 0, (result.stdout, result.stderr)
+    assert result.stderr == ""
+    notes = [line for line in result.stdout.splitlines() if line.startswith("note:")]
+    assert len(notes) == 2, notes
+    assert "rank 1 written by more than one process" in notes[1]
+    assert "another job 'old-job'" in notes[0]
+
+
 @pytest.mark.parametrize(
-    "kind", ["truncated", "wrong-version", "enormous"]
+    "kind", ["truncated", "wrong-version", "enormous", "enormous-ring"]
 )  # others: test_cli_analyze
 def test_a_bad_file_alone_is_one_line_and_exit_2(tmp_path: Path, kind: str) -> None:
     (good,) = stalled().write(tmp_path / "good", ranks=[0])

@@ -48,7 +48,9 @@ def trigger_command(
         if not raw.isdigit():
             raise UsageError("no store port: pass --port or set MASTER_PORT")
         port = int(raw)
-    namespace = job_id if job_id is not None else os.environ.get("FLIGHTREC_JOB_ID", "")
-    n = request_dump(host, port, namespace.strip(), timeout)
+    from flightrec.recorder.config import store_namespace
+
+    namespace = job_id.strip() if job_id is not None else store_namespace(os.environ)
+    n = request_dump(host, port, namespace, timeout)
     typer.echo(f"asked every rank of the job at {host}:{port} to dump (request {n})")
     raise typer.Exit(0)
