@@ -43,6 +43,7 @@ def faulty(rank: int, step: int, kind: str) -> bool:
 
 
 def load_batch(rank: int, step: int) -> torch.Tensor:
+    time.sleep(0.1)  # a step's compute: a real rank runs a while between its collectives
     return torch.full((HIDDEN,), float(rank + step))
 
 

@@ -149,6 +149,8 @@ class BlackBox:
         if self.closed or not self.owned():
             return
         self.closed = True
+        if not healthy:  # the file stays as evidence: journal the lines no tick got to yet
+            self.write_sources()
         status = Status.CLEAN if healthy else Status.EXITED
         self._fields["status"] = int(status)
         STATUS.pack_into(self.head, OFF_STATUS, int(status))
