@@ -291,6 +291,20 @@ def test_eight_threads_issuing_collectives_at_once(
     assert len(per_rank) == WORLD and per_rank[0] == per_rank[1]
 
 
+def test_ddp_through_the_recording_hook_trains_the_same_weights(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    # flightrec replaces DDP's built-in all-reduce with its own hook: the mean over two ranks
+    # of several buckets per step must give bit-identical weights, and every bucket is recorded.
+    env = {"FLIGHTREC_DUMP_ON_EXIT": "1"}
+    out = run(["--workload", "ddp"], tmp_path, env=env)
+    assert_unharmed(out, reference("ddp", tmp_path_factory), max_warnings=0)
+    for path in dump_files(out.job.dump_dir):
+        d = read_dump(path)
+        reduces = [i for i, op in enumerate(d.entries.op) if d.strings[op] == "all_reduce"]
+        assert len(reduces) > 12, "several gradient buckets per step, each one entry"
+
+
 def test_fork_after_tracing_started(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -40,8 +40,10 @@ def ddp(args: argparse.Namespace) -> None:
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
-    # A small bucket cap: several gradient buckets per step, like a real model.
-    ddp_model = DistributedDataParallel(model, bucket_cap_mb=0.001)
+    # Small per-bucket caps: several gradient buckets per step, like a real model. (A small
+    # bucket_cap_mb alone does not do it in torch 2.13: without find_unused_parameters every
+    # parameter starts in one bucket, and these buckets are never rebuilt.)
+    ddp_model = DistributedDataParallel(model, bucket_cap_mb_list=[0.0005] * 3)
     opt = torch.optim.SGD(ddp_model.parameters(), lr=0.1)
     steps = args.steps - (1 if dist.get_rank() == args.short_rank else 0)
     print("READY", flush=True)

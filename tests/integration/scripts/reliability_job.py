@@ -10,7 +10,9 @@ Workloads (``--workload``):
   serial   one training loop on the default group.
   threads  eight threads, each training its own model on its own process group, at once.
   nodist   imports torch.distributed but never initializes it (one process, no collectives).
-  reference  the three above one after the other, printing ``REFERENCE <workload> <hex>``.
+  ddp      a DistributedDataParallel model with several gradient buckets per step (traced, its
+           buckets go through flightrec's recording hook: the weights must not change).
+  reference  the four above one after the other, printing ``REFERENCE <workload> <hex>``.
 
 Faults (``--fault``), acted out inside the job:
   none            nothing (the test changes the environment instead: dump folder, file size).
@@ -54,7 +56,9 @@ THREADS = 8
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser()
     p.add_argument(
-        "--workload", choices=["serial", "threads", "nodist", "reference"], default="serial"
+        "--workload",
+        choices=["serial", "threads", "nodist", "ddp", "reference"],
+        default="serial",
     )
     p.add_argument(
         "--fault",
@@ -280,12 +284,32 @@ def inject_internal_error(where: str) -> None:
         Tracker.track = broken  # type: ignore[method-assign]
 
 
+def ddp() -> list[torch.Tensor]:
+    """SGD on a DDP model whose gradients (per rank, different data) are averaged in buckets."""
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    torch.manual_seed(0)  # the same initial weights on every rank
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    wrapped = DistributedDataParallel(model, bucket_cap_mb_list=[0.0005] * 3)
+    opt = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(100 + dist.get_rank())
+    for _ in range(STEPS):
+        x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+        loss = ((wrapped(x) - y) ** 2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+
 def references() -> None:
     """Every workload's checksum in one (untraced) run: what the faults are compared with."""
     print("REFERENCE nodist", checksum(nodist()), flush=True)
     dist.init_process_group("gloo", timeout=timedelta(seconds=ARGS.pg_timeout))
     print("REFERENCE serial", checksum(serial()), flush=True)
     print("REFERENCE threads", checksum(threaded()), flush=True)
+    print("REFERENCE ddp", checksum(ddp()), flush=True)
     dist.destroy_process_group()
     print("DONE", flush=True)
 
@@ -315,7 +339,7 @@ def main() -> None:
         STEP_HOOKS.append(wedge_rank_1)
     if ARGS.fault == "dump-forever":
         dump_forever(ARGS.fill)
-    workload = threaded if ARGS.workload == "threads" else serial
+    workload = {"threads": threaded, "ddp": ddp}.get(ARGS.workload, serial)
     if ARGS.workload == "serial":
         dist.barrier()  # every group exists before the store may go away
     print("READY", flush=True)
