@@ -104,7 +104,9 @@ def read_tables(path: Path) -> Tables:
                 t.groups[index] = (str(rec[2]), str(rec[3]), [int(r) for r in rec[4]], str(rec[5]))
             else:
                 t.bad_lines += 1
-        except (ValueError, TypeError, IndexError, KeyError):
+        except (ValueError, TypeError, IndexError, KeyError, OverflowError, RecursionError):
+            # A torn last write, or a crafted line (1e400 as an index, "[[[[..." nested past
+            # the parser's recursion limit): one bad line, never the analysis.
             t.bad_lines += 1
     return t
 

@@ -95,6 +95,27 @@ def test_torn_slots_and_journal_lines_are_dropped(tmp_path: Path) -> None:
     assert "1 torn or unresolvable slots dropped" in dump.header.reason_detail
 
 
+def test_source_lines_are_journaled_off_the_calling_thread(tmp_path: Path) -> None:
+    rec = Recording(tmp_path)
+    train_step(rec, 1)
+    top = read_blackbox(rec.bb.path)
+    assert top.frames[top.stacks[top.entries.stack[0]].frames[0]].code == 0  # no tick yet
+    rec.bb.write_sources()  # what the watchdog's tick does
+    dump = read_blackbox(rec.bb.path)
+    frame = dump.frames[dump.stacks[dump.entries.stack[0]].frames[0]]
+    assert dump.strings[frame.code] == 'rec.call("all_reduce", (4,))  # the line a reader must name'
+
+
+def test_hostile_journal_lines_are_bad_lines_not_crashes(tmp_path: Path) -> None:
+    rec = Recording(tmp_path)
+    train_step(rec, 2)
+    with open(rec.bb._tables_path(rec.bb.path), "ab") as f:
+        f.write(b"[" * 200_000 + b"\n")  # nested past the JSON parser's recursion limit
+        f.write(b'["s", 1e400, "x"]\n["f", 9, "a.py", "f", 1e400]\n["c", 1, 5]\n')
+    dump = read_blackbox(rec.bb.path)
+    assert list(dump.entries.record_id) == [1, 2]
+
+
 def test_the_ring_wraps_and_the_reader_keeps_the_newest(tmp_path: Path) -> None:
     rec = Recording(tmp_path, capacity=4)
     train_step(rec, 10)

@@ -1,7 +1,7 @@
 """Fuzzing the dump readers: damaged bytes get one clear DumpError line, never a crash.
 
-Each seed is a real file from the shipped samples (a flightrec dump, a black-box ring, a
-native pickle, a native JSON dump). Hypothesis truncates it, overwrites bytes, splices in
+Each seed is a real file from the shipped samples (a flightrec dump, a black-box ring and its
+tables journal, a native pickle, a native JSON dump). Hypothesis truncates it, overwrites bytes, splices in
 random bytes, or replaces it whole, and the damaged file is read the way ``flightrec
 analyze`` reads any file. A reader may accept the bytes (a flipped byte in a timestamp is
 still a dump) or refuse them with a ``DumpError`` naming the file in one line; anything else
@@ -33,6 +33,7 @@ def _seed(folder: str, pattern: str) -> Path:
 SEEDS = {
     "flightrec": _seed("stalled_rank", "flightrec-rank00002-*-000-*.frdump"),
     "blackbox": _seed("crashed_rank", "flightrec-rank00001-*.ring"),
+    "blackbox-tables": _seed("crashed_rank", "flightrec-rank00001-*.ring.tables"),
     "native-pickle": _seed("native/hang", "nccl_trace_rank_2"),
     "native-json": _seed("native/hang-json", "*rank_2"),
 }
@@ -72,12 +73,14 @@ def check_file(seed: Path, data: bytes, workdir: Path) -> str:
     shutil.copytree(seed.parent, folder)
     target = folder / seed.name
     target.write_bytes(data)
+    # A black box's tables journal is read with its ring: damage the one, read the other.
+    read = target.with_name(target.name.removesuffix(".tables"))
     try:
-        read_any(target)
+        read_any(read)
         outcome = "accepted"
     except DumpError as exc:
         text = str(exc)
-        assert str(target) in text and "\n" not in text, text
+        assert str(read) in text and "\n" not in text, text
         outcome = "refused"
     with contextlib.suppress(FlightrecError):
         analyze_dir(folder)
