@@ -6,7 +6,10 @@ exit status. The recorder never lets any of them reach the training job.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class FlightrecError(Exception):
@@ -32,8 +35,10 @@ class DumpError(FlightrecError):
 
     def __init__(self, path: str | Path, reason: str) -> None:
         self.path = str(path)
-        self.reason = reason
-        super().__init__(f"{self.path}: {reason}")
+        # A reason may quote bytes of the damaged file (a parser's message); a newline or an
+        # escape sequence from it must not break the one line or reach the terminal.
+        self.reason = _CONTROL.sub("?", reason)
+        super().__init__(f"{_CONTROL.sub('?', self.path)}: {self.reason}")
 
 
 class NotADumpError(DumpError):

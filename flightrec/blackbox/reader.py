@@ -225,6 +225,15 @@ def read_blackbox(path: str | Path) -> pb.Dump:
     tables = read_tables(p.with_name(p.name.removesuffix(".ring") + TABLES_SUFFIX))
     entries, dropped = read_slots(p, data, head["capacity"], tables)
 
+    try:
+        return _to_dump(head, tables, entries, dropped)
+    except (ValueError, OverflowError) as exc:  # a damaged number past its field's range
+        raise CorruptDumpError(p, f"a black-box value is out of range ({exc})") from None
+
+
+def _to_dump(head: dict[str, Any], tables: Tables, entries: list[Slot], dropped: int) -> pb.Dump:
+    """The dump a black box's header, journal and slots make up (raises ValueError for a
+    number that does not fit its field)."""
     # Each frame's source line from the journal (never from the files on this machine).
     by_site = {
         (f[0], f[2]): tables.sources[i] for i, f in tables.frames.items() if i in tables.sources

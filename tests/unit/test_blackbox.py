@@ -18,7 +18,7 @@ from flightrec.blackbox.format import HEADER_SIZE, Status
 from flightrec.blackbox.writer import BlackBox
 from flightrec.builder import DumpBuilder, EntryValues
 from flightrec.dumpfile import dump_filename, write_dump
-from flightrec.errors import NotADumpError, UnsupportedVersionError
+from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.proto import flightrec_pb2 as pb
 from flightrec.recorder.groups import GroupInfo
 from flightrec.recorder.ring import COMPLETED, ENQUEUED, SLOT_SIZE, Ring
@@ -114,6 +114,15 @@ def test_hostile_journal_lines_are_bad_lines_not_crashes(tmp_path: Path) -> None
         f.write(b'["s", 1e400, "x"]\n["f", 9, "a.py", "f", 1e400]\n["c", 1, 5]\n')
     dump = read_blackbox(rec.bb.path)
     assert list(dump.entries.record_id) == [1, 2]
+
+
+def test_a_number_past_its_field_is_one_clear_error(tmp_path: Path) -> None:
+    # Found by the long fuzz run: a damaged header pid does not fit the dump's 32-bit field.
+    rec = Recording(tmp_path)
+    train_step(rec, 1)
+    rec.bb.head[24:32] = (-6939620822281604851).to_bytes(8, "little", signed=True)
+    with pytest.raises(CorruptDumpError, match="out of range"):
+        read_blackbox(rec.bb.path)
 
 
 def test_the_ring_wraps_and_the_reader_keeps_the_newest(tmp_path: Path) -> None:

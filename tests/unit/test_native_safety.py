@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from flightrec.analysis.loader import read_any
 from flightrec.errors import CorruptDumpError, DumpError, NotADumpError, UnsafeDumpError
 from flightrec.native import convert_paths, load_native, read_native, reader, sniff
 
@@ -239,3 +240,14 @@ def test_every_field_is_type_checked(
         with pytest.raises(error) as info:
             load_native(path)
         assert str(path) in str(info.value) and "\n" not in str(info.value)
+
+
+def test_a_parser_message_quoting_the_file_stays_one_line(tmp_path: Path) -> None:
+    # A damaged FLOAT opcode: the unpickler's message quotes the garbage, newline included.
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(b"\x80\x02F\x1b]0;x\x07\n.")
+    with pytest.raises(CorruptDumpError) as info:
+        read_any(path)
+    message = str(info.value)
+    assert "\n" not in message and "\x1b" not in message and "\x07" not in message
+    assert str(path) in message
