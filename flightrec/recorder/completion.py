@@ -80,14 +80,16 @@ class Tracker:
         self._polled = []
 
     def track_stream(self, rid: int) -> None:
-        """A synchronous GPU call returned: completion is when the current stream passes here."""
-        try:
-            import torch
+        """A synchronous GPU call returned: completion is when the current stream passes here.
 
-            event = torch.cuda.Event()  # type: ignore[no-untyped-call]
-            event.record()
-        except Exception:
-            return  # the entry stays ENQUEUED; better than blocking
+        Raises:
+            Exception: the CUDA event could not be made or recorded; the recorder then marks
+                the entry unknown (left ENQUEUED, the watchdog would report a false hang).
+        """
+        import torch
+
+        event = torch.cuda.Event()  # type: ignore[no-untyped-call]
+        event.record()
         with self._lock:
             self._polled.append(((rid,), event, True))
 

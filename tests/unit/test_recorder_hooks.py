@@ -186,6 +186,15 @@ def test_nccl_completion_is_tracked_without_blocking(tmp_path: Path) -> None:
         "torch.cuda.synchronize(); time.sleep(0.5)\n"
         "d = read_dump(flightrec.dump('nccl'))\n"
         "print('STATES', list(d.entries.state), d.header.device, d.header.device_uuid[:4])\n"
+        # Queue about a second of GPU work before a synchronous all_reduce: it returns at once,
+        # and a dump taken then sees it pending (the recorder never synchronizes the GPU).
+        "torch.cuda._sleep(2_000_000_000)\n"
+        "t0 = time.monotonic(); dist.all_reduce(t); returned = time.monotonic() - t0\n"
+        "p = read_dump(flightrec.dump('pending'))\n"
+        "print('PENDING', p.entries.state[-1], returned < 0.5)\n"
+        "torch.cuda.synchronize(); time.sleep(0.5)\n"
+        "d = read_dump(flightrec.dump('done'))\n"
+        "print('SETTLED', d.entries.state[-1])\n"
         "dist.destroy_process_group()\n"
     )
     env = child_env(
@@ -196,10 +205,24 @@ def test_nccl_completion_is_tracked_without_blocking(tmp_path: Path) -> None:
         }
     )
     out = subprocess.run(
-        ["python", "-c", code], env=env, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
     )
     assert out.returncode == 0, out.stderr
     assert "STATES [3, 3, 3, 3] cuda:0 GPU-" in out.stdout
+    assert "PENDING 1 True" in out.stdout or "PENDING 2 True" in out.stdout, out.stdout
+    assert "SETTLED 3" in out.stdout, out.stdout
+
+
+def test_a_gpu_call_whose_completion_cannot_be_followed_is_not_left_pending() -> None:
+    # The CUDA event of a synchronous NCCL call cannot be made (here: no CUDA at all): the
+    # tracker says so, and the recorder marks the entry unknown rather than leaving it
+    # ENQUEUED for the watchdog to report as a hang.
+    if torch.cuda.is_available():
+        pytest.skip("CUDA events work here")
+    from flightrec.recorder.completion import Tracker
+
+    with pytest.raises(Exception):  # noqa: B017 - whatever torch raises without CUDA
+        Tracker(None).track_stream(1)  # type: ignore[arg-type]
 
 
 def test_reduce_op_names_stay_bounded(rt: Runtime) -> None:
@@ -232,3 +255,51 @@ def test_unrecorded_calls_run_torch_exactly_once(rt: Runtime) -> None:
     with pytest.raises(ValueError, match="torch says no"):  # recording cannot read the tensor
         wrapper("not a tensor")
     assert len(calls) == 2 and len(entries(rt)) == before
+
+
+def _shapes(rt: Runtime, index: int) -> set[tuple[int, ...]]:
+    return {shape for shape, _ in rt.recorder.tensors.values[index]}
+
+
+# Functions no multi-rank test calls, each with arguments whose shapes say which parameter the
+# recorder read: (call, input shapes, output shapes, root). gloo does not implement some of
+# them; the call then raises, and the entry must still be there, FAILED, with its arguments.
+UNCOMMON = {
+    "all_reduce_coalesced": (
+        lambda: dist.all_reduce_coalesced([torch.ones(5), torch.ones(6)]), {(5,), (6,)}, {(5,), (6,)}, -1
+    ),
+    "all_gather_coalesced": (
+        lambda: dist.all_gather_coalesced([[torch.ones(7)]], [torch.ones(7)]), {(7,)}, {(7,)}, -1
+    ),
+    "reduce_scatter": (
+        lambda: dist.reduce_scatter(torch.ones(8), [torch.ones(8)]), {(8,)}, {(8,)}, -1
+    ),
+    "_reduce_scatter_base": (
+        lambda: dist._reduce_scatter_base(torch.ones(9), torch.ones(9)), {(9,)}, {(9,)}, -1
+    ),
+    "all_to_all": (
+        lambda: dist.all_to_all([torch.ones(10)], [torch.ones(11)]), {(11,)}, {(10,)}, -1
+    ),
+    "scatter": (
+        lambda: dist.scatter(torch.ones(12), scatter_list=[torch.ones(12)], src=0), {(12,)}, {(12,)}, 0
+    ),
+    "gather": (
+        lambda: dist.gather(torch.ones(13), gather_list=[torch.ones(13)], dst=0), {(13,)}, {(13,)}, 0
+    ),
+    "monitored_barrier": (lambda: dist.monitored_barrier(), set(), set(), -1),
+}  # fmt: skip
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@pytest.mark.parametrize("name", sorted(UNCOMMON))
+def test_every_uncommon_collective_records_its_arguments(rt: Runtime, name: str) -> None:
+    call, inputs, outputs, root = UNCOMMON[name]
+    try:
+        call()
+        raised = False
+    except Exception:  # gloo's "not supported": recorded all the same
+        raised = True
+    (row,) = [r for r in entries(rt) if rt.recorder.strings.values[r.op] == name]
+    assert row.state == (FAILED if raised else COMPLETED), name
+    assert row.seq >= 1 and row.peer == root
+    assert _shapes(rt, row.inputs) == inputs and _shapes(rt, row.outputs) == outputs
