@@ -166,7 +166,7 @@ Progress = Callable[[int, int], None]
 
 # Below this many files a worker pool costs more than it saves.
 _PARALLEL_FROM = 256
-_CHUNK = 64
+_CHUNK = 32
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
+from operator import itemgetter
 
 from flightrec.native.reader import Reader
 
@@ -176,6 +177,29 @@ class _Interned:
 
 def _column(entries: list[dict[object, object]], key: str) -> list[object]:
     return list(map(dict.get, entries, repeat(key)))
+
+
+# The keys read_entries takes from every entry (format 2.x names).
+_KEYS = (
+    "profiling_name", "process_group", "collective_seq_id", "record_id", "is_p2p",
+    "input_sizes", "input_dtypes", "output_sizes", "output_dtypes", "frames", "pg_id",
+    "p2p_seq_id", "state", "time_created_ns", "time_discovered_started_ns",
+    "time_discovered_completed_ns", "thread_name", "timeout_ms",
+)  # fmt: skip
+_ALL_KEYS = itemgetter(*_KEYS)
+
+
+def _columns(entries: list[dict[object, object]]) -> dict[str, list[object]]:
+    """Every column ``read_entries`` reads, by key; a missing value is None.
+
+    One pass when every entry has every key (what torch writes): each dict is looked up once
+    for all keys and the rows are transposed at C speed. Otherwise a pass per column.
+    """
+    try:
+        rows = list(map(_ALL_KEYS, entries))
+    except KeyError:
+        return {key: _column(entries, key) for key in _KEYS}
+    return dict(zip(_KEYS, map(list, zip(*rows, strict=True)), strict=True))
 
 
 def _first_bad(values: Sequence[object], allowed: frozenset[type]) -> int:
@@ -409,8 +433,9 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
         i = _first_bad(entries, frozenset({dict}))
         raise r.fail(f"entries[{i}] is {type(entries[i]).__name__}, expected a dict")
     n = len(entries)
+    cols = _columns(entries)
 
-    names = r.texts(_column(entries, "profiling_name"), "profiling_name")
+    names = r.texts(cols["profiling_name"], "profiling_name")
     calls = {name: _call(name) for name in dict.fromkeys(names)}
     if len(calls) == 1:
         ((backend, op, src, dst),) = calls.values()
@@ -426,52 +451,46 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
             dsts = list(map({k: c[3] for k, c in calls.items()}.__getitem__, names))
         else:
             srcs = dsts = [-1] * n
-    pg_name, pg_desc = _group_column(r, _column(entries, "process_group"))
+    pg_name, pg_desc = _group_column(r, cols["process_group"])
 
-    seqs = _column(entries, "collective_seq_id")
+    seqs = cols["collective_seq_id"]
     if None in seqs:  # format 1.x calls it seq_id
         seqs = [e.get("collective_seq_id", e.get("seq_id")) for e in entries]
-    record_ids = _column(entries, "record_id")
+    record_ids = cols["record_id"]
     if None in record_ids:
         record_ids = [i if v is None else v for i, v in enumerate(record_ids)]
 
-    is_p2p = r.flags(_column(entries, "is_p2p"), "is_p2p")
+    is_p2p = r.flags(cols["is_p2p"], "is_p2p")
     if any(calls[name][1] in _SEND_RECV for name in calls):
         is_p2p = [p or op in _SEND_RECV for p, op in zip(is_p2p, ops, strict=True)]
 
     interned = _Interned()
-    inputs = _tensor_column(
-        r, _column(entries, "input_sizes"), _column(entries, "input_dtypes"), "input", interned
-    )
-    outputs = _tensor_column(
-        r, _column(entries, "output_sizes"), _column(entries, "output_dtypes"), "output", interned
-    )
-    stack = _stack_column(r, _column(entries, "frames"), interned)
+    inputs = _tensor_column(r, cols["input_sizes"], cols["input_dtypes"], "input", interned)
+    outputs = _tensor_column(r, cols["output_sizes"], cols["output_dtypes"], "output", interned)
+    stack = _stack_column(r, cols["frames"], interned)
     return NativeEntries(
         record_id=r.naturals(record_ids, "record_id"),  # unsigned in the schema
-        pg_id=r.ints(_column(entries, "pg_id"), "pg_id", -1),
+        pg_id=r.ints(cols["pg_id"], "pg_id", -1),
         pg_name=pg_name,
         pg_desc=pg_desc,
         seq=r.naturals(seqs, "collective_seq_id"),
-        p2p_seq=r.naturals(_column(entries, "p2p_seq_id"), "p2p_seq_id"),
+        p2p_seq=r.naturals(cols["p2p_seq_id"], "p2p_seq_id"),
         backend=backends,
         op=ops,
         local_src=srcs,
         local_dst=dsts,
         is_p2p=is_p2p,
-        state=r.texts(_column(entries, "state"), "state"),
-        created_ns=r.naturals(_column(entries, "time_created_ns"), "time_created_ns"),
-        started_ns=r.naturals(
-            _column(entries, "time_discovered_started_ns"), "time_discovered_started_ns"
-        ),
+        state=r.texts(cols["state"], "state"),
+        created_ns=r.naturals(cols["time_created_ns"], "time_created_ns"),
+        started_ns=r.naturals(cols["time_discovered_started_ns"], "time_discovered_started_ns"),
         completed_ns=r.naturals(
-            _column(entries, "time_discovered_completed_ns"), "time_discovered_completed_ns"
+            cols["time_discovered_completed_ns"], "time_discovered_completed_ns"
         ),
         inputs=inputs,
         outputs=outputs,
         tensor_sigs=tuple(interned.sigs),
         stack=stack,
         stacks=tuple(interned.stacks),
-        thread=r.texts(_column(entries, "thread_name"), "thread_name"),
-        timeout_ms=r.naturals(_column(entries, "timeout_ms"), "timeout_ms"),
+        thread=r.texts(cols["thread_name"], "thread_name"),
+        timeout_ms=r.naturals(cols["timeout_ms"], "timeout_ms"),
     )

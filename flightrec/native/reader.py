@@ -12,6 +12,7 @@ the scalar accessors, which accept or refuse it exactly as they would one value.
 from __future__ import annotations
 
 import re
+import sys
 from array import array
 from collections.abc import Mapping, Sequence
 
@@ -25,6 +26,9 @@ _NONE = type(None)
 _STRS = frozenset({str})
 _STRS_OR_NONE = frozenset({str, _NONE})
 _COUNTER = re.compile(r"-?\d{1,19}")
+_LITTLE = sys.byteorder == "little"
+_NON_NEGATIVE_TOP = bytes(range(0x80))
+"""Most significant bytes of non-negative int64 values (deleted: what is left is negative)."""
 
 
 class Reader:
@@ -135,7 +139,14 @@ class Reader:
     def naturals(self, column: list[object], what: str) -> Sequence[int]:
         """``ints`` with negative values (never meaningful here) read as 0."""
         values = self.ints(column, what)
-        if values and min(values) < 0:
+        if isinstance(values, array):
+            # Little-endian or not, a negative int64 is one whose most significant byte has
+            # its top bit set: find such a byte at C speed instead of comparing 2,000 ints.
+            top = values.tobytes()[7 if _LITTLE else 0 :: 8]
+            negative = bool(top.translate(None, _NON_NEGATIVE_TOP))
+        else:
+            negative = bool(values) and min(values) < 0
+        if negative:
             return array("q", [v if v > 0 else 0 for v in values])
         return values
 
