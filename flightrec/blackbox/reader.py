@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -174,9 +175,22 @@ def _alive(host: str, pid: int) -> bool:
     return True
 
 
+HEARTBEAT_FRESH_S = 10.0
+"""A black box from another host whose heartbeat (written every watchdog tick, 0.1 s) is
+younger than this is taken as a running process: its liveness cannot be checked from here,
+and shared file systems and host clocks lag by a few seconds at most."""
+
+
+def _heartbeat_age_s(head: dict[str, Any]) -> float:
+    """Seconds since the process last noted it was alive, on this machine's wall clock."""
+    beat = int(head["beat_wall_ns"] or head["start_wall_ns"])
+    return (time.time_ns() - beat) / 1e9
+
+
 def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
     who = f"pid {head['pid']} on {head['hostname'] or 'unknown host'}"
     status = head["status"]
+    remote = head["hostname"] != socket.gethostname()
     if status == Status.EXITED:
         what = (
             f"black box of {who}: the process exited with unfinished or failed operations "
@@ -186,11 +200,18 @@ def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
         what = f"black box of {who}: the process exited healthy"
     elif _alive(head["hostname"], head["pid"]):
         what = f"black box of {who}: {RUNNING_NOW} (a live view of its ring)"
+    elif remote and 0 <= (age := _heartbeat_age_s(head)) < HEARTBEAT_FRESH_S:
+        what = (
+            f"black box of {who}: {RUNNING_NOW} as far as another host can tell "
+            f"(its heartbeat is {age:.1f} s old)"
+        )
     else:
         what = (
             f"black box of {who}: {DIED} "
             "(SIGKILL, OOM killer, os._exit, or an abort inside the backend)"
         )
+        if remote:  # judged from here by its heartbeat alone
+            what += f"; its heartbeat stopped {_heartbeat_age_s(head):.0f} s before this analysis"
     what += f"; {n} entries recovered"
     if dropped:
         what += f", {dropped} torn or unresolvable slots dropped"

@@ -14,7 +14,7 @@ import pytest
 from flightrec.analysis import analyze
 from flightrec.analysis.loader import load_dir
 from flightrec.blackbox import is_blackbox, read_blackbox
-from flightrec.blackbox.format import HEADER_SIZE, Status
+from flightrec.blackbox.format import BEAT, HEADER_SIZE, OFF_BEAT, Status, fixed
 from flightrec.blackbox.writer import BlackBox
 from flightrec.builder import DumpBuilder, EntryValues
 from flightrec.dumpfile import dump_filename, write_dump
@@ -207,6 +207,24 @@ def test_a_forked_child_never_touches_its_parents_black_box(tmp_path: Path) -> N
     assert os.waitpid(pid, 0)[1] == 0
     assert rec.bb.path.exists()
     assert read_blackbox(rec.bb.path).header.rank == -1
+
+
+def test_a_black_box_from_another_host_is_judged_by_its_heartbeat(tmp_path: Path) -> None:
+    # Analyzed from a login node: the process cannot be looked up, its heartbeat can.
+    rec = Recording(tmp_path)
+    rec.bb.identify(1, 4, "job-7", "gloo", "2.x")
+    train_step(rec, 1)
+    rec.bb._fields["hostname"] = fixed("node-elsewhere", 64)
+    rec.bb._write_header()
+    rec.bb.heartbeat()
+    assert (
+        "still running as far as another host can tell"
+        in read_blackbox(rec.bb.path).header.reason_detail
+    )
+    hour_ago = time.time_ns() - 3600 * 10**9
+    BEAT.pack_into(rec.bb.head, OFF_BEAT, hour_ago, time.monotonic_ns())
+    detail = read_blackbox(rec.bb.path).header.reason_detail
+    assert "died" in detail and "heartbeat stopped 3600 s before this analysis" in detail
 
 
 def test_a_live_rank_that_never_dumped_is_read_from_its_black_box(tmp_path: Path) -> None:
