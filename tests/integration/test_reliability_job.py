@@ -360,6 +360,7 @@ def test_tracing_on_without_torch_distributed(
     out = run(["--workload", "nodist"], tmp_path, env=env, world=1)
     elapsed = time.monotonic() - start
     assert_unharmed(out, reference("nodist", tmp_path_factory), max_warnings=0)
+    assert "TRACED True" in out.logs[0], out.logs[0]  # tracing was on, not silently off
     assert elapsed < 30, elapsed  # nothing blocked at exit
     # Nothing to report and nothing left behind: no dump, no black box.
     assert dump_files(out.job.dump_dir) == [] and list(out.job.dump_dir.glob("*.ring")) == []
