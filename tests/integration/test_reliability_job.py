@@ -266,12 +266,17 @@ def test_internal_error_in_the_recorder(
     assert not out.job.dump_dir.exists() or list(out.job.dump_dir.glob("*.ring")) == []
 
 
+def run_unharmed(workload: str, tmp_path: Path, factory: pytest.TempPathFactory) -> Outcome:
+    """A traced run of ``workload`` (dumping at exit) that must end as the untraced one did."""
+    out = run(["--workload", workload], tmp_path, env={"FLIGHTREC_DUMP_ON_EXIT": "1"})
+    assert_unharmed(out, reference(workload, factory), max_warnings=0)
+    return out
+
+
 def test_eight_threads_issuing_collectives_at_once(
     tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
-    env = {"FLIGHTREC_DUMP_ON_EXIT": "1"}
-    out = run(["--workload", "threads"], tmp_path, env=env)
-    assert_unharmed(out, reference("threads", tmp_path_factory), max_warnings=0)
+    out = run_unharmed("threads", tmp_path, tmp_path_factory)
     # And the record is right: per thread, its own group numbered 1..n on both ranks.
     per_rank = []
     for path in dump_files(out.job.dump_dir):
@@ -296,9 +301,7 @@ def test_ddp_through_the_recording_hook_trains_the_same_weights(
 ) -> None:
     # flightrec replaces DDP's built-in all-reduce with its own hook: the mean over two ranks
     # of several buckets per step must give bit-identical weights, and every bucket is recorded.
-    env = {"FLIGHTREC_DUMP_ON_EXIT": "1"}
-    out = run(["--workload", "ddp"], tmp_path, env=env)
-    assert_unharmed(out, reference("ddp", tmp_path_factory), max_warnings=0)
+    out = run_unharmed("ddp", tmp_path, tmp_path_factory)
     for path in dump_files(out.job.dump_dir):
         d = read_dump(path)
         reduces = [i for i, op in enumerate(d.entries.op) if d.strings[op] == "all_reduce"]
