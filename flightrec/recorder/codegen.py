@@ -168,7 +168,11 @@ def _order_lines(spec: OpSpec, names: set[str]) -> tuple[str, str]:
         lines.append(f"{ind}_seq = 0")
         lines.append(f"{ind}_p2p = _info.next_p2p({peer}, {bool(spec.flags & SEND)})")
     else:
-        lines.append(f"{ind}_info.seq = _seq = _next(_info.counter)")
+        # The counter is atomic; the high-water mark is only raised, so a thread preempted
+        # between the two cannot set it back below a number another thread already issued.
+        lines.append(f"{ind}_seq = _next(_info.counter)")
+        lines.append(f"{ind}if _seq > _info.seq:")
+        lines.append(f"{ind}    _info.seq = _seq")
         lines.append(f"{ind}_p2p = 0")
     return "\n".join(lines), peer
 
