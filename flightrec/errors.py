@@ -9,7 +9,13 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+"""Characters a terminal acts on (all C0 and C1 controls but tab): never printed from a file."""
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character but tab replaced by ``?``."""
+    return CONTROL.sub("?", text)
 
 
 class FlightrecError(Exception):
@@ -37,8 +43,8 @@ class DumpError(FlightrecError):
         self.path = str(path)
         # A reason may quote bytes of the damaged file (a parser's message); a newline or an
         # escape sequence from it must not break the one line or reach the terminal.
-        self.reason = _CONTROL.sub("?", reason)
-        super().__init__(f"{_CONTROL.sub('?', self.path)}: {self.reason}")
+        self.reason = printable(reason)
+        super().__init__(f"{printable(self.path)}: {self.reason}")
 
 
 class NotADumpError(DumpError):

@@ -10,19 +10,12 @@ character has each such character replaced by ``?``. Tabs are kept.
 from __future__ import annotations
 
 import dataclasses
-import re
 
 from flightrec.analysis.columns import DumpView
+from flightrec.errors import CONTROL, printable
 from flightrec.proto import flightrec_pb2 as pb
 
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f-\x9f]")
-
 _HEADER_TEXT = tuple(f.name for f in pb.Header.DESCRIPTOR.fields if f.type == f.TYPE_STRING)
-
-
-def printable(text: str) -> str:
-    """``text`` with every control character but tab replaced by ``?``."""
-    return _CONTROL.sub("?", text)
 
 
 def scrub(view: DumpView) -> DumpView:
@@ -33,20 +26,20 @@ def scrub(view: DumpView) -> DumpView:
     """
     meta = view.meta
     strings = meta.strings
-    if _CONTROL.search("\t".join(strings)):
+    if CONTROL.search("\t".join(strings)):
         for i, s in enumerate(strings):
-            if _CONTROL.search(s):
+            if CONTROL.search(s):
                 strings[i] = printable(s)
     h = meta.header
     for name in _HEADER_TEXT:
         value = getattr(h, name)
-        if value and _CONTROL.search(value):
+        if value and CONTROL.search(value):
             setattr(h, name, printable(value))
     for t in meta.threads:
-        if _CONTROL.search(t.name):
+        if CONTROL.search(t.name):
             t.name = printable(t.name)
     groups = view.groups
-    if any(_CONTROL.search(g.name) or _CONTROL.search(g.desc) for g in groups):
+    if any(CONTROL.search(g.name) or CONTROL.search(g.desc) for g in groups):
         groups = tuple(
             dataclasses.replace(g, name=printable(g.name), desc=printable(g.desc)) for g in groups
         )

@@ -32,7 +32,7 @@ from flightrec.blackbox.format import (
     Status,
     text,
 )
-from flightrec.builder import MAX_SOURCE_CHARS, DumpBuilder
+from flightrec.builder import DumpBuilder
 from flightrec.dumpfile import MAX_DUMP_BYTES
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.proto import flightrec_pb2 as pb
@@ -98,7 +98,7 @@ def read_tables(path: Path) -> Tables:
             elif kind == "f":
                 t.frames[index] = (str(rec[2]), str(rec[3]), int(rec[4]))
             elif kind == "c":
-                t.sources[index] = str(rec[2])[:MAX_SOURCE_CHARS]
+                t.sources[index] = str(rec[2])  # cut to length by the builder
             elif kind == "k":
                 t.stacks[index] = [int(f) for f in rec[2]]
             elif kind == "g":
@@ -191,6 +191,7 @@ def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
     who = f"pid {head['pid']} on {head['hostname'] or 'unknown host'}"
     status = head["status"]
     remote = head["hostname"] != socket.gethostname()
+    age = _heartbeat_age_s(head)
     if status == Status.EXITED:
         what = (
             f"black box of {who}: the process exited with unfinished or failed operations "
@@ -200,7 +201,7 @@ def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
         what = f"black box of {who}: the process exited healthy"
     elif _alive(head["hostname"], head["pid"]):
         what = f"black box of {who}: {RUNNING_NOW} (a live view of its ring)"
-    elif remote and 0 <= (age := _heartbeat_age_s(head)) < HEARTBEAT_FRESH_S:
+    elif remote and 0 <= age < HEARTBEAT_FRESH_S:
         what = (
             f"black box of {who}: {RUNNING_NOW} as far as another host can tell "
             f"(its heartbeat is {age:.1f} s old)"
@@ -211,7 +212,7 @@ def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
             "(SIGKILL, OOM killer, os._exit, or an abort inside the backend)"
         )
         if remote:  # judged from here by its heartbeat alone
-            what += f"; its heartbeat stopped {_heartbeat_age_s(head):.0f} s before this analysis"
+            what += f"; its heartbeat stopped {age:.0f} s before this analysis"
     what += f"; {n} entries recovered"
     if dropped:
         what += f", {dropped} torn or unresolvable slots dropped"
