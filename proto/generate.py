@@ -2,7 +2,7 @@
 
 Usage (from the repository root, with the ``dev`` extra installed)::
 
-    python proto/generate.py          # rewrite flightrec/proto/flightrec_pb2.py and .pyi
+    python proto/generate.py          # rewrite flightrec/format/flightrec_pb2.py and .pyi
     python proto/generate.py --check  # exit 1 if the committed code is stale
 
 The generator (grpcio-tools' bundled protoc and mypy-protobuf) is pinned in the ``dev`` extra
@@ -21,7 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO_DIR = ROOT / "proto"
-OUT_DIR = ROOT / "flightrec" / "proto"
+OUT_DIR = ROOT / "flightrec" / "format"
 GENERATED = ("flightrec_pb2.py", "flightrec_pb2.pyi")
 
 
@@ -56,7 +56,7 @@ def main() -> int:
         ]
         if args.check:
             for name in stale:
-                print(f"stale: flightrec/proto/{name} (run: python proto/generate.py)")
+                print(f"stale: flightrec/format/{name} (run: python proto/generate.py)")
             return 1 if stale else 0
         for name in GENERATED:
             shutil.copyfile(Path(tmp) / name, OUT_DIR / name)

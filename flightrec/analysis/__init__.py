@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from flightrec.analysis.desync import find_desyncs
-from flightrec.analysis.loader import Progress, Run, View, load_dir, read_any
+from flightrec.analysis.loader import Progress, Run, View, load_dir
 from flightrec.analysis.matching import Matched, match
 from flightrec.analysis.mismatch import find_mismatches
 from flightrec.analysis.model import (
@@ -33,7 +33,7 @@ from flightrec.analysis.skips import annotate_shifts
 from flightrec.analysis.states import RankState, Status, rank_states
 from flightrec.analysis.straggler import find_stragglers
 from flightrec.analysis.waits import build_wait_graph
-from flightrec.blackbox import died
+from flightrec.readers.blackbox import died
 
 __all__ = [
     "AnalysisOptions",
@@ -50,7 +50,6 @@ __all__ = [
     "View",
     "analyze",
     "analyze_dir",
-    "read_any",
 ]
 
 

@@ -32,7 +32,7 @@ from typing import NamedTuple
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.signature import taker
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED
 # 1.4826 x median absolute deviation estimates a normal spread's sigma, ignoring outliers.

@@ -12,7 +12,7 @@ from collections.abc import Set
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind
-from flightrec.report.ranges import compress, ranks_phrase
+from flightrec.text import compress, ranks_phrase
 
 
 def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:

@@ -1,33 +1,27 @@
 """Find dump files under a folder, read each one, and pick one consistent view per rank.
 
-Every file goes through ``read_any``: the one place that knows file formats. A file that
-cannot be read becomes a ``FileProblem`` (one line) and the rest are still analysed.
+Every file goes through ``flightrec.readers.read_views``, the one place that knows file
+formats. A file that cannot be read becomes a ``FileProblem`` (one line) and the rest are
+still analysed.
 """
 
 from __future__ import annotations
 
 import enum
-import importlib
 import multiprocessing
 import os
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
-from flightrec.analysis.columns import DumpView
-from flightrec.analysis.fastread import read_compact
 from flightrec.analysis.model import FileProblem, RankDump
 from flightrec.analysis.rankindex import RankIndex, index_rank
-from flightrec.blackbox import SOURCE as BLACKBOX_SOURCE
-from flightrec.blackbox import is_blackbox, read_blackbox
-from flightrec.blackbox.format import TABLES_SUFFIX
-from flightrec.dumpfile import MAGIC_PREFIX, MAX_DUMP_BYTES, SUFFIX, has_magic, read_dump, validate
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
-from flightrec.proto import flightrec_pb2 as pb
-from flightrec.recorder.rawstacks import attach as attach_raw_stacks
-from flightrec.report.ranges import compress
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
+from flightrec.readers import discover, looks_like_dump, read_views
+from flightrec.text import compress
 
 
 class View(enum.StrEnum):
@@ -59,71 +53,6 @@ class Run:
     def missing_ranks(self) -> tuple[int, ...]:
         """Ranks below ``world_size`` without a dump."""
         return tuple(r for r in range(self.world_size) if r not in self.dumps)
-
-
-def _native() -> ModuleType | None:
-    # The native-dump reader is optional at this layer: it plugs in here when present.
-    try:
-        return importlib.import_module("flightrec.native")
-    except ImportError:
-        return None
-
-
-def read_any(path: str | Path) -> pb.Dump | list[pb.Dump]:
-    """Read one file in any format flightrec understands.
-
-    Args:
-        path: a flightrec dump, or a PyTorch native Flight Recorder dump.
-
-    Returns:
-        The dump (a native file may convert to several, one per rank).
-
-    Raises:
-        DumpError: (a subclass) naming the file and the problem in one line.
-    """
-    if has_magic(path):
-        return read_dump(path)
-    # Other formats convert into the schema; the converted dump gets the same checks as a
-    # file of ours, so the analysis can rely on them whatever the source.
-    if is_blackbox(path):
-        dump = read_blackbox(path)
-        # The thread stacks faulthandler wrote beside it if the process's Python stopped.
-        attach_raw_stacks(dump, path)
-        validate(dump, path)
-        return dump
-    native = _native()
-    sniff = getattr(native, "sniff", None)
-    read_native = getattr(native, "read_native", None)
-    if sniff is not None and read_native is not None and sniff(path):
-        result = read_native(path)
-        dumps = [result] if isinstance(result, pb.Dump) else list(result)
-        for dump in dumps:
-            validate(dump, path)
-        return dumps[0] if isinstance(result, pb.Dump) else dumps
-    # Let the flightrec reader produce its precise message (empty file, no magic, unreadable).
-    return read_dump(path)
-
-
-def _looks_like_dump(path: Path) -> bool:
-    """Whether a file that failed to read deserves a complaint rather than silence."""
-    name = path.name.lower()
-    return name.endswith(SUFFIX) or "flightrec" in name or "trace" in name
-
-
-def discover(root: Path) -> Iterator[Path]:
-    """Every regular file under ``root`` (recursively, sorted), skipping temporaries."""
-    if root.is_file():
-        yield root
-        return
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            # Temporaries of an atomic write in progress, editor droppings, hidden files.
-            if name.startswith(".") or name.endswith(TABLES_SUFFIX):
-                continue  # (a black box's tables are read with its .ring file)
-            path = Path(dirpath) / name
-            if path.is_file():
-                yield path
 
 
 def _ranks(ranks: list[int]) -> str:
@@ -180,55 +109,20 @@ class _Outcome:
     skipped: bool = False
 
 
-def _read_flightrec(file: Path) -> RankDump | None:
-    """A flightrec dump read straight into compact form (``fastread``); None otherwise."""
-    try:
-        if file.stat().st_size > MAX_DUMP_BYTES:
-            return None
-        with open(file, "rb") as f:
-            if f.read(len(MAGIC_PREFIX)) != MAGIC_PREFIX:
-                return None
-            f.seek(0)
-            data = f.read()
-    except OSError:
-        return None  # the ordinary reader says why
-    return read_compact(data, str(file))
-
-
-def _read_native(file: Path) -> DumpView | None:
-    """A native dump converted straight into compact form (``native.view``); None otherwise.
-
-    Raises:
-        DumpError: the file is a native dump that cannot be read.
-    """
-    native = _native()
-    if native is None or not native.sniff(file):
-        return None
-    try:
-        from flightrec.native.view import read_native_view
-    except ImportError:
-        return None
-    return read_native_view(file)
-
-
 def _read_one(file: Path, root: Path) -> _Outcome:
-    fast = _read_flightrec(file)
-    if fast is not None:
-        return _Outcome(dumps=(fast,), indexes=(index_rank(fast),))
     try:
-        result = _read_native(file) or read_any(file)
+        views = read_views(file)
     except NotADumpError as exc:
-        if file == root or _looks_like_dump(file):
+        if file == root or looks_like_dump(file):
             return _Outcome(problem=FileProblem(str(file), exc.reason))
         return _Outcome(skipped=True)
     except DumpError as exc:
         return _Outcome(problem=FileProblem(str(file), exc.reason))
     except OSError as exc:
         return _Outcome(problem=FileProblem(str(file), f"cannot read: {exc.strerror or exc}"))
-    dumps = result if isinstance(result, list) else [result]
-    # The compact form right away: the parsed protobuf entries are dropped with ``result``;
-    # the per-rank index is built here too, in the worker, where the CPU time is parallel.
-    compact = tuple(RankDump(str(file), d) for d in dumps)
+    # The compact form right away; the per-rank index is built here too, in the worker,
+    # where the CPU time is parallel.
+    compact = tuple(RankDump(str(file), v) for v in views)
     return _Outcome(dumps=compact, indexes=tuple(index_rank(d) for d in compact))
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from flightrec.analysis.loader import Run
 from flightrec.analysis.model import CollectiveRecord, GroupProgress, ProcessGroupInfo, RankDump
 from flightrec.analysis.rankindex import RankGroupIndex, index_rank
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED
 _IS_P2P = pb.IS_P2P

@@ -26,8 +26,8 @@ from flightrec.analysis.signature import (
     raw_signatures,
     resolve,
 )
-from flightrec.proto import flightrec_pb2 as pb
-from flightrec.report.ranges import compress, ranks_phrase
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.text import compress, ranks_phrase
 
 
 def _show(field: str, value: Hashable) -> str:

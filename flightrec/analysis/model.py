@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TypeAlias
 
-from flightrec.analysis.columns import DumpView, EntriesView, GroupView, meta_of
-from flightrec.analysis.scrub import scrub
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.view import DumpView, EntriesView, GroupView
+from flightrec.readers.scrub import scrub
 
 
 class FindingKind(enum.StrEnum):
@@ -183,8 +183,7 @@ class RankDump:
     def __init__(self, path: str, dump: pb.Dump | DumpView) -> None:
         self.path = path
         if not isinstance(dump, DumpView):
-            groups = tuple(GroupView.of(g) for g in dump.groups)
-            dump = DumpView(meta_of(dump), groups, EntriesView.of(dump.entries))
+            dump = DumpView.of(dump)
         self.dump = scrub(dump)
         self._frame_cache: dict[int, FrameInfo] = {}
         self._stack_cache: dict[int, tuple[FrameInfo, ...]] = {}

@@ -18,9 +18,9 @@ from flightrec.analysis.model import (
     FrameInfo,
     user_frame,
 )
-from flightrec.blackbox import died, ended
-from flightrec.proto import flightrec_pb2 as pb
-from flightrec.report.ranges import compress, ranks_phrase
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.readers.blackbox import died, ended
+from flightrec.text import compress, ranks_phrase
 
 
 def frame_json(frame: FrameInfo) -> dict[str, object]:

@@ -14,7 +14,7 @@ import networkx as nx
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Consequence, Finding, FindingKind
 from flightrec.analysis.waits import Node
-from flightrec.report.ranges import ranks_phrase
+from flightrec.text import ranks_phrase
 
 
 def cycle_finding(

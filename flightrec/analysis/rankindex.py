@@ -18,7 +18,7 @@ from typing import Any
 
 from flightrec.analysis.model import RankDump
 from flightrec.analysis.signature import RawSignature, raw_signatures, resolve, taker
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED
 _IS_P2P = pb.IS_P2P

@@ -21,7 +21,7 @@ from flightrec.analysis.not_arrived import culprit_state, rank_finding
 from flightrec.analysis.p2p import cycle_finding
 from flightrec.analysis.routine import Departure, routine
 from flightrec.analysis.waits import Node, Wait
-from flightrec.report.ranges import compress, ranks_phrase
+from flightrec.text import compress, ranks_phrase
 
 # Ranks of one wait cycle whose histories are read to find who left its routine.
 MAX_ROUTINE_CHECKS = 64

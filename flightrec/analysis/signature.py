@@ -11,7 +11,7 @@ from operator import itemgetter
 from typing import TypeVar
 
 from flightrec.analysis.model import CollectiveRecord, RankDump, TensorInfo
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
 
 _OBJECT_API = int(pb.OBJECT_API)
 T = TypeVar("T")

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import FrameInfo, user_frame
 from flightrec.analysis.waits import Wait
-from flightrec.blackbox import ended
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.readers.blackbox import ended
 
 
 class Status(enum.StrEnum):

@@ -19,7 +19,7 @@ import networkx as nx
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import ProcessGroupInfo
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
 
 Node = tuple[object, ...]
 

@@ -67,7 +67,7 @@ def dump(reason: str = "") -> Path | None:
         TorchMissingError: torch (with torch.distributed) is not installed.
     """
     _require_torch()
-    from flightrec.proto import flightrec_pb2 as pb
+    from flightrec.format import flightrec_pb2 as pb
     from flightrec.recorder import runtime
 
     return runtime.get().dump(pb.API_CALL, reason)

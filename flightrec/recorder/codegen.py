@@ -31,21 +31,13 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
-from flightrec.builder import SEND
+from flightrec.format.builder import SEND
 
 try:
     from flightrec.recorder import _fast
 except ImportError:  # not built (no compiler at install, big-endian host): pure Python
     _fast = None  # type: ignore[assignment]
-from flightrec.recorder.ring import (
-    COMPLETED,
-    DONE,
-    ENQUEUED,
-    OFF_COMPLETE,
-    RID,
-    SLOT,
-    SLOT_SIZE,
-)
+from flightrec.format.slot import COMPLETED, DONE, ENQUEUED, OFF_COMPLETE, RID, SLOT, SLOT_SIZE
 from flightrec.recorder.specs import OpSpec, Param
 
 if TYPE_CHECKING:

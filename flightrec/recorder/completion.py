@@ -14,7 +14,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from flightrec.recorder.ring import COMPLETED, FAILED
+from flightrec.format.slot import COMPLETED, FAILED
 
 if TYPE_CHECKING:
     from flightrec.recorder.recorder import Recorder

@@ -17,10 +17,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flightrec.builder import DumpBuilder
-from flightrec.dumpfile import dump_filename, write_dump
-from flightrec.proto import flightrec_pb2 as pb
-from flightrec.recorder.ring import decode
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import DumpBuilder
+from flightrec.format.schema import dump_filename
+from flightrec.format.slot import decode
+from flightrec.format.write import write_dump
 from flightrec.recorder.stacks import frames_of, source_line, without_own_frames
 
 if TYPE_CHECKING:

@@ -22,12 +22,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flightrec.blackbox.writer import BlackBox
-from flightrec.builder import COALESCED, IS_P2P, SEND
+from flightrec.format.builder import COALESCED, IS_P2P, SEND
+from flightrec.format.slot import COMPLETED, ENQUEUED, FAILED, SLOT_SIZE
 from flightrec.recorder import completion
+from flightrec.recorder.blackbox import BlackBox
 from flightrec.recorder.config import Config
 from flightrec.recorder.groups import GroupInfo, GroupRegistry
-from flightrec.recorder.ring import COMPLETED, ENQUEUED, FAILED, SLOT_SIZE, Ring
+from flightrec.recorder.ring import Ring
 from flightrec.recorder.stacks import StackTable
 from flightrec.recorder.tables import StringTable, TensorTable
 

@@ -1,64 +1,48 @@
-"""The ring: fixed-capacity, fixed-size binary slots in one preallocated buffer.
+"""The ring: fixed-capacity ``flightrec.format.slot`` records in one preallocated buffer.
 
-Each entry is one ``SLOT`` record written with ``struct.pack_into``: no Python object is
-created per entry beyond the argument tuple, a slot's layout is the same in memory and on disk
-(``flightrec.blackbox`` backs the buffer with a memory-mapped file so that a rank killed with
-SIGKILL still leaves its ring behind), and a dump copies the whole ring with one ``bytes()`` call.
-The record id is stored first and again last: a reader of a file left by a process killed in the
-middle of a write drops a slot whose two copies disagree.
+No Python object is created per entry beyond the argument tuple, and a dump copies the whole
+ring with one ``bytes()`` call (``flightrec.recorder.blackbox`` backs the buffer with a
+memory-mapped file so that a rank killed with SIGKILL still leaves its ring behind).
 
 Writers do not lock: record ids come from ``itertools.count`` (atomic under the GIL) and each
 ``pack_into`` is a single C call, so a reader copying the buffer sees every slot either before
 or after a write, never half of one. The optional C hot path (``_fast.c``) writes the same
-layout into the same buffer, also in one step under the GIL; its offsets mirror ``SLOT``. Columns that hold table indices (op, thread, stack, ...)
-refer to the recorder's intern tables, which only ever grow.
+layout into the same buffer, also in one step under the GIL.
 """
 
 from __future__ import annotations
 
 import itertools
-import re
-import struct
-from collections.abc import Iterator
-from typing import Any, NamedTuple
+from typing import Any
 
-# Little-endian, no implicit padding: the layout is a file format, not a C struct.
-SLOT = struct.Struct("<QqqB3xQQIIIiIIIIIIQ")
-SLOT_SIZE = SLOT.size
-# Offsets used for in-place updates; they must follow the format above.
-OFF_COMPLETE = 16  # complete_ns (q) then state (B)
-OFF_STATE = 24
-RID = struct.Struct("<Q")
-DONE = struct.Struct("<qB")
+from flightrec.format.slot import (
+    COMPLETED,
+    DONE,
+    ENQUEUED,
+    FAILED,
+    OFF_COMPLETE,
+    OFF_STATE,
+    PENDING,
+    RID,
+    SLOT,
+    SLOT_SIZE,
+    STARTED,
+    Slot,
+    decode,
+    iter_pending,
+)
 
-# Slot states, equal to the protobuf ``State`` values so no mapping is needed at dump time.
-EMPTY = 0
-ENQUEUED = 1
-STARTED = 2
-COMPLETED = 3
-FAILED = 4
-_PENDING = re.compile(b"[\x01\x02]")
-
-
-class Slot(NamedTuple):
-    """One decoded ring entry; index columns point into the recorder's intern tables."""
-
-    record_id: int
-    enqueue_ns: int
-    complete_ns: int
-    state: int
-    seq: int
-    p2p_seq: int
-    group: int
-    op: int
-    reduce_op: int
-    peer: int
-    thread: int
-    stack: int
-    inputs: int
-    outputs: int
-    device: int
-    flags: int
+__all__ = [
+    "COMPLETED",
+    "ENQUEUED",
+    "FAILED",
+    "SLOT_SIZE",
+    "STARTED",
+    "Ring",
+    "Slot",
+    "decode",
+    "iter_pending",
+]
 
 
 class Ring:
@@ -118,7 +102,7 @@ class Ring:
     def pending_slots(self) -> list[int]:
         """Slot indices whose entry is still enqueued or started (a cheap C-speed scan)."""
         states = self.buffer[OFF_STATE::SLOT_SIZE]
-        return [m.start() for m in _PENDING.finditer(states)]
+        return [m.start() for m in PENDING.finditer(states)]
 
     def failed_any(self) -> bool:
         """Whether any entry still in the ring failed."""
@@ -127,17 +111,3 @@ class Ring:
     def read(self, slot: int) -> Slot:
         """Decode one slot in place."""
         return Slot._make(SLOT.unpack_from(self.buffer, slot * SLOT_SIZE)[:-1])
-
-
-def decode(snapshot: bytes) -> list[Slot]:
-    """The entries of a ring snapshot, oldest first (empty slots left out)."""
-    slots = [Slot._make(v[:-1]) for v in SLOT.iter_unpack(snapshot) if v[0] and v[0] == v[-1]]
-    slots.sort(key=lambda s: s.record_id)
-    return slots
-
-
-def iter_pending(snapshot: bytes) -> Iterator[Slot]:
-    """Entries of a snapshot that are not finished."""
-    for values in SLOT.iter_unpack(snapshot):
-        if values[0] and values[3] in (ENQUEUED, STARTED):
-            yield Slot._make(values[:-1])

@@ -15,12 +15,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.rawstacks import stacks_path
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.hooks import Hooks
-from flightrec.recorder.rawstacks import RawStacks, stacks_path
+from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
 from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from flightrec.builder import COALESCED, IS_P2P, OBJECT_API, SEND
+from flightrec.format.builder import COALESCED, IS_P2P, OBJECT_API, SEND
 
 
 @dataclass(frozen=True, slots=True)

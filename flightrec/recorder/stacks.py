@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 
-from flightrec.builder import MAX_SOURCE_CHARS, FrameTuple
+from flightrec.format.builder import MAX_SOURCE_CHARS, FrameTuple
 
 # (code, f_lasti) pairs, innermost first.
 RawStack = tuple[tuple[CodeType, int], ...]

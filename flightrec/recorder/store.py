@@ -19,7 +19,7 @@ from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
 
 log = logging.getLogger("flightrec")
 POLL_S = 0.25

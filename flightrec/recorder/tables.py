@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from flightrec.builder import TensorTuple
+from flightrec.format.builder import TensorTuple
 
 TensorSig = tuple[TensorTuple, ...]
 

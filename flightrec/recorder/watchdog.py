@@ -16,11 +16,11 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from flightrec.recorder.ring import ENQUEUED, STARTED
+from flightrec.format.slot import ENQUEUED, STARTED
 
 if TYPE_CHECKING:
+    from flightrec.format.slot import Slot
     from flightrec.recorder.recorder import Recorder
-    from flightrec.recorder.ring import Slot
 
 log = logging.getLogger("flightrec")
 PERIOD_S = 0.1

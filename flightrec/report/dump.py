@@ -7,8 +7,8 @@ from rich.table import Table
 from rich.text import Text
 
 from flightrec.analysis.model import RankDump, TensorInfo, user_frame
-from flightrec.proto import flightrec_pb2 as pb
-from flightrec.report.ranges import compress
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.text import compress
 
 
 def _specs(ts: tuple[TensorInfo, ...]) -> str:

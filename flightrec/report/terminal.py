@@ -15,7 +15,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flightrec.analysis.model import Consequence, Finding, FrameInfo, is_library_frame
-from flightrec.report.ranges import compress, ranks_phrase
+from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:
     from flightrec.analysis import Report

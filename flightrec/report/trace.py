@@ -17,8 +17,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from flightrec.analysis.clocks import ClockAlignment, base_ns, estimate_offsets
-from flightrec.proto import flightrec_pb2 as pb
-from flightrec.report.ranges import compress
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.text import compress
 
 if TYPE_CHECKING:
     from flightrec.analysis import Report

@@ -16,9 +16,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from flightrec.builder import IS_P2P, SEND, DumpBuilder
-from flightrec.dumpfile import dump_filename, write_dump
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import IS_P2P, SEND, DumpBuilder
+from flightrec.format.schema import dump_filename
+from flightrec.format.write import write_dump
 from flightrec.simulate.faults import Fault, Outcome, mismatched, op_keys, play_out
 from flightrec.simulate.layout import GroupKind, Layout
 from flightrec.simulate.native import write_native

@@ -129,8 +129,8 @@ def test_show_prints_one_dump(tmp_path: Path) -> None:
 
 
 def test_view_option_picks_which_dump_of_each_rank(tmp_path: Path) -> None:
-    from flightrec.dumpfile import write_dump
-    from flightrec.proto import flightrec_pb2 as pb
+    from flightrec.format import flightrec_pb2 as pb
+    from flightrec.format.write import write_dump
 
     job = stalled()
     for r in range(4):

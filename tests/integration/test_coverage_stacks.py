@@ -14,8 +14,8 @@ import pytest
 pytest.importorskip("torch.distributed")
 
 from flightrec.analysis import analyze_dir
-from flightrec.blackbox import RING_SUFFIX
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.blackbox import RING_SUFFIX
 from tests.integration.jobs import SCRIPTS, Job, start_job
 
 SCRIPT = SCRIPTS / "coverage.py"

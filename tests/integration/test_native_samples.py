@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.dumpfile import read_dump
+from flightrec.format.read import read_dump
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "samples" / "native"

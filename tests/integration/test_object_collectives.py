@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.builder import IS_P2P, OBJECT_API, SEND
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import IS_P2P, OBJECT_API, SEND
 from tests.integration.jobs import start_job
 
 pytest.importorskip("numpy")  # torch's object collectives need it

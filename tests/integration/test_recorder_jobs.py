@@ -1,7 +1,7 @@
 """The recorder in real 4-rank gloo jobs: what it records, and every way a dump is triggered.
 
 Each test starts real processes through ``jobs.start_job`` with FLIGHTREC=1 (the scripts never
-import flightrec themselves) and reads the dumps back with ``flightrec.dumpfile.read_dump``.
+import flightrec themselves) and reads the dumps back with ``flightrec.format.read.read_dump``.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.builder import ASYNC_OP, COALESCED, IS_P2P, SEND
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import ASYNC_OP, COALESCED, IS_P2P, SEND
 from tests.integration.jobs import child_env, start_job
 
 pytestmark = pytest.mark.integration

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze_dir
-from flightrec.blackbox import read_blackbox
-from flightrec.dumpfile import read_dump
-from flightrec.proto import flightrec_pb2 as pb
-from flightrec.recorder.rawstacks import attach, stacks_path
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.rawstacks import stacks_path
+from flightrec.format.read import read_dump
+from flightrec.readers.blackbox import read_blackbox
+from flightrec.readers.rawstacks import attach
 from tests.integration.jobs import REPO, start_job
 
 pytestmark = pytest.mark.integration

@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.dumpfile import read_dump
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.read import read_dump
 from tests.integration.jobs import Job, child_env, free_port, start_job
 
 pytestmark = pytest.mark.integration
@@ -379,7 +379,7 @@ def test_process_groups_are_released_when_destroyed(tmp_path: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from tests.unit.gloo import one_rank_gloo, traced_runtime
+    from tests.integration.gloo import one_rank_gloo, traced_runtime
 
     with traced_runtime(tmp_path, buffer=16):
         with one_rank_gloo():

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from flightrec.analysis import analyze_dir
 from flightrec.analysis.model import FindingKind
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
 from tests.integration.jobs import SCRIPTS, child_env, start_job
 from tests.integration.test_cli_analyze import flightrec
 from tests.unit.test_trace_format import trace_errors

@@ -14,9 +14,17 @@ from pathlib import Path
 
 from flightrec.analysis.loader import Run
 from flightrec.analysis.model import RankDump
-from flightrec.builder import IS_P2P, SEND, DumpBuilder, EntryValues, FrameTuple, SourceReader
-from flightrec.dumpfile import dump_filename, write_dump
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import (
+    IS_P2P,
+    SEND,
+    DumpBuilder,
+    EntryValues,
+    FrameTuple,
+    SourceReader,
+)
+from flightrec.format.schema import dump_filename
+from flightrec.format.write import write_dump
 
 TORCH_FRAME: FrameTuple = (
     "/venv/lib/python3.11/site-packages/torch/distributed/c10d.py",

@@ -8,9 +8,9 @@ import pytest
 
 from flightrec.analysis import analyze_dir
 from flightrec.analysis.loader import View, load_dir
-from flightrec.dumpfile import write_dump
 from flightrec.errors import NoDumpsError, UsageError
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.write import write_dump
 from tests.unit.factories import Job, healthy
 
 

@@ -6,8 +6,8 @@ from flightrec.analysis import analyze
 from flightrec.analysis.matching import match
 from flightrec.analysis.mismatch import find_mismatches
 from flightrec.analysis.model import FindingKind
-from flightrec.builder import EntryValues
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import EntryValues
 from tests.unit.factories import Job, healthy
 
 

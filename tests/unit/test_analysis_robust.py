@@ -11,8 +11,8 @@ from rich.console import Console
 from flightrec.analysis import analyze
 from flightrec.analysis.loader import Run
 from flightrec.analysis.model import RankDump
-from flightrec.builder import IS_P2P, SEND, DumpBuilder, EntryValues
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import IS_P2P, SEND, DumpBuilder, EntryValues
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze_dir
-from flightrec.dumpfile import MAX_WORLD_SIZE, parse_dump, read_dump, write_dump
 from flightrec.errors import CorruptDumpError
+from flightrec.format.read import parse_dump, read_dump
+from flightrec.format.schema import MAX_WORLD_SIZE
+from flightrec.format.write import write_dump
 from tests.unit.factories import Job, healthy
 
 

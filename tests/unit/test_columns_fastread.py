@@ -1,4 +1,4 @@
-"""The fast reader (``analysis.fastread``) gives exactly what the ordinary reader gives.
+"""The fast reader (``flightrec.format.wire``) gives exactly what the ordinary reader gives.
 
 Compared on simulated dumps (every column, group and table), on dumps with wide values (peers
 beyond 63, seqs beyond 127, times), and on damaged bytes: where the ordinary reader refuses a
@@ -15,13 +15,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flightrec.analysis.columns import compact_members, intern_ranks, narrow
-from flightrec.analysis.fastread import read_compact
 from flightrec.analysis.model import RankDump
-from flightrec.dumpfile import parse_dump
 from flightrec.errors import DumpError
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.read import parse_dump
+from flightrec.format.view import compact_members, intern_ranks, narrow
+from flightrec.format.wire import read_compact
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
+
+
+def fast_read(data: bytes, path: str) -> RankDump | None:
+    """``format.wire``'s view as the loader wraps it (None where the wire reader declines)."""
+    view = read_compact(data, path)
+    return None if view is None else RankDump(path, view)
 
 
 def _same(fast: RankDump, slow: RankDump) -> None:
@@ -43,7 +49,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
 def test_fast_reader_equals_the_ordinary_reader(job: list[Path]) -> None:
     for path in job[::37]:
         data = path.read_bytes()
-        fast = read_compact(data, str(path))
+        fast = fast_read(data, str(path))
         assert fast is not None, path
         _same(fast, RankDump(str(path), parse_dump(data, path)))
         # and it survives the trip from a loader worker
@@ -51,7 +57,7 @@ def test_fast_reader_equals_the_ordinary_reader(job: list[Path]) -> None:
 
 
 def test_world_group_is_shared_and_pickles_as_a_range(job: list[Path]) -> None:
-    dumps = [read_compact(p.read_bytes(), str(p)) for p in job[:3]]
+    dumps = [fast_read(p.read_bytes(), str(p)) for p in job[:3]]
     worlds = [d.dump.groups[0].ranks for d in dumps if d is not None]
     assert len(worlds) == 3 and worlds[0] is worlds[1] is worlds[2]
     assert list(worlds[0]) == list(range(512))
@@ -88,7 +94,7 @@ def test_damaged_bytes_are_never_accepted_by_the_fast_reader_alone(
         slow: RankDump | None = RankDump("x", parse_dump(damaged, "x"))
     except DumpError:
         slow = None
-    fast = read_compact(damaged, "x")
+    fast = fast_read(damaged, "x")
     if slow is None:
         assert fast is None
     elif fast is not None:
@@ -107,4 +113,4 @@ def test_indices_beyond_their_tables_are_declined(job: list[Path]) -> None:
         data = damaged.SerializeToString()
         with pytest.raises(DumpError):
             parse_dump(data, "x")
-        assert read_compact(data, "x") is None
+        assert fast_read(data, "x") is None

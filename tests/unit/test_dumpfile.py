@@ -7,22 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.builder import DumpBuilder, EntryValues
-from flightrec.dumpfile import (
-    MAGIC_PREFIX,
-    dump_filename,
-    has_magic,
-    parse_dump,
-    read_dump,
-    write_dump,
-)
 from flightrec.errors import (
     CorruptDumpError,
     DumpError,
     NotADumpError,
     UnsupportedVersionError,
 )
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import DumpBuilder, EntryValues
+from flightrec.format.read import has_magic, parse_dump, read_dump
+from flightrec.format.schema import MAGIC_PREFIX, dump_filename
+from flightrec.format.write import write_dump
 
 
 def small_dump(rank: int = 1, entries: int = 3) -> pb.Dump:

@@ -20,8 +20,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flightrec.analysis import analyze_dir
-from flightrec.analysis.loader import read_any
 from flightrec.errors import DumpError, FlightrecError
+from flightrec.readers import read_any
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.builder import IS_P2P, SEND
-from flightrec.dumpfile import validate
-from flightrec.native import convert_paths, parse_name, read_native, sniff
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import IS_P2P, SEND
+from flightrec.format.read import validate
+from flightrec.readers.native import convert_paths, parse_name, read_native, sniff
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
 FORMS = [("", "torch-native-pickle"), ("-json", "torch-native-json")]
@@ -367,7 +367,7 @@ def test_a_dump_that_lists_its_groups_converts_without_its_siblings(tmp_path: Pa
 @pytest.mark.parametrize("scenario", ["hang", "subgroup_hang-json", "op_mismatch"])
 def test_the_analyzer_view_holds_what_read_native_converts(scenario: str) -> None:
     from flightrec.analysis.model import RankDump
-    from flightrec.native.view import read_native_view
+    from flightrec.readers.native.view import read_native_view
 
     for path in sorted((SAMPLES / scenario).iterdir()):
         if not sniff(path):

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.analysis.loader import read_any
 from flightrec.errors import CorruptDumpError, DumpError, NotADumpError, UnsafeDumpError
-from flightrec.native import convert_paths, load_native, read_native, reader, sniff
+from flightrec.readers import read_any
+from flightrec.readers.native import convert_paths, load_native, read_native, reader, sniff
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
 
@@ -168,7 +168,7 @@ def test_shared_subobjects_cannot_blow_up_the_work(
 def test_oversized_files_are_refused_before_reading(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import flightrec.native as native
+    import flightrec.readers.native as native
 
     monkeypatch.setattr(native, "MAX_NATIVE_BYTES", 1000)
     path = tmp_path / "rank_0"
@@ -180,7 +180,7 @@ def test_oversized_files_are_refused_before_reading(
 @pytest.mark.parametrize("protocol", range(pickle.HIGHEST_PROTOCOL + 1))
 def test_every_pickle_protocol_is_refused_its_globals(tmp_path: Path, protocol: int) -> None:
     # Protocols 0-1 use INST/GLOBAL, 2-3 GLOBAL+REDUCE, 4-5 STACK_GLOBAL: all reach find_class.
-    from flightrec.native.unpickle import load_plain_pickle
+    from flightrec.readers.native.unpickle import load_plain_pickle
 
     target = tmp_path / "pwned"
     data = pickle.dumps({"entries": [_Shell(target)]}, protocol=protocol)

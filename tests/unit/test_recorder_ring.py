@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from flightrec.recorder.ring import COMPLETED, ENQUEUED, FAILED, SLOT_SIZE, Ring, decode
+from flightrec.format.slot import COMPLETED, ENQUEUED, FAILED, SLOT_SIZE, decode
+from flightrec.recorder.ring import Ring
 
 
 def put(ring: Ring, seq: int, state: int = ENQUEUED, enqueue: int = 100) -> int:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from flightrec.report.ranges import compress, ranks_phrase
+from flightrec.text import compress, ranks_phrase
 
 
 @pytest.mark.parametrize(

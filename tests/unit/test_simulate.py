@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.dumpfile import read_dump
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.read import read_dump
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 from flightrec.simulate.job import build_rank_dump, plan
 from flightrec.simulate.layout import GroupKind

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from flightrec.native import convert_dir
+from flightrec.readers.native import convert_dir
 
 
 def register(app: typer.Typer) -> None:

@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from flightrec.analysis import RankDump, read_any
+from flightrec.analysis import RankDump
 from flightrec.errors import UsageError
+from flightrec.readers import read_any
 from flightrec.report.dump import DumpRenderer
 from flightrec_cli.console import report_console
 

@@ -14,11 +14,12 @@ from array import array
 from collections.abc import Sequence
 from pathlib import Path
 
-from flightrec.analysis.columns import DumpView, EntriesView, GroupView, narrow
-from flightrec.dumpfile import ENTRY_COLUMNS, validate
-from flightrec.native import job_of_file, load_native
-from flightrec.native.convert import convert_columns
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.read import validate
+from flightrec.format.schema import ENTRY_COLUMNS
+from flightrec.format.view import DumpView, EntriesView, GroupView, narrow
+from flightrec.readers.native import job_of_file, load_native
+from flightrec.readers.native.convert import convert_columns
 
 # Wall-clock nanoseconds need 64 bits whatever their values: no narrowing pass.
 _CLOCKS = frozenset({"enqueue_ns", "start_ns", "complete_ns"})
@@ -45,7 +46,7 @@ def read_native_view(path: str | Path) -> DumpView:
         path: a native dump file.
 
     Returns:
-        The dump, checked like a flightrec file (``dumpfile.validate``).
+        The dump, checked like a flightrec file (``flightrec.format.read.validate``).
 
     Raises:
         DumpError: (a subclass) naming the file, when it cannot be read; for

@@ -22,7 +22,7 @@ from pathlib import Path
 from types import CodeType
 from typing import Any
 
-from flightrec.blackbox.format import (
+from flightrec.format.blackbox import (
     BEAT,
     HEADER,
     HEADER_SIZE,

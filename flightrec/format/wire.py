@@ -1,7 +1,7 @@
 """Read a flightrec dump file straight into the compact in-memory form, at scale.
 
 A 16,384-rank job is 16,384 files of 2,000 entries. Parsing each one into protobuf objects
-and copying every column out of them value by value (``RankDump(path, read_dump(path))``)
+and copying every column out of them value by value (``DumpView.of(read_dump(path))``)
 costs milliseconds per file, and a per-rank copy of the world group's 16,384-member list makes
 the whole load grow with the square of the job. This reader walks the file's top-level
 wire format instead (a few dozen fields), and:
@@ -13,7 +13,7 @@ wire format instead (a few dozen fields), and:
   in every file) is shared, never decoded again, and an arithmetic one is held as a ``range``
   (which pickles in 44 bytes instead of 16,384 numbers);
 * has the rest of the dump (header, tables, threads) parsed and validated by
-  ``dumpfile.parse_dump``, the one validator, and checks the entry columns as it does.
+  ``flightrec.format.read.parse_dump``, the one validator, and checks the entry columns as it does.
 
 Anything unusual (damage, unpacked or split columns, a file written by a future schema)
 returns None and the caller reads the file the ordinary way, which reports damage precisely.
@@ -27,7 +27,11 @@ from collections.abc import Sequence
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import DecodeError
 
-from flightrec.analysis.columns import (
+from flightrec.errors import DumpError
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.read import parse_dump
+from flightrec.format.schema import ENTRY_COLUMNS, MAGIC_PREFIX
+from flightrec.format.view import (
     DumpView,
     EntriesView,
     GroupView,
@@ -35,17 +39,13 @@ from flightrec.analysis.columns import (
     intern_ranks,
     narrow,
 )
-from flightrec.analysis.model import RankDump
-from flightrec.dumpfile import ENTRY_COLUMNS, MAGIC_PREFIX, parse_dump
-from flightrec.errors import DumpError
-from flightrec.proto import flightrec_pb2 as pb
 
 _GROUPS = pb.Dump.DESCRIPTOR.fields_by_name["groups"].number
 _ENTRIES = pb.Dump.DESCRIPTOR.fields_by_name["entries"].number
 _RANKS = pb.ProcessGroup.DESCRIPTOR.fields_by_name["ranks"].number
 _COLUMN_OF = {f.number: f.name for f in pb.Entries.DESCRIPTOR.fields}
 _ZIGZAG = {f.name for f in pb.Entries.DESCRIPTOR.fields if f.type == FieldDescriptor.TYPE_SINT32}
-# Index columns and the table each one points into (as ``dumpfile.validate`` checks them).
+# Index columns and the table each one points into (as ``flightrec.format.read.validate`` checks them).
 _BOUNDED = {
     "op": "strings",
     "reduce_op": "strings",
@@ -209,8 +209,8 @@ def _members(data: bytes, start: int, end: int, group: pb.ProcessGroup) -> Seque
     return members
 
 
-def read_compact(data: bytes, path: str) -> RankDump | None:
-    """The dump in ``data`` as a compact ``RankDump``; None when the ordinary reader must decide.
+def read_compact(data: bytes, path: str) -> DumpView | None:
+    """The dump in ``data`` as a compact ``DumpView``; None when the ordinary reader must decide.
 
     Args:
         data: the whole file.
@@ -247,4 +247,4 @@ def read_compact(data: bytes, path: str) -> RankDump | None:
         # ValueError: the parser saw other groups than the walk; DecodeError: damaged entries.
         return None
     dump.ClearField("groups")
-    return RankDump(path, DumpView(dump, views, EntriesView(columns)))
+    return DumpView(dump, views, EntriesView(columns))

@@ -27,20 +27,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from flightrec.dumpfile import dump_filename, write_dump
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
-from flightrec.native.convert import to_pb
-from flightrec.native.groups import (
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.schema import dump_filename
+from flightrec.format.write import write_dump
+from flightrec.readers.native.convert import to_pb
+from flightrec.readers.native.groups import (
     GroupEvidence,
     JobGroups,
     evidence,
     groups_of_one,
     rebuild_groups,
 )
-from flightrec.native.jsonform import load_json
-from flightrec.native.model import NativeDump, normalize
-from flightrec.native.unpickle import load_plain_pickle
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.readers.native.jsonform import load_json
+from flightrec.readers.native.model import NativeDump, normalize
+from flightrec.readers.native.unpickle import load_plain_pickle
 
 __all__ = [
     "MAX_NATIVE_BYTES",

@@ -1,4 +1,4 @@
-"""How one rank's dump is held in memory during analysis: compact, picklable, read like protobuf.
+"""The in-memory view of one rank's dump that every reader produces: compact, picklable, read like protobuf.
 
 A 16,384-rank job keeps every rank's ring in memory at once, so entry columns become the
 narrowest typed arrays that hold them, the world group's member list is shared by all ranks,
@@ -18,8 +18,8 @@ from google.protobuf.internal.containers import (
     RepeatedScalarFieldContainer,
 )
 
-from flightrec.dumpfile import ENTRY_COLUMNS
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.schema import ENTRY_COLUMNS
 
 
 def narrow(values: list[int]) -> array[int]:
@@ -101,7 +101,7 @@ class PeerView(NamedTuple):
 # long at 16,384 ranks. One shared tuple per distinct member list keeps that O(world), not
 # O(world^2), and makes comparing two ranks' lists an identity check most of the time.
 # Small lists stay private lists (copying them costs nothing, and they stay editable).
-# A ``range`` member list (see ``fastread``) maps to the same shared tuple in O(1), and a
+# A ``range`` member list (see ``flightrec.format.wire``) maps to the same shared tuple in O(1), and a
 # shared tuple pickles as its range again: 44 bytes instead of 16,384 numbers per rank.
 _MEMBER_LISTS: dict[tuple[int, ...], tuple[int, ...]] = {}
 _RANGES: dict[range, tuple[int, ...]] = {}
@@ -237,6 +237,12 @@ class DumpView:
         self.meta = meta
         self.groups = groups
         self.entries = entries
+
+    @classmethod
+    def of(cls, dump: pb.Dump) -> DumpView:
+        """The view of a parsed dump (its entries copied into narrow arrays)."""
+        groups = tuple(GroupView.of(g) for g in dump.groups)
+        return cls(meta_of(dump), groups, EntriesView.of(dump.entries))
 
     @property
     def header(self) -> pb.Header:

@@ -14,15 +14,15 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from flightrec.dumpfile import read_dump  # noqa: E402
-from flightrec.proto import flightrec_pb2 as pb  # noqa: E402
+from flightrec.format import flightrec_pb2 as pb  # noqa: E402
+from flightrec.format.read import read_dump  # noqa: E402
+from flightrec.format.slot import COMPLETED, ENQUEUED, FAILED, decode  # noqa: E402
 from flightrec.recorder.config import Config  # noqa: E402
-from flightrec.recorder.ring import COMPLETED, ENQUEUED, FAILED, decode  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import TRACED  # noqa: E402
 from flightrec.recorder.watchdog import Watchdog  # noqa: E402
+from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 from tests.integration.jobs import free_port  # noqa: E402
-from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
 c10d = dist.distributed_c10d
 
@@ -178,7 +178,7 @@ def test_nccl_completion_is_tracked_without_blocking(tmp_path: Path) -> None:
 
     code = (
         "import torch, torch.distributed as dist, flightrec, time\n"
-        "from flightrec.dumpfile import read_dump\n"
+        "from flightrec.format.read import read_dump\n"
         "dist.init_process_group('nccl', rank=0, world_size=1)\n"
         "t = torch.ones(1 << 20, device='cuda')\n"
         "for _ in range(3): dist.all_reduce(t)\n"

@@ -15,9 +15,9 @@ dist = pytest.importorskip("torch.distributed")
 from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
-from flightrec.recorder.ring import COMPLETED, decode  # noqa: E402
+from flightrec.format.slot import COMPLETED, decode  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
-from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
+from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
 
 @pytest.fixture

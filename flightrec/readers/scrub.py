@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from flightrec.analysis.columns import DumpView
 from flightrec.errors import CONTROL, printable
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.view import DumpView
 
 _HEADER_TEXT = tuple(f.name for f in pb.Header.DESCRIPTOR.fields if f.type == f.TYPE_STRING)
 

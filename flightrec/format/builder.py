@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from flightrec.dumpfile import new_dump
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.schema import new_dump
 
 # Entries.flags bits, mirrored from the EntryFlag enum for use without the protobuf types.
 ASYNC_OP = pb.ASYNC_OP

@@ -9,7 +9,7 @@ Layout of the ``.ring`` file:
   * bytes 0..4095: the header (``HEADER``), rewritten in place when the rank becomes known,
     by a heartbeat from the watchdog, and at exit;
   * then ``capacity`` slots of ``SLOT_SIZE`` bytes in the recorder's own slot format
-    (``flightrec.recorder.ring.SLOT``), slot ``i`` holding record ids ``i+1, i+1+capacity...``.
+    (``flightrec.format.slot.SLOT``), slot ``i`` holding record ids ``i+1, i+1+capacity...``.
 
 The interned tables the slots refer to (strings, tensor signatures, stacks, groups) go to a
 sibling ``.ring.tables`` file, one JSON line per new value, appended when the value is first

@@ -11,9 +11,9 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from flightrec.blackbox import read_blackbox  # noqa: E402
+from flightrec.readers.blackbox import read_blackbox  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
-from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
+from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
 THREADS = 6
 CALLS = 150

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import itemgetter
 
-from flightrec.native.reader import Reader
+from flightrec.readers.native.reader import Reader
 
 MAX_FRAMES_PER_ENTRY = 64
 MAX_TENSORS_PER_ENTRY = 4096

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,80 +1,25 @@
-"""Reading and writing dump files: magic bytes, schema version, atomic writes, validation.
+"""Reading a dump file: magic bytes, schema version, size limit, and validation of every index.
 
-A dump file is one serialized ``flightrec.v1.Dump``. Because field 1 is the constant magic
-string and protobuf serializes fields in number order, every valid file starts with
-``MAGIC_PREFIX``; readers check it before handing the bytes to the parser.
+The one parser of flightrec dumps into ``pb.Dump``; ``flightrec.format.wire`` reads the same
+bytes straight into the analysis's columnar view (see there for why both exist).
 """
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 from google.protobuf.message import DecodeError
 
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
-from flightrec.proto import flightrec_pb2 as pb
-
-MAGIC = "flightrec.dump"
-MAGIC_PREFIX = b"\x0a" + bytes([len(MAGIC)]) + MAGIC.encode()
-SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 1
-SUFFIX = ".frdump"
-# A 16,384-entry ring with deep stacks is a few MB; anything past this is not a dump we wrote,
-# and reading it whole could exhaust the analysis machine's memory.
-MAX_DUMP_BYTES = 256 * 1024 * 1024
-
-# Far beyond the largest jobs (~100,000 GPUs); a header claiming more is damaged, and believing
-# it would make the analysis allocate per-rank state for billions of ranks.
-MAX_WORLD_SIZE = 1 << 24
-
-ENTRY_COLUMNS = tuple(field.name for field in pb.Entries.DESCRIPTOR.fields)
-
-
-def new_dump() -> pb.Dump:
-    """An empty dump with magic, version and the index-0 sentinels already in place."""
-    dump = pb.Dump(magic=MAGIC, schema_major=SCHEMA_MAJOR, schema_minor=SCHEMA_MINOR)
-    dump.strings.append("")
-    dump.stacks.add()
-    dump.tensor_specs.add()
-    return dump
-
-
-def dump_filename(rank: int, dump_index: int, reason: str, pid: int) -> str:
-    """File name for one dump event; distinct per rank, process and event, so none overwrites another."""
-    return f"flightrec-rank{rank:05d}-{pid}-{dump_index:03d}-{reason.lower()}{SUFFIX}"
-
-
-def write_dump(dump: pb.Dump, directory: str | Path, filename: str) -> Path:
-    """Serialize ``dump`` into ``directory/filename`` atomically.
-
-    The bytes go to a temporary file in the same directory, are flushed to disk, and the file
-    is renamed into place, so a reader (or a kill -9 mid-write) sees the whole dump or none.
-
-    Returns:
-        The final path.
-
-    Raises:
-        OSError: the directory cannot be created or written (full disk, permissions).
-    """
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    data = dump.SerializeToString()
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SUFFIX, dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        final = directory / filename
-        os.replace(tmp, final)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return final
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.schema import (
+    ENTRY_COLUMNS,
+    MAGIC_PREFIX,
+    MAX_DUMP_BYTES,
+    MAX_WORLD_SIZE,
+    SCHEMA_MAJOR,
+)
 
 
 def has_magic(path: str | Path) -> bool:

@@ -19,8 +19,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsafeDumpError
-from flightrec.native.entries import NativeEntries, read_entries
-from flightrec.native.reader import Reader
+from flightrec.readers.native.entries import NativeEntries, read_entries
+from flightrec.readers.native.reader import Reader
 
 _DIGITS = re.compile(r"\d+")
 _RANK_LIST = re.compile(r"\[\s*(?:\d{1,9}\s*(?:,\s*\d{1,9}\s*)*,?\s*)?\]")

@@ -20,10 +20,10 @@ from collections.abc import Sequence
 from itertools import compress, repeat
 from operator import eq
 
-from flightrec.builder import COALESCED, IS_P2P, SEND, DumpBuilder
-from flightrec.native.groups import GroupInfo, JobGroups
-from flightrec.native.model import NativeDump
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import COALESCED, IS_P2P, SEND, DumpBuilder
+from flightrec.readers.native.groups import GroupInfo, JobGroups
+from flightrec.readers.native.model import NativeDump
 
 SOURCES = {"pickle": "torch-native-pickle", "json": "torch-native-json"}
 

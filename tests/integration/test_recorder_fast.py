@@ -11,11 +11,11 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from flightrec.format.slot import COMPLETED, Slot, decode  # noqa: E402
 from flightrec.recorder import codegen  # noqa: E402
-from flightrec.recorder.ring import COMPLETED, Slot, decode  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import spec_for  # noqa: E402
-from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
+from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     codegen._fast is None, reason="C hot path not built (python setup.py build_ext --inplace)"
@@ -242,6 +242,6 @@ def test_site_alternating_groups_keep_their_own_counters(
 
 
 def test_c_slot_layout_is_the_rings() -> None:
-    from flightrec.recorder.ring import SLOT_SIZE
+    from flightrec.format.slot import SLOT_SIZE
 
     assert codegen._fast is not None and codegen._fast.SLOT_SIZE == SLOT_SIZE

@@ -19,7 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from flightrec.blackbox.format import (
+from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.blackbox import (
     DIED,
     HEAD_FIELDS,
     HEADER,
@@ -32,11 +34,9 @@ from flightrec.blackbox.format import (
     Status,
     text,
 )
-from flightrec.builder import DumpBuilder
-from flightrec.dumpfile import MAX_DUMP_BYTES
-from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
-from flightrec.proto import flightrec_pb2 as pb
-from flightrec.recorder.ring import SLOT, SLOT_SIZE, Slot
+from flightrec.format.builder import DumpBuilder
+from flightrec.format.schema import MAX_DUMP_BYTES
+from flightrec.format.slot import SLOT, SLOT_SIZE, Slot
 
 
 def died(header: pb.Header) -> bool:
@@ -314,7 +314,7 @@ def _to_dump(head: dict[str, Any], tables: Tables, entries: list[Slot], dropped:
 
 def _p2p_counters(entries: list[Slot]) -> list[tuple[int, int, int]]:
     """(peer, sends, recvs) from the highest P2P ordinals still in the ring."""
-    from flightrec.builder import IS_P2P, SEND
+    from flightrec.format.builder import IS_P2P, SEND
 
     sends: dict[int, int] = {}
     recvs: dict[int, int] = {}

@@ -19,9 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.blackbox.format import MAGIC as BLACKBOX_MAGIC
-from flightrec.dumpfile import MAGIC_PREFIX, SUFFIX, read_dump, write_dump
-from flightrec.proto import flightrec_pb2 as pb
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.blackbox import MAGIC as BLACKBOX_MAGIC
+from flightrec.format.read import read_dump
+from flightrec.format.schema import MAGIC_PREFIX, SUFFIX
+from flightrec.format.write import write_dump
 from flightrec.recorder.store import parse_request, post_request, request_key
 from tests.unit.factories import Job, healthy
 
@@ -61,7 +63,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.store import connect, default_store  # noqa: E402
-from tests.unit.gloo import one_rank_gloo, traced_runtime  # noqa: E402
+from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flightrec.native.model import NativeDump, PgConfig
+from flightrec.readers.native.model import NativeDump, PgConfig
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,0 +1,39 @@
+"""The dump file's fixed facts: magic bytes, schema version, file names, size limits.
+
+A dump file is one serialized ``flightrec.v1.Dump``. Because field 1 is the constant magic
+string and protobuf serializes fields in number order, every valid file starts with
+``MAGIC_PREFIX``; readers check it before handing the bytes to the parser.
+"""
+
+from __future__ import annotations
+
+from flightrec.format import flightrec_pb2 as pb
+
+MAGIC = "flightrec.dump"
+MAGIC_PREFIX = b"\x0a" + bytes([len(MAGIC)]) + MAGIC.encode()
+SCHEMA_MAJOR = 1
+SCHEMA_MINOR = 1
+SUFFIX = ".frdump"
+# A 16,384-entry ring with deep stacks is a few MB; anything past this is not a dump we wrote,
+# and reading it whole could exhaust the analysis machine's memory.
+MAX_DUMP_BYTES = 256 * 1024 * 1024
+
+# Far beyond the largest jobs (~100,000 GPUs); a header claiming more is damaged, and believing
+# it would make the analysis allocate per-rank state for billions of ranks.
+MAX_WORLD_SIZE = 1 << 24
+
+ENTRY_COLUMNS = tuple(field.name for field in pb.Entries.DESCRIPTOR.fields)
+
+
+def new_dump() -> pb.Dump:
+    """An empty dump with magic, version and the index-0 sentinels already in place."""
+    dump = pb.Dump(magic=MAGIC, schema_major=SCHEMA_MAJOR, schema_minor=SCHEMA_MINOR)
+    dump.strings.append("")
+    dump.stacks.add()
+    dump.tensor_specs.add()
+    return dump
+
+
+def dump_filename(rank: int, dump_index: int, reason: str, pid: int) -> str:
+    """File name for one dump event; distinct per rank, process and event, so none overwrites another."""
+    return f"flightrec-rank{rank:05d}-{pid}-{dump_index:03d}-{reason.lower()}{SUFFIX}"
