@@ -11,9 +11,11 @@ import importlib
 import sys
 
 import typer
+from typer.core import TyperCommand
 
 from flightrec import __version__
 from flightrec.errors import FlightrecError
+from flightrec_cli.helpstyle import PlainCommand, PlainGroup
 
 EXIT_OK = 0
 EXIT_FINDINGS = 1
@@ -29,6 +31,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    cls=PlainGroup,
 )
 
 
@@ -49,6 +52,10 @@ def _root(
 
 for _name in COMMANDS:
     importlib.import_module(f"flightrec_cli.commands.{_name}").register(app)
+for _info in app.registered_commands:
+    # Typer fills in its own class where a command names none; ours only changes the help.
+    if _info.cls is None or _info.cls is TyperCommand:
+        _info.cls = PlainCommand
 
 
 def main() -> None:

@@ -36,7 +36,14 @@ def simulate_command(
     layout: Annotated[
         str, typer.Option("--layout", help="Parallel layout, e.g. tp=8,pp=4; dp is the rest.")
     ] = "tp=8,pp=4",
-    fault: Annotated[Fault, typer.Option("--fault", help="Fault to inject.")] = Fault.STALL,
+    fault: Annotated[
+        Fault,
+        typer.Option(
+            "--fault",
+            metavar="FAULT",
+            help="Fault to inject: " + ", ".join(f.value for f in Fault) + ".",
+        ),
+    ] = Fault.STALL,
     fault_rank: Annotated[
         int, typer.Option("--fault-rank", min=0, help="Rank the fault hits.")
     ] = 0,
@@ -48,8 +55,9 @@ def simulate_command(
         DumpFormat,
         typer.Option(
             "--format",
-            help="flightrec dumps, or PyTorch's native pickle form (nccl_trace_rank_N) of the "
-            "same job, for comparing with fr_trace.",
+            metavar="FORMAT",
+            help="flightrec (dumps), or native: PyTorch's pickle form (nccl_trace_rank_N) of "
+            "the same job, for comparing with fr_trace.",
         ),
     ] = DumpFormat.FLIGHTREC,
 ) -> None:

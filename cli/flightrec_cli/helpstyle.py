@@ -1,0 +1,62 @@
+"""Conventional help text whatever Typer's version: ``Usage: flightrec analyze [OPTIONS] PATH``.
+
+Newer Typer releases print a type beside every flag (``--json <bool>``), wrap required
+arguments in braces on the usage line (``{path}``) and name integer options ``<int range>``.
+Users read those as values to type. These command classes keep the help conventional: flags
+show no type, arguments are named in capitals, and options with a value show their metavar.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from typer.core import TyperCommand, TyperGroup
+
+
+def _is_choice(p: Any) -> bool:
+    # Typer with click: ``p.type.choices``; Typer with its own parser: ``p.type_descriptor``.
+    descriptor = getattr(p, "type_descriptor", None)
+    return bool(
+        getattr(getattr(p, "type", None), "choices", None)
+        or getattr(descriptor, "is_choice", False)
+    )
+
+
+def _plain(params: list[Any]) -> list[Any]:
+    for p in params:
+        if getattr(p, "param_type_name", "") != "option" or p.metavar is not None:
+            continue
+        if getattr(p, "is_flag", False):
+            p.metavar = ""  # a flag takes no value: show none
+        elif not _is_choice(p):  # choices list themselves
+            p.metavar = (p.name or "value").upper()
+    return params
+
+
+def _usage(command: Any, ctx: Any) -> list[str]:
+    pieces = [command.options_metavar] if command.options_metavar else []
+    for p in command.get_params(ctx):
+        if getattr(p, "param_type_name", "") != "argument":
+            continue
+        name = p.metavar or (p.name or "").upper()
+        if p.nargs != 1:
+            name += "..."
+        pieces.append(name if p.required else f"[{name}]")
+    return pieces
+
+
+class PlainCommand(TyperCommand):
+    """A subcommand with conventional help."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain(super().get_params(ctx))
+
+    def collect_usage_pieces(self, ctx: Any) -> list[str]:
+        return _usage(self, ctx)
+
+
+class PlainGroup(TyperGroup):
+    """The top-level command with conventional help."""
+
+    def get_params(self, ctx: Any) -> list[Any]:
+        return _plain(super().get_params(ctx))
