@@ -19,18 +19,18 @@ from flightrec.analysis.matching import Matched, match
 from flightrec.analysis.mismatch import find_mismatches
 from flightrec.analysis.model import (
     Consequence,
-    Culprit,
     FileProblem,
     Finding,
     FindingKind,
     ProcessGroupInfo,
     RankDump,
+    Status,
 )
 from flightrec.analysis.not_arrived import rank_finding
 from flightrec.analysis.p2p import find_unmatched
 from flightrec.analysis.rootcause import root_causes
 from flightrec.analysis.skips import annotate_shifts
-from flightrec.analysis.states import RankState, Status, rank_states
+from flightrec.analysis.states import RankState, rank_states
 from flightrec.analysis.straggler import find_stragglers
 from flightrec.analysis.waits import build_wait_graph
 from flightrec.readers.blackbox import died
@@ -116,10 +116,10 @@ def analyze(run: Run) -> Report:
     # A rank whose black box says it died is news even when nobody was left waiting on it.
     for rank, d in sorted(run.dumps.items()):
         if rank not in blamed and died(d.header):
-            findings.append(rank_finding(m, [rank], Culprit.EXITED, None, ()))
+            findings.append(rank_finding(m, [rank], Status.EXITED, None, ()))
     quiet_missing = [r for r in run.missing_ranks if r not in blamed]
     if quiet_missing:
-        findings.append(rank_finding(m, quiet_missing, Culprit.NO_DUMP, None, ()))
+        findings.append(rank_finding(m, quiet_missing, Status.NO_DUMP, None, ()))
     return Report(annotate_shifts(m, findings), m, rank_states(m, waits))
 
 

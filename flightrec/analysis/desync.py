@@ -55,7 +55,7 @@ def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
         )
         findings.append(
             Finding(
-                kind=FindingKind.DESYNC.value,
+                kind=FindingKind.DESYNC,
                 ranks=blamed,
                 summary=(
                     f"{info.label()} [ranks {compress(info.ranks)}] is out of step: {spread} "

@@ -124,7 +124,7 @@ def _collective_mismatch(
         r: (f.where() if (f := user_frame(rec.stack)) else "") for r, rec in records.items()
     }
     return Finding(
-        kind=FindingKind.MISMATCH.value,
+        kind=FindingKind.MISMATCH,
         ranks=blamed,
         summary=summary,
         process_group=info.key,
@@ -157,7 +157,7 @@ def _membership_mismatch(m: Matched, info: ProcessGroupInfo) -> Finding | None:
     )
     verdict = "" if majority is not None else " with no majority"
     return Finding(
-        kind=FindingKind.MISMATCH.value,
+        kind=FindingKind.MISMATCH,
         ranks=blamed,
         summary=f"group membership mismatch on {info.label()}{verdict}: {listing}",
         process_group=info.key,

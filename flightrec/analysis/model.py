@@ -47,13 +47,18 @@ class FindingKind(enum.StrEnum):
     """Ranks of one group issued different numbers of collectives, and nobody waits."""
 
 
-class Culprit(enum.StrEnum):
-    """Why a rank is the end of a wait-for chain."""
+class Status(enum.StrEnum):
+    """What a rank was doing when it dumped; for a culprit, why it ends a wait-for chain.
 
+    A culprit is never ``WAITING`` (a waiting rank points further down the chain).
+    """
+
+    WAITING = "waiting"
+    """Blocked inside a collective or P2P operation."""
     OUTSIDE = "outside"
-    """Alive and not inside any collective the others wait on (stalled, or elsewhere)."""
+    """Alive and not inside any operation the others wait on (computing, loading, stalled)."""
     EXITED = "exited"
-    """Its process ended (exit dump) without entering what peers wait in."""
+    """Its process ended or was exiting (an exit dump, or a black box that says so)."""
     NO_DUMP = "no_dump"
     """No dump from this rank: its state is only known from its peers."""
 
@@ -371,7 +376,7 @@ class Finding:
     are set where they apply. ``evidence`` holds extra JSON-ready facts per kind.
     """
 
-    kind: str
+    kind: FindingKind
     ranks: tuple[int, ...]
     summary: str
     process_group: str | None = None

@@ -12,10 +12,10 @@ from collections.abc import Sequence
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
     Consequence,
-    Culprit,
     Finding,
     FindingKind,
     FrameInfo,
+    Status,
     user_frame,
 )
 from flightrec.format import flightrec_pb2 as pb
@@ -35,14 +35,14 @@ def frame_json(frame: FrameInfo) -> dict[str, object]:
 _COUNTERPART = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend"}
 
 
-def culprit_state(m: Matched, rank: int) -> Culprit:
+def culprit_state(m: Matched, rank: int) -> Status:
     """Why nothing else explains this rank: alive elsewhere, exited, or no dump."""
     d = m.run.dumps.get(rank)
     if d is None:
-        return Culprit.NO_DUMP
+        return Status.NO_DUMP
     if d.header.reason == pb.PROCESS_EXIT or ended(d.header):
-        return Culprit.EXITED
-    return Culprit.OUTSIDE
+        return Status.EXITED
+    return Status.OUTSIDE
 
 
 def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
@@ -98,7 +98,7 @@ def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
 def rank_finding(
     m: Matched,
     ranks: Sequence[int],
-    state: Culprit,
+    state: Status,
     primary: Consequence | None,
     consequences: Sequence[Consequence],
 ) -> Finding:
@@ -137,7 +137,7 @@ def rank_finding(
     evidence: dict[str, object] = {"waiting_ranks": waiting}
     if primary is not None:
         evidence["waited_s"] = round(max(c.waited_s for c in consequences), 3)
-    if state is Culprit.NO_DUMP:
+    if state is Status.NO_DUMP:
         kind = FindingKind.MISSING_DUMP
         if primary is not None:
             summary = (
@@ -163,8 +163,8 @@ def rank_finding(
         evidence["culprits"] = per_rank
         d = m.dump(ranks[0])
         ident = f" ({d.describe()})" if len(ranks) == 1 else ""
-        kind = FindingKind.DEAD_RANK if state is Culprit.EXITED else FindingKind.NOT_ARRIVED
-        verb = "exited without entering" if state is Culprit.EXITED else "never entered"
+        kind = FindingKind.DEAD_RANK if state is Status.EXITED else FindingKind.NOT_ARRIVED
+        verb = "exited without entering" if state is Status.EXITED else "never entered"
         summary = f"{who}{ident} {verb} {what or 'the operation its peers wait in'}; " + "; ".join(
             phrases
         )
@@ -175,7 +175,7 @@ def rank_finding(
                 f"; it never entered {what}" if what else ""
             )
     return Finding(
-        kind=kind.value,
+        kind=kind,
         ranks=ranks,
         summary=summary,
         process_group=primary.process_group if primary else None,

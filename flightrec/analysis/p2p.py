@@ -80,7 +80,7 @@ def cycle_finding(
     kind = FindingKind.P2P_DEADLOCK if is_p2p else FindingKind.DEADLOCK
     first = consequences[0] if consequences else None
     return Finding(
-        kind=kind.value,
+        kind=kind,
         ranks=ranks,
         summary=f"{'P2P ' if is_p2p else ''}deadlock: {ranks_phrase(ranks)} wait on each other: "
         + "; ".join(steps),
@@ -122,7 +122,7 @@ def find_unmatched(m: Matched, graph: nx.DiGraph) -> list[Finding]:
         )
         findings.append(
             Finding(
-                kind=FindingKind.P2P_UNMATCHED.value,
+                kind=FindingKind.P2P_UNMATCHED,
                 ranks=(short,),
                 summary=summary,
                 process_group=group,

@@ -16,7 +16,7 @@ from dataclasses import replace
 import networkx as nx
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Consequence, Culprit, Finding, FindingKind, user_frame
+from flightrec.analysis.model import Consequence, Finding, FindingKind, Status, user_frame
 from flightrec.analysis.not_arrived import culprit_state, rank_finding
 from flightrec.analysis.p2p import cycle_finding
 from flightrec.analysis.routine import Departure, routine
@@ -95,7 +95,7 @@ def _stuck_finding(
         who = ranks_phrase(ranks)
         ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
         return Finding(
-            kind=FindingKind.NOT_ARRIVED.value,
+            kind=FindingKind.NOT_ARRIVED,
             ranks=tuple(ranks),
             summary=(
                 f"{who[0].upper()}{who[1:]}{ident} entered {op} #{seq} on group {group} "
@@ -110,7 +110,7 @@ def _stuck_finding(
             evidence={"late_by_s": round(gap, 3), "waiting_ranks": others},
         )
     return Finding(
-        kind=FindingKind.STUCK.value,
+        kind=FindingKind.STUCK,
         ranks=members,
         summary=(
             f"every member of group {group} [ranks {compress(members)}] entered "
@@ -150,7 +150,7 @@ def root_causes(
 
     scored: list[tuple[int, int, Finding]] = []
     used_mismatches: set[int] = set()
-    rank_roots: dict[tuple[Culprit, Node | None], list[int]] = defaultdict(list)
+    rank_roots: dict[tuple[Status, Node | None], list[int]] = defaultdict(list)
     explained: set[str] = set()
     ancestors_of: dict[int, set[Node]] = {}
 
@@ -203,7 +203,7 @@ def root_causes(
         waiting = {n for n in nodes if n[0] == "rank"}
         prim = _consequence(graph, primary, longest) if primary is not None else None
         finding = rank_finding(m, ranks, state, prim, consequences)
-        order = 3 if state is Culprit.NO_DUMP else 2
+        order = 3 if state is Status.NO_DUMP else 2
         scored.append((len(waiting) + len(ranks), order, finding))
 
     scored.sort(key=lambda t: (-t[0], t[1]))

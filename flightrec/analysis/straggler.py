@@ -302,7 +302,7 @@ def _finding(
             + ": if that is expected, this is by design rather than a fault (low confidence)"
         )
     return Finding(
-        kind=FindingKind.STRAGGLER.value,
+        kind=FindingKind.STRAGGLER,
         ranks=(r,),
         summary=summary,
         process_group=group,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from flightrec.analysis.model import FindingKind
+
 if TYPE_CHECKING:  # the renderer only reads the report; no import cycle at run time
     from flightrec.analysis import Report
     from flightrec.analysis.model import Finding
@@ -24,7 +26,7 @@ STRAGGLER_FIELDS = (
 def finding_to_dict(f: Finding) -> dict[str, Any]:
     """One finding as the JSON contract spells it; ``evidence`` and ``consequences`` extra."""
     out: dict[str, Any] = {
-        "kind": f.kind,
+        "kind": f.kind.value,
         "ranks": list(f.ranks),
         "process_group": f.process_group,
         "pg_ranks": list(f.pg_ranks),
@@ -34,7 +36,7 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
     }
     if f.field is not None:
         out["field"] = f.field
-    if f.kind == "straggler":
+    if f.kind is FindingKind.STRAGGLER:
         # The numbers a reader acts on, next to the verdict; the rest stays in ``evidence``.
         for key in STRAGGLER_FIELDS:
             if key in f.evidence:

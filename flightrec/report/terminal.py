@@ -14,7 +14,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from flightrec.analysis.model import Consequence, Finding, FrameInfo, is_library_frame
+from flightrec.analysis.model import (
+    Consequence,
+    Finding,
+    FindingKind,
+    FrameInfo,
+    is_library_frame,
+)
 from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:
@@ -119,7 +125,7 @@ class TerminalRenderer:
 
     def _stragglers(self, report: Report) -> None:
         """The straggler table: per-rank lateness on aligned clocks, with bars."""
-        found = [f for f in report.findings if f.kind == "straggler"]
+        found = [f for f in report.findings if f.kind is FindingKind.STRAGGLER]
         if not found:
             return
         rows = found[0].evidence.get("lateness_by_rank")

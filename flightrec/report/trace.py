@@ -17,6 +17,7 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from flightrec.analysis.clocks import ClockAlignment, base_ns, estimate_offsets
+from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress
 
@@ -75,7 +76,9 @@ class TraceRenderer:
         clock.origin = min(starts, default=0)
         hosts = sorted({d.header.hostname or "unknown host" for d in dumps.values()})
         pid_of = {h: i + 1 for i, h in enumerate(hosts)}
-        stragglers = {r for f in report.findings if f.kind == "straggler" for r in f.ranks}
+        stragglers = {
+            r for f in report.findings if f.kind is FindingKind.STRAGGLER for r in f.ranks
+        }
         meta: list[dict[str, Any]] = []
         for h, pid in pid_of.items():
             meta.append(_meta("process_name", pid, 0, {"name": h}))
@@ -116,7 +119,7 @@ class TraceRenderer:
                     },
                 },
                 "findings": [
-                    {"kind": f.kind, "ranks": list(f.ranks), "summary": f.summary}
+                    {"kind": f.kind.value, "ranks": list(f.ranks), "summary": f.summary}
                     for f in report.findings
                 ],
             },
@@ -227,7 +230,10 @@ class TraceRenderer:
 
     def _hang_point(self, report: Report, clock: _Clock) -> list[dict[str, Any]]:
         """A global instant where the first hang finding's collective stalled."""
-        f = next((x for x in report.findings if x.kind != "straggler" and x.process_group), None)
+        f = next(
+            (x for x in report.findings if x.kind is not FindingKind.STRAGGLER and x.process_group),
+            None,
+        )
         if f is None or f.process_group is None or f.seq is None:
             return []
         entered: list[tuple[float, int]] = []
