@@ -8,23 +8,26 @@ taken while the job runs) are in step.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Set
+from typing import TYPE_CHECKING
 
-from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind
 from flightrec.text import compress, ranks_phrase
 
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
-def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
-    """Groups whose members' counters disagree, other than the groups in ``explained``.
+
+def find_desyncs(ctx: AnalysisContext) -> list[Finding]:
+    """Groups whose members' counters disagree, other than those a root cause or a mismatch
+    already explains (``ctx.explained_groups``).
 
     Args:
-        m: the lined-up histories.
-        explained: group keys already covered by a wait or mismatch finding.
+        ctx: the analysis context.
 
     Returns:
         ``desync`` findings blaming the ranks off the most common counter.
     """
+    m, explained = ctx.matched, ctx.explained_groups
     findings: list[Finding] = []
     for key, info in m.groups.items():
         if key in explained:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
@@ -28,6 +29,9 @@ from flightrec.analysis.signature import (
 )
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
 
 def _show(field: str, value: Hashable) -> str:
@@ -222,15 +226,19 @@ def _agree_by_fingerprint(m: Matched, group: str, holders: list[int]) -> bool | 
     return True
 
 
-def find_mismatches(m: Matched) -> list[Finding]:
+def find_mismatches(ctx: AnalysisContext) -> list[Finding]:
     """Every group's first disagreement (later ones on that group are usually its echo).
 
+    The root-cause pass places these among the ends of the wait-for graph (through
+    ``ctx.mismatches``), so they are not a pass of their own in ``passes.PASSES``.
+
     Args:
-        m: the lined-up histories.
+        ctx: the analysis context.
 
     Returns:
         ``mismatch`` findings, one per group at most plus membership disagreements.
     """
+    m = ctx.matched
     canon: dict[Hashable, int] = {}
     findings: list[Finding] = []
     for info in m.groups.values():

@@ -8,6 +8,7 @@ without one, the evidence is what its peers were waiting for from it.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
@@ -21,6 +22,9 @@ from flightrec.analysis.model import (
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import died, ended
 from flightrec.text import compress, ranks_phrase
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
 
 def frame_json(frame: FrameInfo) -> dict[str, object]:
@@ -185,3 +189,36 @@ def rank_finding(
         consequences=tuple(consequences),
         evidence=evidence,
     )
+
+
+def find_quiet_deaths(ctx: AnalysisContext) -> list[Finding]:
+    """Ranks whose black box says they died, though nobody was left waiting on them.
+
+    A death is news even then; ranks an earlier pass already blamed are not repeated.
+
+    Args:
+        ctx: the analysis context (its ``earlier`` findings say who is blamed already).
+
+    Returns:
+        One ``dead_rank`` finding per such rank, in rank order.
+    """
+    blamed = ctx.blamed
+    return [
+        rank_finding(ctx.matched, [rank], Status.EXITED, None, ())
+        for rank, d in sorted(ctx.run.dumps.items())
+        if rank not in blamed and died(d.header)
+    ]
+
+
+def find_quiet_missing(ctx: AnalysisContext) -> list[Finding]:
+    """Ranks without a dump that no earlier finding blames (nobody waited on them).
+
+    Args:
+        ctx: the analysis context.
+
+    Returns:
+        One ``missing_dump`` finding for all of them, or none.
+    """
+    blamed = ctx.blamed
+    quiet = [r for r in ctx.run.missing_ranks if r not in blamed]
+    return [rank_finding(ctx.matched, quiet, Status.NO_DUMP, None, ())] if quiet else []

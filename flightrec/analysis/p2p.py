@@ -8,13 +8,16 @@ group table say how many each side issued even when the ring overwrote the entri
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Consequence, Finding, FindingKind
 from flightrec.analysis.waits import Node
 from flightrec.text import ranks_phrase
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
 
 def cycle_finding(
@@ -93,19 +96,19 @@ def cycle_finding(
     )
 
 
-def find_unmatched(m: Matched, graph: nx.DiGraph) -> list[Finding]:
+def find_unmatched(ctx: AnalysisContext) -> list[Finding]:
     """Sends without receives and receives without sends, where nobody is blocked on them.
 
     Blocked transfers are already in the wait-for graph and explained through it; this pass
     reports what the counters show once no wait explains the difference.
 
     Args:
-        m: the lined-up histories.
-        graph: the wait-for graph (transfers in it are skipped).
+        ctx: the analysis context (transfers in its wait-for graph are skipped).
 
     Returns:
         ``p2p_unmatched`` findings blaming the side that issued fewer operations.
     """
+    m, graph = ctx.matched, ctx.wait_graph.graph
     blocked = {(n[1], n[2], n[3]) for n in graph.nodes if n[0] == "p2p"}
     findings: list[Finding] = []
     for (group, rank, peer), (sends, _) in sorted(m.p2p_counts.items()):

@@ -17,15 +17,18 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
+from typing import TYPE_CHECKING
 
 from flightrec.analysis.clocks import (
     ClockAlignment,
     GroupArrivals,
-    estimate_offsets,
     group_arrivals,
 )
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind, is_library_frame
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
 # Words in a function or file name that say "extra work a coordinating rank does".
 _EXTRA_WORK = re.compile(
@@ -206,16 +209,17 @@ def _extra_work_hint(m: Matched, rank: int) -> str | None:
     return None
 
 
-def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list[Finding]:
+def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = None) -> list[Finding]:
     """Ranks that consistently arrive last at completed collectives.
 
     Args:
-        m: the lined-up histories.
+        ctx: the analysis context.
         options: thresholds; defaults when None.
 
     Returns:
         ``straggler`` findings, the most consistent straggler first; empty for a healthy job.
     """
+    m = ctx.matched
     opt = options or StragglerOptions()
     tallies: dict[int, _Tally] = defaultdict(_Tally)
     pending: list[_Pending] = []
@@ -239,7 +243,7 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
     blamed_ranks = {r for _, r in blamed}
     for p in pending:
         _add_evidence(p, blamed_ranks, tallies)
-    alignment = estimate_offsets(m, opt.recent)
+    alignment = ctx.clock_alignment(opt.recent)
     table = lateness_table(tallies, [r for _, r in blamed], alignment)
     clock = clock_summary(alignment)
     return [_finding(m, r, tallies[r], table, clock) for _, r in blamed]

@@ -3,7 +3,7 @@
 One process per host, one thread (track) per rank, every recorded operation a complete ("X")
 slice from its enqueue to its completion, so a slice's length is the time the rank spent in
 it, mostly waiting for the others. All times are on one clock, aligned from the dumps
-(``flightrec.analysis.clocks``), in microseconds from the earliest event. Operations that never
+(by the analysis: ``Report.timeline_clock``), in microseconds from the earliest event. Operations that never
 completed run to the rank's dump and are named ``... (incomplete)``; the hang point of the
 first finding is a global instant event, every rank's dump an instant on its track.
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from flightrec.analysis.clocks import ClockAlignment, base_ns, estimate_offsets
 from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress
@@ -37,10 +36,8 @@ def _state_name(state: int) -> str:
 class _Clock:
     """Aligned microseconds from one rank's monotonic nanoseconds."""
 
-    def __init__(self, report: Report, alignment: ClockAlignment) -> None:
-        self.shift = {
-            r: base_ns(report.matched, r) - alignment.offset_ns(r) for r in report.run.dumps
-        }
+    def __init__(self, report: Report) -> None:
+        self.shift = report.timeline_clock.shift_ns
         self.origin = 0
 
     def us(self, rank: int, mono_ns: int) -> float:
@@ -64,8 +61,8 @@ class TraceRenderer:
 
     def to_dict(self, report: Report) -> dict[str, Any]:
         """The trace as a JSON-ready dict: ``traceEvents``, ``displayTimeUnit``, ``metadata``."""
-        alignment = estimate_offsets(report.matched)
-        clock = _Clock(report, alignment)
+        alignment = report.timeline_clock.alignment
+        clock = _Clock(report)
         dumps = report.run.dumps
         starts = [
             d.dump.entries.enqueue_ns[i] + clock.shift[r]
