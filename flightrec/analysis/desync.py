@@ -8,13 +8,23 @@ taken while the job runs) are in step.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from flightrec.analysis.model import Finding, FindingKind
+from flightrec.analysis.model import Evidence, Finding, FindingKind
 from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:
     from flightrec.analysis.context import AnalysisContext
+
+
+@dataclass(frozen=True, slots=True)
+class DesyncEvidence(Evidence):
+    """Evidence of a ``desync`` finding."""
+
+    issued: Mapping[int, int]
+    """Collectives each member issued on the group, by rank."""
 
 
 def find_desyncs(ctx: AnalysisContext) -> list[Finding]:
@@ -67,7 +77,7 @@ def find_desyncs(ctx: AnalysisContext) -> list[Finding]:
                 process_group=key,
                 pg_ranks=info.ranks,
                 seq=min(counters.values()) + 1,
-                evidence={"issued": {str(r): c for r, c in sorted(counters.items())}},
+                evidence=DesyncEvidence(dict(sorted(counters.items()))),
             )
         )
     return findings

@@ -8,16 +8,42 @@ group table say how many each side issued even when the ring overwrote the entri
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from flightrec.analysis.model import Consequence, Finding, FindingKind
+from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
+from flightrec.analysis.routine import Departure
 from flightrec.analysis.waits import Node
 from flightrec.text import ranks_phrase
 
 if TYPE_CHECKING:
     from flightrec.analysis.context import AnalysisContext
+
+
+@dataclass(frozen=True, slots=True)
+class CycleEvidence(Evidence):
+    """Evidence of ``p2p_deadlock`` and ``deadlock`` findings."""
+
+    cycle: tuple[Node, ...]
+    """One cycle of the wait-for graph in order: rank, operation, rank, operation..."""
+    routine: Mapping[int, Departure] | None = None
+    """Per rank on the cycle, the call where it left its routine, where one did."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnmatchedEvidence(Evidence):
+    """Evidence of a ``p2p_unmatched`` finding: the two counters that disagree."""
+
+    sender: int
+    receiver: int
+    sends: int
+    """Sends the sender issued to the receiver on the group."""
+    recvs: int
+    """Receives from the sender the receiver issued there."""
+    extra_side: int
+    """The rank that issued more."""
 
 
 def cycle_finding(
@@ -92,7 +118,7 @@ def cycle_finding(
         seq=first.seq if first else None,
         op=first.op if first else None,
         consequences=tuple(consequences),
-        evidence={"cycle": [list(n) for n in cycle]},
+        evidence=CycleEvidence(tuple(cycle)),
     )
 
 
@@ -131,13 +157,7 @@ def find_unmatched(ctx: AnalysisContext) -> list[Finding]:
                 process_group=group,
                 pg_ranks=tuple(sorted((rank, peer))),
                 op="send" if sends < recvs else "recv",
-                evidence={
-                    "sender": rank,
-                    "receiver": peer,
-                    "sends": sends,
-                    "recvs": recvs,
-                    "extra_side": extra,
-                },
+                evidence=UnmatchedEvidence(rank, peer, sends, recvs, extra),
             )
         )
     return findings

@@ -19,8 +19,13 @@ import networkx as nx
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Consequence, Finding, FindingKind, Status, user_frame
-from flightrec.analysis.not_arrived import culprit_state, rank_finding
-from flightrec.analysis.p2p import cycle_finding
+from flightrec.analysis.not_arrived import (
+    LateArrivalEvidence,
+    RankEvidence,
+    culprit_state,
+    rank_finding,
+)
+from flightrec.analysis.p2p import CycleEvidence, cycle_finding
 from flightrec.analysis.routine import Departure, routine
 from flightrec.analysis.waits import Node, Wait
 from flightrec.text import compress, ranks_phrase
@@ -136,7 +141,7 @@ def _stuck_finding(
             seq=seq,
             op=op,
             consequences=tuple(consequences),
-            evidence={"late_by_s": round(gap, 3), "waiting_ranks": others},
+            evidence=LateArrivalEvidence(round(gap, 3), tuple(others)),
         )
     return Finding(
         kind=FindingKind.STUCK,
@@ -303,14 +308,17 @@ def _break_cycle(
     culprits = sorted(d.rank for d in departed)
     ops = _op_nodes(members)
     first = min(departed, key=lambda d: d.rank)
-    routines = {str(d.rank): d.to_json() for d in departed}
+    routines = {d.rank: d for d in departed}
+    cycle_evidence = cycle.evidence
+    if not isinstance(cycle_evidence, CycleEvidence):  # pragma: no cover - cycle_finding's
+        return None
     if all(n[0] == "p2p" for n in ops):
         # Sends and receives alone: both sides really do wait on each other, and the fix may
         # be on either; the departure says which line changed.
         return replace(
             cycle,
             summary=f"{cycle.summary}; rank {first.rank} {first.sentence().removeprefix('it ')}",
-            evidence={**cycle.evidence, "routine": routines},
+            evidence=replace(cycle_evidence, routine=routines),
         )
     waits_on = [n for n in ops if ("rank", culprits[0]) in graph.successors(n)]
     if not waits_on:
@@ -324,15 +332,16 @@ def _break_cycle(
         _consequence(graph, primary, longest),
         consequences,
     )
+    assert isinstance(finding.evidence, RankEvidence)  # what rank_finding gives
     return replace(
         finding,
         summary=f"{finding.summary}; {first.sentence()}",
-        evidence={
-            **finding.evidence,
-            "routine": routines,
-            "cycle": cycle.evidence.get("cycle"),
-            "cycle_summary": cycle.summary,
-        },
+        evidence=replace(
+            finding.evidence,
+            routine=routines,
+            cycle=cycle_evidence.cycle,
+            cycle_summary=cycle.summary,
+        ),
     )
 
 

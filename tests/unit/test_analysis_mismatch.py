@@ -56,7 +56,7 @@ def test_even_split_has_no_majority() -> None:
     job = healthy(Job())
     job.collective(complete=False, override={2: {"op": "broadcast"}, 3: {"op": "broadcast"}})
     first = analyze(job.run()).findings[0]
-    assert first.ranks == (0, 1, 2, 3) and first.evidence["majority"] is False
+    assert first.ranks == (0, 1, 2, 3) and first.evidence.majority is False
     assert "cannot tell which side is wrong" in first.summary
 
 
