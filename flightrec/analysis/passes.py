@@ -5,6 +5,10 @@ Each pass is ``find(ctx) -> list[Finding]`` over one ``AnalysisContext``; what p
 context property computed once. Within a pass, the pass orders its own findings (the root-cause
 pass weighs each root by how many ranks it holds up, see ``rootcause.Tie``). After the passes,
 each refinement may rewrite a finding (add what it found) but never adds or reorders one.
+
+A new finding kind is a member of ``model.FindingKind``, a pass module (its ``find(ctx)`` and
+its ``Evidence`` subclass, which the JSON renderer writes without being told about it) listed
+here at its priority, and a scenario test.
 """
 
 from __future__ import annotations

@@ -309,9 +309,9 @@ def _break_cycle(
     ops = _op_nodes(members)
     first = min(departed, key=lambda d: d.rank)
     routines = {d.rank: d for d in departed}
+    # Finding.evidence is typed by its base; cycle_finding and rank_finding always give these.
     cycle_evidence = cycle.evidence
-    if not isinstance(cycle_evidence, CycleEvidence):  # pragma: no cover - cycle_finding's
-        return None
+    assert isinstance(cycle_evidence, CycleEvidence)
     if all(n[0] == "p2p" for n in ops):
         # Sends and receives alone: both sides really do wait on each other, and the fix may
         # be on either; the departure says which line changed.
@@ -332,7 +332,7 @@ def _break_cycle(
         _consequence(graph, primary, longest),
         consequences,
     )
-    assert isinstance(finding.evidence, RankEvidence)  # what rank_finding gives
+    assert isinstance(finding.evidence, RankEvidence)
     return replace(
         finding,
         summary=f"{finding.summary}; {first.sentence()}",

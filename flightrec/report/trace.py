@@ -2,10 +2,11 @@
 
 One process per host, one thread (track) per rank, every recorded operation a complete ("X")
 slice from its enqueue to its completion, so a slice's length is the time the rank spent in
-it, mostly waiting for the others. All times are on one clock, aligned from the dumps
-(by the analysis: ``Report.timeline_clock``), in microseconds from the earliest event. Operations that never
-completed run to the rank's dump and are named ``... (incomplete)``; the hang point of the
-first finding is a global instant event, every rank's dump an instant on its track.
+it, mostly waiting for the others. All times are on one clock, aligned from the dumps by the
+analysis (``Report.timeline_clock``, estimated when first asked for), in microseconds from the
+earliest event. Operations that never completed run to the rank's dump and are named
+``... (incomplete)``; the hang point of the first finding is a global instant event, every
+rank's dump an instant on its track.
 
 A rank whose slices overlap (async work, collectives from two threads) gets extra tracks
 ("rank 3 · 2") next to its first, because a track's slices must nest.
