@@ -1,9 +1,9 @@
 """Merge every rank's dump and name the culprit.
 
 ``analyze_dir(path)`` loads the dumps (one view per rank), lines their histories up, runs the
-passes (mismatch, wait-for graph and root causes, P2P, desync, missing ranks) and returns a
-``Report`` whose findings are ordered most likely root cause first. Renderers in
-``flightrec.report`` turn it into text or JSON.
+passes listed in ``passes.PASSES`` over one ``AnalysisContext`` and returns a ``Report``
+whose findings are ordered most likely root cause first. Renderers in ``flightrec.report``
+turn it into text, JSON or a timeline.
 """
 
 from __future__ import annotations
@@ -11,31 +11,26 @@ from __future__ import annotations
 import contextlib
 import gc
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from flightrec.analysis.desync import find_desyncs
+from flightrec.analysis.clocks import TimelineClock
+from flightrec.analysis.context import AnalysisContext
 from flightrec.analysis.loader import Progress, Run, View, load_dir
 from flightrec.analysis.matching import Matched, match
-from flightrec.analysis.mismatch import find_mismatches
 from flightrec.analysis.model import (
     Consequence,
-    Culprit,
     FileProblem,
     Finding,
     FindingKind,
     ProcessGroupInfo,
     RankDump,
+    Status,
 )
-from flightrec.analysis.not_arrived import rank_finding
-from flightrec.analysis.p2p import find_unmatched
-from flightrec.analysis.rootcause import root_causes
-from flightrec.analysis.skips import annotate_shifts
-from flightrec.analysis.states import RankState, Status, rank_states
-from flightrec.analysis.straggler import find_stragglers
-from flightrec.analysis.waits import build_wait_graph
-from flightrec.readers.blackbox import died
+from flightrec.analysis.passes import run_passes
+from flightrec.analysis.states import RankState
 
 __all__ = [
+    "AnalysisContext",
     "AnalysisOptions",
     "Consequence",
     "FileProblem",
@@ -47,6 +42,7 @@ __all__ = [
     "RankState",
     "Report",
     "Status",
+    "TimelineClock",
     "View",
     "analyze",
     "analyze_dir",
@@ -70,7 +66,7 @@ class AnalysisOptions:
 
 @dataclass(frozen=True, slots=True)
 class Report:
-    """The analysis of one folder of dumps."""
+    """The analysis of one folder of dumps: what renderers read, and all they read."""
 
     findings: list[Finding]
     """Most likely root cause first; empty for a healthy job."""
@@ -78,6 +74,8 @@ class Report:
     """The lined-up histories, for renderers that show evidence."""
     states: dict[int, RankState]
     """Where every rank was at dump time."""
+    context: AnalysisContext = field(repr=False, compare=False)
+    """What the passes derived, for what a renderer may ask for later (computed on demand)."""
 
     @property
     def run(self) -> Run:
@@ -94,9 +92,17 @@ class Report:
         """Global ranks that have a dump."""
         return self.matched.run.ranks_with_dump
 
+    @property
+    def timeline_clock(self) -> TimelineClock:
+        """Every rank's shift onto one aligned clock, for timelines.
+
+        Estimated from the dumps on first use only: the text and JSON reports never pay for it.
+        """
+        return self.context.timeline_clock
+
 
 def analyze(run: Run) -> Report:
-    """Analyse already loaded dumps.
+    """Analyse already loaded dumps: run every pass of ``passes.PASSES`` over one context.
 
     Args:
         run: one dump per rank, as ``load_dir`` returns.
@@ -104,23 +110,9 @@ def analyze(run: Run) -> Report:
     Returns:
         The report.
     """
-    m = match(run)
-    mismatches = find_mismatches(m)
-    graph, waits = build_wait_graph(m)
-    findings, explained = root_causes(m, graph, waits, mismatches)
-    findings += find_unmatched(m, graph)
-    explained |= {f.process_group for f in mismatches if f.process_group}
-    findings += find_desyncs(m, explained)
-    findings += find_stragglers(m)
-    blamed = {r for f in findings for r in f.ranks}
-    # A rank whose black box says it died is news even when nobody was left waiting on it.
-    for rank, d in sorted(run.dumps.items()):
-        if rank not in blamed and died(d.header):
-            findings.append(rank_finding(m, [rank], Culprit.EXITED, None, ()))
-    quiet_missing = [r for r in run.missing_ranks if r not in blamed]
-    if quiet_missing:
-        findings.append(rank_finding(m, quiet_missing, Culprit.NO_DUMP, None, ()))
-    return Report(annotate_shifts(m, findings), m, rank_states(m, waits))
+    ctx = AnalysisContext(match(run))
+    findings = run_passes(ctx)
+    return Report(findings, ctx.matched, ctx.states, ctx)
 
 
 def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:

@@ -139,6 +139,34 @@ def base_ns(m: Matched, rank: int) -> int:
     return h.wall_time_ns - h.mono_time_ns if h.wall_time_ns and h.mono_time_ns else 0
 
 
+@dataclass(frozen=True, slots=True)
+class TimelineClock:
+    """What puts every rank's monotonic times on one clock, for a timeline.
+
+    Attributes:
+        alignment: the offsets it applies.
+        shift_ns: per rank with a dump, what to add to its monotonic ns: its host's wall-clock
+            anchor minus its offset against the reference rank.
+    """
+
+    alignment: ClockAlignment
+    shift_ns: Mapping[int, int]
+
+
+def timeline(m: Matched, alignment: ClockAlignment) -> TimelineClock:
+    """The per-rank shifts onto the aligned clock.
+
+    Args:
+        m: the lined-up histories.
+        alignment: the ranks' offsets (``estimate_offsets``).
+
+    Returns:
+        The timeline clock of every rank with a dump.
+    """
+    shift = {r: base_ns(m, r) - alignment.offset_ns(r) for r in m.run.dumps}
+    return TimelineClock(alignment, shift)
+
+
 class Lane(NamedTuple):
     """One rank's newest completed collectives on one group, as parallel tuples.
 

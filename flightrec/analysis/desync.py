@@ -8,23 +8,36 @@ taken while the job runs) are in step.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Set
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Finding, FindingKind
+from flightrec.analysis.model import Evidence, Finding, FindingKind
 from flightrec.text import compress, ranks_phrase
 
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
-def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
-    """Groups whose members' counters disagree, other than the groups in ``explained``.
+
+@dataclass(frozen=True, slots=True)
+class DesyncEvidence(Evidence):
+    """Evidence of a ``desync`` finding."""
+
+    issued: Mapping[int, int]
+    """Collectives each member issued on the group, by rank."""
+
+
+def find_desyncs(ctx: AnalysisContext) -> list[Finding]:
+    """Groups whose members' counters disagree, other than those a root cause or a mismatch
+    already explains (``ctx.explained_groups``).
 
     Args:
-        m: the lined-up histories.
-        explained: group keys already covered by a wait or mismatch finding.
+        ctx: the analysis context.
 
     Returns:
         ``desync`` findings blaming the ranks off the most common counter.
     """
+    m, explained = ctx.matched, ctx.explained_groups
     findings: list[Finding] = []
     for key, info in m.groups.items():
         if key in explained:
@@ -55,7 +68,7 @@ def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
         )
         findings.append(
             Finding(
-                kind=FindingKind.DESYNC.value,
+                kind=FindingKind.DESYNC,
                 ranks=blamed,
                 summary=(
                     f"{info.label()} [ranks {compress(info.ranks)}] is out of step: {spread} "
@@ -64,7 +77,7 @@ def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
                 process_group=key,
                 pg_ranks=info.ranks,
                 seq=min(counters.values()) + 1,
-                evidence={"issued": {str(r): c for r, c in sorted(counters.items())}},
+                evidence=DesyncEvidence(dict(sorted(counters.items()))),
             )
         )
     return findings

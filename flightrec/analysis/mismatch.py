@@ -9,11 +9,13 @@ with no strict majority (two ranks, or an even split) the finding says so instea
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Hashable, Sequence
-from dataclasses import replace
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
+    Evidence,
     Finding,
     FindingKind,
     ProcessGroupInfo,
@@ -28,6 +30,38 @@ from flightrec.analysis.signature import (
 )
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
+
+
+@dataclass(frozen=True, slots=True)
+class ValueGroup:
+    """One value that some members passed, and those members."""
+
+    value: str | tuple[int, ...]
+    """The value as shown to people; for a membership mismatch, the members listed."""
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MismatchEvidence(Evidence):
+    """Evidence of a ``mismatch`` finding (collective fields, or group membership)."""
+
+    values: tuple[ValueGroup, ...]
+    """Each distinct value with the ranks that had it, the most common first."""
+    majority: bool
+    """Whether a strict majority agreed (else every rank is blamed)."""
+    callsites: Mapping[int, str] | None = None
+    """Per rank, the user code that issued the call (collective mismatches)."""
+    later_mismatches: int | None = None
+    """Further disagreements on the same group (usually echoes of this one)."""
+    numel: Mapping[int, int] | None = None
+    """Per rank, the elements of the tensors compared."""
+    states: Mapping[int, str] | None = None
+    """Per rank, the entry's state (``COMPLETED``, ``STARTED``...)."""
+    first_mismatch_seq: int | None = None
+    """The group's first disagreement, where the one reported is a later one (a hang's)."""
 
 
 def _show(field: str, value: Hashable) -> str:
@@ -66,24 +100,23 @@ def _vote(values: dict[int, Hashable]) -> tuple[Hashable | None, tuple[int, ...]
     return None, tuple(sorted(values))
 
 
-def _value_groups(field: str, values: dict[int, Hashable]) -> list[dict[str, object]]:
+def _value_groups(field: str, values: dict[int, Hashable]) -> tuple[ValueGroup, ...]:
     by_value: dict[Hashable, list[int]] = {}
     for r, v in sorted(values.items()):
         by_value.setdefault(v, []).append(r)
-    return [
-        {"value": _show(field, v), "ranks": rs}
+    return tuple(
+        ValueGroup(_show(field, v), tuple(rs))
         for v, rs in sorted(by_value.items(), key=lambda kv: -len(kv[1]))
-    ]
-
-
-def _ranks(group: dict[str, object]) -> list[int]:
-    ranks = group["ranks"]
-    assert isinstance(ranks, list)
-    return ranks
+    )
 
 
 def _collective_mismatch(
-    m: Matched, info: ProcessGroupInfo, seq: int, ranks: Sequence[int], later: int
+    m: Matched,
+    info: ProcessGroupInfo,
+    seq: int,
+    ranks: Sequence[int],
+    later: int,
+    first_seq: int | None,
 ) -> Finding | None:
     records = {r: rec for r in ranks if (rec := m.record(r, info.key, seq)) is not None}
     field = "op"
@@ -108,14 +141,14 @@ def _collective_mismatch(
         who = ranks_phrase(blamed)
         if len(blamed) == 1:
             who = f"{who} ({m.dump(blamed[0]).describe()})"
-        odd = " / ".join(str(g["value"]) for g in groups[1:])
+        odd = " / ".join(str(g.value) for g in groups[1:])
         target = f"as collective {where}" if field == "op" else f"to {op} {where}"
         summary = (
             f"{who[0].upper()}{who[1:]} {verb} {odd} {target}{at}, where "
-            f"{ranks_phrase(_ranks(groups[0]))} {verb} {groups[0]['value']} ({field} mismatch)"
+            f"{ranks_phrase(groups[0].ranks)} {verb} {groups[0].value} ({field} mismatch)"
         )
     else:
-        split = " vs ".join(f"{ranks_phrase(_ranks(g))}: {g['value']}" for g in groups)
+        split = " vs ".join(f"{ranks_phrase(g.ranks)}: {g.value}" for g in groups)
         summary = (
             f"{field} mismatch in {op} {where} with no majority ({split}); "
             "cannot tell which side is wrong"
@@ -124,7 +157,7 @@ def _collective_mismatch(
         r: (f.where() if (f := user_frame(rec.stack)) else "") for r, rec in records.items()
     }
     return Finding(
-        kind=FindingKind.MISMATCH.value,
+        kind=FindingKind.MISMATCH,
         ranks=blamed,
         summary=summary,
         process_group=info.key,
@@ -132,17 +165,17 @@ def _collective_mismatch(
         seq=seq,
         op=op,
         field=field,
-        evidence={
-            "values": groups,
-            "majority": majority is not None,
-            "callsites": {str(r): c for r, c in sorted(callsites.items())},
-            "later_mismatches": later,
-            "numel": {
-                str(r): sum(t.numel for t in compared_tensors(rec))
-                for r, rec in sorted(records.items())
+        evidence=MismatchEvidence(
+            values=groups,
+            majority=majority is not None,
+            callsites=dict(sorted(callsites.items())),
+            later_mismatches=later,
+            numel={
+                r: sum(t.numel for t in compared_tensors(rec)) for r, rec in sorted(records.items())
             },
-            "states": {str(r): rec.state_name for r, rec in sorted(records.items())},
-        },
+            states={r: rec.state_name for r, rec in sorted(records.items())},
+            first_mismatch_seq=first_seq,
+        ),
     )
 
 
@@ -157,16 +190,16 @@ def _membership_mismatch(m: Matched, info: ProcessGroupInfo) -> Finding | None:
     )
     verdict = "" if majority is not None else " with no majority"
     return Finding(
-        kind=FindingKind.MISMATCH.value,
+        kind=FindingKind.MISMATCH,
         ranks=blamed,
         summary=f"group membership mismatch on {info.label()}{verdict}: {listing}",
         process_group=info.key,
         pg_ranks=info.ranks,
         field="group",
-        evidence={
-            "values": [{"value": list(k), "ranks": list(v)} for k, v in views.items()],
-            "majority": majority is not None,
-        },
+        evidence=MismatchEvidence(
+            values=tuple(ValueGroup(tuple(k), tuple(v)) for k, v in views.items()),
+            majority=majority is not None,
+        ),
     )
 
 
@@ -222,15 +255,19 @@ def _agree_by_fingerprint(m: Matched, group: str, holders: list[int]) -> bool | 
     return True
 
 
-def find_mismatches(m: Matched) -> list[Finding]:
+def find_mismatches(ctx: AnalysisContext) -> list[Finding]:
     """Every group's first disagreement (later ones on that group are usually its echo).
 
+    The root-cause pass places these among the ends of the wait-for graph (through
+    ``ctx.mismatches``), so they are not a pass of their own in ``passes.PASSES``.
+
     Args:
-        m: the lined-up histories.
+        ctx: the analysis context.
 
     Returns:
         ``mismatch`` findings, one per group at most plus membership disagreements.
     """
+    m = ctx.matched
     canon: dict[Hashable, int] = {}
     findings: list[Finding] = []
     for info in m.groups.values():
@@ -262,10 +299,8 @@ def find_mismatches(m: Matched) -> list[Finding]:
         # is the same bug seen before, kept as evidence); else the first one.
         seq = next((s for s in bad if _unfinished(m, info.key, s, sigs)), bad[0])
         ranks = [r for r, table in sigs.items() if seq in table]
-        finding = _collective_mismatch(m, info, seq, ranks, len(bad) - 1)
-        if finding is None:
-            continue
-        if seq != bad[0]:
-            finding = replace(finding, evidence={**finding.evidence, "first_mismatch_seq": bad[0]})
-        findings.append(finding)
+        first = bad[0] if seq != bad[0] else None
+        finding = _collective_mismatch(m, info, seq, ranks, len(bad) - 1, first)
+        if finding is not None:
+            findings.append(finding)
     return findings

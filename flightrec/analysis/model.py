@@ -8,14 +8,13 @@ disagreement). Findings are frozen data; renderers format them.
 
 from __future__ import annotations
 
-import dataclasses
 import enum
 import re
 from array import array
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TypeAlias
+from typing import ClassVar, Literal, TypeAlias
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.view import DumpView, EntriesView, GroupView
@@ -47,13 +46,18 @@ class FindingKind(enum.StrEnum):
     """Ranks of one group issued different numbers of collectives, and nobody waits."""
 
 
-class Culprit(enum.StrEnum):
-    """Why a rank is the end of a wait-for chain."""
+class Status(enum.StrEnum):
+    """What a rank was doing when it dumped; for a culprit, why it ends a wait-for chain.
 
+    A culprit is never ``WAITING`` (a waiting rank points further down the chain).
+    """
+
+    WAITING = "waiting"
+    """Blocked inside a collective or P2P operation."""
     OUTSIDE = "outside"
-    """Alive and not inside any collective the others wait on (stalled, or elsewhere)."""
+    """Alive and not inside any operation the others wait on (computing, loading, stalled)."""
     EXITED = "exited"
-    """Its process ended (exit dump) without entering what peers wait in."""
+    """Its process ended or was exiting (an exit dump, or a black box that says so)."""
     NO_DUMP = "no_dump"
     """No dump from this rank: its state is only known from its peers."""
 
@@ -364,14 +368,44 @@ class Consequence:
 
 
 @dataclass(frozen=True, slots=True)
+class Evidence:
+    """Base of the facts behind one kind of finding; each kind's pass defines a subclass.
+
+    Subclasses are frozen dataclasses whose field names are the keys of the finding's JSON
+    ``evidence`` object, in order. A field with a default is an optional fact: written only
+    when it differs from its default (None: it does not apply to this finding). Nested values
+    may be dataclasses under the same rule, mappings (keys written as strings) and tuples.
+    """
+
+    HEADLINE: ClassVar[tuple[str, ...]] = ()
+    """Fields also given at the top level of the finding's JSON, next to the verdict."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallShift:
+    """Where a rank's call sites start running one off its peers': a skipped or extra call."""
+
+    seq: int
+    """The first sequence number where the rank called from a different line than its peers."""
+    kind: Literal["skipped", "extra"]
+    """``skipped``: its calls run one ahead of its peers' from there; ``extra``: one behind."""
+    peer_site: str
+    """``file:line`` its peers called from at ``seq``."""
+    rank_site: str
+    """``file:line`` the rank called from at ``seq``."""
+    op: str | None
+    """The peers' operation at ``seq`` (None when not in the first peer's ring)."""
+
+
+@dataclass(frozen=True, slots=True)
 class Finding:
     """One diagnosis with the evidence a person needs.
 
     ``kind``, ``ranks`` (global ranks blamed) and ``summary`` are always set; the other fields
-    are set where they apply. ``evidence`` holds extra JSON-ready facts per kind.
+    are set where they apply. ``evidence`` holds the facts particular to the kind.
     """
 
-    kind: str
+    kind: FindingKind
     ranks: tuple[int, ...]
     summary: str
     process_group: str | None = None
@@ -380,7 +414,9 @@ class Finding:
     op: str | None = None
     field: str | None = None
     consequences: tuple[Consequence, ...] = ()
-    evidence: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    evidence: Evidence | None = None
+    call_shift: CallShift | None = None
+    """The skipped or extra call behind it, where ``skips.annotate_shifts`` found one."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,45 +7,107 @@ without one, the evidence is what its peers were waiting for from it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
     Consequence,
-    Culprit,
+    Evidence,
     Finding,
     FindingKind,
     FrameInfo,
+    Status,
     user_frame,
 )
+from flightrec.analysis.routine import Departure
+from flightrec.analysis.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import died, ended
 from flightrec.text import compress, ranks_phrase
 
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
-def frame_json(frame: FrameInfo) -> dict[str, object]:
-    """A frame as JSON."""
-    out: dict[str, object] = {"file": frame.file, "function": frame.function, "line": frame.line}
-    if frame.code:
-        out["code"] = frame.code
-    return out
+
+@dataclass(frozen=True, slots=True)
+class LastCall:
+    """A culprit's last completed (or, without completion tracking, issued) call."""
+
+    op: str
+    process_group: str
+    seq: int
+    location: FrameInfo | None
+    """The user code that issued it; None when its stack has none."""
+    seconds_before_dump: float
+
+
+@dataclass(frozen=True, slots=True)
+class CulpritEvidence:
+    """Where one culprit with a dump was, from its dump."""
+
+    host: str
+    pid: int
+    device: str
+    dump: str
+    """The dump file it was read from."""
+    dump_reason: str
+    """``HANG_DETECTED``, ``PROCESS_EXIT``, ``BLACKBOX``...: why (or how) the dump was taken."""
+    stack: tuple[FrameInfo, ...]
+    """Where it was at dump time, innermost frame first."""
+    reason_detail: str = ""
+    location: FrameInfo | None = None
+    """The innermost user frame of ``stack``."""
+    last_completed: LastCall | None = None
+    """Its last completed call, where its dump tracks completion."""
+    last_issued: LastCall | None = None
+    """Its last issued call, where its dump does not track completion."""
+
+
+@dataclass(frozen=True, slots=True)
+class RankEvidence(Evidence):
+    """Evidence of ``not_arrived``, ``dead_rank`` and ``missing_dump`` findings."""
+
+    waiting_ranks: tuple[int, ...]
+    """Every rank whose wait leads to the culprits."""
+    waited_s: float | None = None
+    """The longest of those waits; None when nobody waits."""
+    culprits: Mapping[int, CulpritEvidence] | None = None
+    """Per culprit with a dump, where it was (None for ``missing_dump``)."""
+    routine: Mapping[int, Departure] | None = None
+    """Per culprit, the call that left its routine, where that closed a wait cycle."""
+    cycle: tuple[Node, ...] | None = None
+    """The wait cycle that departure closed (rank and operation nodes, in order)."""
+    cycle_summary: str | None = None
+    """The cycle in words."""
+
+
+@dataclass(frozen=True, slots=True)
+class LateArrivalEvidence(Evidence):
+    """Evidence of a ``not_arrived`` finding where the culprits did arrive, far too late."""
+
+    late_by_s: float
+    """How long after the others the late ranks entered."""
+    waiting_ranks: tuple[int, ...]
+    """The members that were on time."""
 
 
 # The operation a P2P peer owes to a rank blocked in the key.
 _COUNTERPART = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend"}
 
 
-def culprit_state(m: Matched, rank: int) -> Culprit:
+def culprit_state(m: Matched, rank: int) -> Status:
     """Why nothing else explains this rank: alive elsewhere, exited, or no dump."""
     d = m.run.dumps.get(rank)
     if d is None:
-        return Culprit.NO_DUMP
+        return Status.NO_DUMP
     if d.header.reason == pb.PROCESS_EXIT or ended(d.header):
-        return Culprit.EXITED
-    return Culprit.OUTSIDE
+        return Status.EXITED
+    return Status.OUTSIDE
 
 
-def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
+def doing(m: Matched, rank: int) -> tuple[str, CulpritEvidence]:
     """One phrase saying where ``rank`` was at dump time, and the evidence behind it."""
     d = m.dump(rank)
     last = m.last_completed_entry(rank)
@@ -54,28 +116,27 @@ def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
         # No thread stacks (converted native dumps): the last call's stack is the best clue.
         stack = last.stack
     frame = user_frame(stack)
-    last_key = "last_completed" if d.tracks_completion else "last_issued"
-    evidence: dict[str, object] = {
-        "host": d.header.hostname,
-        "pid": d.header.pid,
-        "device": d.header.device,
-        "dump": d.path,
-        "dump_reason": pb.DumpReason.Name(d.header.reason),
-        "stack": [frame_json(f) for f in stack],
-    }
-    if d.header.reason_detail:
-        evidence["reason_detail"] = d.header.reason_detail
-    if frame is not None:
-        evidence["location"] = frame_json(frame)
+    last_call = None
     if last is not None:
-        lf = user_frame(last.stack)
-        evidence[last_key] = {
-            "op": last.op,
-            "process_group": last.group,
-            "seq": last.seq,
-            "location": frame_json(lf) if lf else None,
-            "seconds_before_dump": round(d.age_s(last.complete_ns), 3),
-        }
+        last_call = LastCall(
+            op=last.op,
+            process_group=last.group,
+            seq=last.seq,
+            location=user_frame(last.stack),
+            seconds_before_dump=round(d.age_s(last.complete_ns), 3),
+        )
+    evidence = CulpritEvidence(
+        host=d.header.hostname,
+        pid=d.header.pid,
+        device=d.header.device,
+        dump=d.path,
+        dump_reason=pb.DumpReason.Name(d.header.reason),
+        stack=tuple(stack),
+        reason_detail=d.header.reason_detail,
+        location=frame,
+        last_completed=last_call if d.tracks_completion else None,
+        last_issued=None if d.tracks_completion else last_call,
+    )
     if d.header.reason == pb.BLACKBOX and last is not None:
         # Read back from its black box: no stacks at death, only its last recorded calls.
         lf = user_frame(last.stack)
@@ -98,7 +159,7 @@ def doing(m: Matched, rank: int) -> tuple[str, dict[str, object]]:
 def rank_finding(
     m: Matched,
     ranks: Sequence[int],
-    state: Culprit,
+    state: Status,
     primary: Consequence | None,
     consequences: Sequence[Consequence],
 ) -> Finding:
@@ -134,10 +195,9 @@ def rank_finding(
             f"{primary.op} #{primary.seq} on group {primary.process_group} "
             f"[ranks {compress(primary.pg_ranks)}]"
         )
-    evidence: dict[str, object] = {"waiting_ranks": waiting}
-    if primary is not None:
-        evidence["waited_s"] = round(max(c.waited_s for c in consequences), 3)
-    if state is Culprit.NO_DUMP:
+    waited_s = round(max(c.waited_s for c in consequences), 3) if primary is not None else None
+    culprits: dict[int, CulpritEvidence] | None = None
+    if state is Status.NO_DUMP:
         kind = FindingKind.MISSING_DUMP
         if primary is not None:
             summary = (
@@ -152,19 +212,18 @@ def rank_finding(
             )
     else:
         phrases: list[str] = []
-        per_rank: dict[str, object] = {}
+        culprits = {}
         for r in ranks:
             phrase, ev = doing(m, r)
-            per_rank[str(r)] = ev
+            culprits[r] = ev
             if len(ranks) == 1:
                 phrases.append(phrase)
             else:
                 phrases.append(f"rank {r}: {phrase.removeprefix('it ')}")
-        evidence["culprits"] = per_rank
         d = m.dump(ranks[0])
         ident = f" ({d.describe()})" if len(ranks) == 1 else ""
-        kind = FindingKind.DEAD_RANK if state is Culprit.EXITED else FindingKind.NOT_ARRIVED
-        verb = "exited without entering" if state is Culprit.EXITED else "never entered"
+        kind = FindingKind.DEAD_RANK if state is Status.EXITED else FindingKind.NOT_ARRIVED
+        verb = "exited without entering" if state is Status.EXITED else "never entered"
         summary = f"{who}{ident} {verb} {what or 'the operation its peers wait in'}; " + "; ".join(
             phrases
         )
@@ -175,7 +234,7 @@ def rank_finding(
                 f"; it never entered {what}" if what else ""
             )
     return Finding(
-        kind=kind.value,
+        kind=kind,
         ranks=ranks,
         summary=summary,
         process_group=primary.process_group if primary else None,
@@ -183,5 +242,38 @@ def rank_finding(
         seq=primary.seq if primary else None,
         op=primary.op if primary else None,
         consequences=tuple(consequences),
-        evidence=evidence,
+        evidence=RankEvidence(tuple(waiting), waited_s, culprits),
     )
+
+
+def find_quiet_deaths(ctx: AnalysisContext) -> list[Finding]:
+    """Ranks whose black box says they died, though nobody was left waiting on them.
+
+    A death is news even then; ranks an earlier pass already blamed are not repeated.
+
+    Args:
+        ctx: the analysis context (its ``earlier`` findings say who is blamed already).
+
+    Returns:
+        One ``dead_rank`` finding per such rank, in rank order.
+    """
+    blamed = ctx.blamed
+    return [
+        rank_finding(ctx.matched, [rank], Status.EXITED, None, ())
+        for rank, d in sorted(ctx.run.dumps.items())
+        if rank not in blamed and died(d.header)
+    ]
+
+
+def find_quiet_missing(ctx: AnalysisContext) -> list[Finding]:
+    """Ranks without a dump that no earlier finding blames (nobody waited on them).
+
+    Args:
+        ctx: the analysis context.
+
+    Returns:
+        One ``missing_dump`` finding for all of them, or none.
+    """
+    blamed = ctx.blamed
+    quiet = [r for r in ctx.run.missing_ranks if r not in blamed]
+    return [rank_finding(ctx.matched, quiet, Status.NO_DUMP, None, ())] if quiet else []

@@ -8,13 +8,42 @@ group table say how many each side issued even when the ring overwrote the entri
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Consequence, Finding, FindingKind
+from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
+from flightrec.analysis.routine import Departure
 from flightrec.analysis.waits import Node
 from flightrec.text import ranks_phrase
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
+
+
+@dataclass(frozen=True, slots=True)
+class CycleEvidence(Evidence):
+    """Evidence of ``p2p_deadlock`` and ``deadlock`` findings."""
+
+    cycle: tuple[Node, ...]
+    """One cycle of the wait-for graph in order: rank, operation, rank, operation..."""
+    routine: Mapping[int, Departure] | None = None
+    """Per rank on the cycle, the call where it left its routine, where one did."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnmatchedEvidence(Evidence):
+    """Evidence of a ``p2p_unmatched`` finding: the two counters that disagree."""
+
+    sender: int
+    receiver: int
+    sends: int
+    """Sends the sender issued to the receiver on the group."""
+    recvs: int
+    """Receives from the sender the receiver issued there."""
+    extra_side: int
+    """The rank that issued more."""
 
 
 def cycle_finding(
@@ -80,7 +109,7 @@ def cycle_finding(
     kind = FindingKind.P2P_DEADLOCK if is_p2p else FindingKind.DEADLOCK
     first = consequences[0] if consequences else None
     return Finding(
-        kind=kind.value,
+        kind=kind,
         ranks=ranks,
         summary=f"{'P2P ' if is_p2p else ''}deadlock: {ranks_phrase(ranks)} wait on each other: "
         + "; ".join(steps),
@@ -89,23 +118,23 @@ def cycle_finding(
         seq=first.seq if first else None,
         op=first.op if first else None,
         consequences=tuple(consequences),
-        evidence={"cycle": [list(n) for n in cycle]},
+        evidence=CycleEvidence(tuple(cycle)),
     )
 
 
-def find_unmatched(m: Matched, graph: nx.DiGraph) -> list[Finding]:
+def find_unmatched(ctx: AnalysisContext) -> list[Finding]:
     """Sends without receives and receives without sends, where nobody is blocked on them.
 
     Blocked transfers are already in the wait-for graph and explained through it; this pass
     reports what the counters show once no wait explains the difference.
 
     Args:
-        m: the lined-up histories.
-        graph: the wait-for graph (transfers in it are skipped).
+        ctx: the analysis context (transfers in its wait-for graph are skipped).
 
     Returns:
         ``p2p_unmatched`` findings blaming the side that issued fewer operations.
     """
+    m, graph = ctx.matched, ctx.wait_graph.graph
     blocked = {(n[1], n[2], n[3]) for n in graph.nodes if n[0] == "p2p"}
     findings: list[Finding] = []
     for (group, rank, peer), (sends, _) in sorted(m.p2p_counts.items()):
@@ -122,19 +151,13 @@ def find_unmatched(m: Matched, graph: nx.DiGraph) -> list[Finding]:
         )
         findings.append(
             Finding(
-                kind=FindingKind.P2P_UNMATCHED.value,
+                kind=FindingKind.P2P_UNMATCHED,
                 ranks=(short,),
                 summary=summary,
                 process_group=group,
                 pg_ranks=tuple(sorted((rank, peer))),
                 op="send" if sends < recvs else "recv",
-                evidence={
-                    "sender": rank,
-                    "receiver": peer,
-                    "sends": sends,
-                    "recvs": recvs,
-                    "extra_side": extra,
-                },
+                evidence=UnmatchedEvidence(rank, peer, sends, recvs, extra),
             )
         )
     return findings

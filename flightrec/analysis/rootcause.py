@@ -9,22 +9,56 @@ pipeline- and data-parallel groups therefore yields one finding.
 
 from __future__ import annotations
 
+import enum
 from collections import defaultdict
 from collections.abc import Iterable
 from dataclasses import replace
+from typing import TYPE_CHECKING, NamedTuple
 
 import networkx as nx
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Consequence, Culprit, Finding, FindingKind, user_frame
-from flightrec.analysis.not_arrived import culprit_state, rank_finding
-from flightrec.analysis.p2p import cycle_finding
+from flightrec.analysis.model import Consequence, Finding, FindingKind, Status, user_frame
+from flightrec.analysis.not_arrived import (
+    LateArrivalEvidence,
+    RankEvidence,
+    culprit_state,
+    rank_finding,
+)
+from flightrec.analysis.p2p import CycleEvidence, cycle_finding
 from flightrec.analysis.routine import Departure, routine
 from flightrec.analysis.waits import Node, Wait
 from flightrec.text import compress, ranks_phrase
 
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
+
 # Ranks of one wait cycle whose histories are read to find who left its routine.
 MAX_ROUTINE_CHECKS = 64
+
+
+class Tie(enum.IntEnum):
+    """Order among root causes that hold up equally many ranks (more held up goes first)."""
+
+    MISMATCH = 0
+    """A disagreement at the very collective its group is stuck in: the clearest cause."""
+    CYCLE = 1
+    """A wait cycle (deadlock), or the ranks that closed it by leaving their routine."""
+    RANK = 2
+    """A rank with a dump that never arrived, or exited."""
+    NO_DUMP = 3
+    """A rank without a dump: known only from its peers, so less certain."""
+    STUCK = 4
+    """Every member entered and none completed, with no disagreement seen."""
+
+
+class RootCauses(NamedTuple):
+    """The root-cause pass's findings and the groups they account for."""
+
+    findings: list[Finding]
+    """Most explanatory first, mismatches placed among them."""
+    explained: set[str]
+    """Keys of the groups whose waits lead to one of the findings."""
 
 
 def _consequence(graph: nx.DiGraph, node: Node, longest: dict[Node, float]) -> Consequence:
@@ -95,7 +129,7 @@ def _stuck_finding(
         who = ranks_phrase(ranks)
         ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
         return Finding(
-            kind=FindingKind.NOT_ARRIVED.value,
+            kind=FindingKind.NOT_ARRIVED,
             ranks=tuple(ranks),
             summary=(
                 f"{who[0].upper()}{who[1:]}{ident} entered {op} #{seq} on group {group} "
@@ -107,10 +141,10 @@ def _stuck_finding(
             seq=seq,
             op=op,
             consequences=tuple(consequences),
-            evidence={"late_by_s": round(gap, 3), "waiting_ranks": others},
+            evidence=LateArrivalEvidence(round(gap, 3), tuple(others)),
         )
     return Finding(
-        kind=FindingKind.STUCK.value,
+        kind=FindingKind.STUCK,
         ranks=members,
         summary=(
             f"every member of group {group} [ranks {compress(members)}] entered "
@@ -125,20 +159,34 @@ def _stuck_finding(
     )
 
 
-def root_causes(
-    m: Matched, graph: nx.DiGraph, waits: list[Wait], mismatches: list[Finding]
-) -> tuple[list[Finding], set[str]]:
-    """Findings for the ends of the wait-for graph, most explanatory first.
+def find_root_causes(ctx: AnalysisContext) -> list[Finding]:
+    """The ends of the wait-for graph, with the mismatches, most explanatory first.
 
     Args:
-        m: the lined-up histories.
-        graph: the wait-for graph.
-        waits: every blocked entry.
-        mismatches: findings of the mismatch pass; one at a stuck collective becomes its root.
+        ctx: the analysis context (its ``root_causes``, computed once).
 
     Returns:
-        The ordered root findings (with consequences), and the group keys they explain.
+        The ordered root findings (with consequences) and every mismatch.
     """
+    return list(ctx.root_causes.findings)
+
+
+def root_causes(ctx: AnalysisContext) -> RootCauses:
+    """Findings for the ends of the wait-for graph, most explanatory first.
+
+    A mismatch at a stuck collective becomes that collective's root; the other mismatches go
+    before the roots when they blame the first root's culprit (a skipped call shifts every
+    later collective) or sit where a dead rank's peers wait, after them otherwise.
+
+    Args:
+        ctx: the analysis context: its wait-for graph and mismatches are read.
+
+    Returns:
+        The ordered findings, and the group keys they explain.
+    """
+    m = ctx.matched
+    graph, waits = ctx.wait_graph
+    mismatches = ctx.mismatches
     longest: dict[Node, float] = defaultdict(float)
     earliest: dict[Node, int] = {}
     for w in waits:
@@ -148,9 +196,9 @@ def root_causes(
     members_of = {c: list(cond.nodes[c]["members"]) for c in cond.nodes}
     mismatch_at = {(f.process_group, f.seq): f for f in mismatches if f.seq is not None}
 
-    scored: list[tuple[int, int, Finding]] = []
+    scored: list[tuple[int, Tie, Finding]] = []
     used_mismatches: set[int] = set()
-    rank_roots: dict[tuple[Culprit, Node | None], list[int]] = defaultdict(list)
+    rank_roots: dict[tuple[Status, Node | None], list[int]] = defaultdict(list)
     explained: set[str] = set()
     ancestors_of: dict[int, set[Node]] = {}
 
@@ -171,7 +219,9 @@ def root_causes(
         weight = len({n for n in above if n[0] == "rank"} | {n for n in members if n[0] == "rank"})
         if is_cycle:
             cycle = cycle_finding(graph, members, longest, _locations(m, waits))
-            scored.append((weight, 1, _break_cycle(m, graph, members, cycle, longest) or cycle))
+            scored.append(
+                (weight, Tie.CYCLE, _break_cycle(m, graph, members, cycle, longest) or cycle)
+            )
             continue
         node = members[0]
         if node[0] == "rank":
@@ -192,9 +242,9 @@ def root_causes(
         mismatch = mismatch_at.get((str(graph.nodes[node]["group"]), int(graph.nodes[node]["seq"])))
         if mismatch is not None:
             used_mismatches.add(id(mismatch))
-            scored.append((weight, 0, _with_consequences(mismatch, consequences)))
+            scored.append((weight, Tie.MISMATCH, _with_consequences(mismatch, consequences)))
         else:
-            scored.append((weight, 4, _stuck_finding(m, graph, node, consequences)))
+            scored.append((weight, Tie.STUCK, _stuck_finding(m, graph, node, consequences)))
 
     for (state, primary), ranks in rank_roots.items():
         nodes = [n for r in ranks for n in ancestors(_component(cond, ("rank", r)))]
@@ -203,7 +253,7 @@ def root_causes(
         waiting = {n for n in nodes if n[0] == "rank"}
         prim = _consequence(graph, primary, longest) if primary is not None else None
         finding = rank_finding(m, ranks, state, prim, consequences)
-        order = 3 if state is Culprit.NO_DUMP else 2
+        order = Tie.NO_DUMP if state is Status.NO_DUMP else Tie.RANK
         scored.append((len(waiting) + len(ranks), order, finding))
 
     scored.sort(key=lambda t: (-t[0], t[1]))
@@ -219,7 +269,7 @@ def root_causes(
         at = (roots[0].process_group, roots[0].seq)
         leading += [f for f in rest if (f.process_group, f.seq) == at and f not in leading]
     trailing = [f for f in rest if f not in leading]
-    return leading + roots + trailing, explained
+    return RootCauses(leading + roots + trailing, explained)
 
 
 def _break_cycle(
@@ -258,14 +308,17 @@ def _break_cycle(
     culprits = sorted(d.rank for d in departed)
     ops = _op_nodes(members)
     first = min(departed, key=lambda d: d.rank)
-    routines = {str(d.rank): d.to_json() for d in departed}
+    routines = {d.rank: d for d in departed}
+    # Finding.evidence is typed by its base; cycle_finding and rank_finding always give these.
+    cycle_evidence = cycle.evidence
+    assert isinstance(cycle_evidence, CycleEvidence)
     if all(n[0] == "p2p" for n in ops):
         # Sends and receives alone: both sides really do wait on each other, and the fix may
         # be on either; the departure says which line changed.
         return replace(
             cycle,
             summary=f"{cycle.summary}; rank {first.rank} {first.sentence().removeprefix('it ')}",
-            evidence={**cycle.evidence, "routine": routines},
+            evidence=replace(cycle_evidence, routine=routines),
         )
     waits_on = [n for n in ops if ("rank", culprits[0]) in graph.successors(n)]
     if not waits_on:
@@ -279,15 +332,16 @@ def _break_cycle(
         _consequence(graph, primary, longest),
         consequences,
     )
+    assert isinstance(finding.evidence, RankEvidence)
     return replace(
         finding,
         summary=f"{finding.summary}; {first.sentence()}",
-        evidence={
-            **finding.evidence,
-            "routine": routines,
-            "cycle": cycle.evidence.get("cycle"),
-            "cycle_summary": cycle.summary,
-        },
+        evidence=replace(
+            finding.evidence,
+            routine=routines,
+            cycle=cycle_evidence.cycle,
+            cycle_summary=cycle.summary,
+        ),
     )
 
 

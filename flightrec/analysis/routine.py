@@ -15,7 +15,7 @@ roles (first and last pipeline stages call different lines) and needs no clock a
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flightrec.analysis.model import RankDump, user_frame
 
@@ -30,7 +30,8 @@ RECENT = 8
 class Departure:
     """Where one rank's calls left the order they had always followed."""
 
-    rank: int
+    rank: int = field(metadata={"json": False})
+    """(Not written in JSON: evidence lists departures by rank already.)"""
     position: int
     """Entry index (oldest first) of the first call off the routine."""
     after: str
@@ -48,16 +49,6 @@ class Departure:
             f"it left its routine: after {self.after} it had always called {self.expected} "
             f"({self.repeats} times), this time it called {self.actual}"
         )
-
-    def to_json(self) -> dict[str, object]:
-        """The departure as JSON-ready evidence."""
-        return {
-            "position": self.position,
-            "after": self.after,
-            "expected": self.expected,
-            "actual": self.actual,
-            "repeats": self.repeats,
-        }
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,9 +11,13 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
+from typing import TYPE_CHECKING, Literal
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Finding, FindingKind, user_frame
+from flightrec.analysis.model import CallShift, Finding, FindingKind, user_frame
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
 # Peers sampled to establish the majority call site per seq; the shift must hold this long.
 _SAMPLE = 8
@@ -35,12 +39,12 @@ def _sites(m: Matched, rank: int, group: str) -> dict[int, str]:
     return out
 
 
-def find_shift(m: Matched, rank: int, group: str) -> dict[str, object] | None:
+def find_shift(m: Matched, rank: int, group: str) -> CallShift | None:
     """The first seq where ``rank`` called from a different line than its peers, if from
     there on its calls are its peers' shifted by one (a skipped or an extra call).
 
     Returns:
-        ``{"seq", "kind": "skipped"|"extra", "peer_site", "rank_site", "op"}`` or None.
+        The shift, or None.
     """
     info = m.groups.get(group)
     if info is None:
@@ -63,7 +67,11 @@ def find_shift(m: Matched, rank: int, group: str) -> dict[str, object] | None:
             continue
         if not agreed_before:
             return None  # never in step within the window: a rank-specific code path
-        for delta, kind in ((1, "skipped"), (-1, "extra")):
+        shifts: tuple[tuple[int, Literal["skipped", "extra"]], ...] = (
+            (1, "skipped"),
+            (-1, "extra"),
+        )
+        for delta, kind in shifts:
             pairs = [
                 (mine[s], majority[s + delta])
                 for s in range(seq, seq + _CONFIRM)
@@ -71,13 +79,7 @@ def find_shift(m: Matched, rank: int, group: str) -> dict[str, object] | None:
             ]
             if pairs and all(a == b for a, b in pairs):
                 rec = m.record(peers[0], group, seq)
-                return {
-                    "seq": seq,
-                    "kind": kind,
-                    "peer_site": majority[seq],
-                    "rank_site": mine[seq],
-                    "op": rec.op if rec else None,
-                }
+                return CallShift(seq, kind, majority[seq], mine[seq], rec.op if rec else None)
         return None
     return None
 
@@ -88,40 +90,37 @@ def _short(site: str) -> str:
     return f"{'/'.join(parts[-2:])}:{line}"
 
 
-def annotate_shifts(m: Matched, findings: list[Finding]) -> list[Finding]:
+def annotate_shifts(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
     """Add the skipped (or extra) call behind a finding about one rank on one group.
 
     Args:
-        m: the lined-up histories.
+        ctx: the analysis context.
         findings: the ordered findings.
 
     Returns:
-        The same findings, with ``evidence["call_shift"]`` and a clause in the summary where a
-        shift was found.
+        The same findings, with ``call_shift`` set and a clause in the summary where a shift
+        was found.
     """
     kinds = {FindingKind.NOT_ARRIVED, FindingKind.DEAD_RANK, FindingKind.MISMATCH}
     kinds |= {FindingKind.DESYNC}
+    m = ctx.matched
     out: list[Finding] = []
     for f in findings:
         if f.kind in kinds and len(f.ranks) == 1 and f.process_group and f.ranks[0] in m.index:
             shift = find_shift(m, f.ranks[0], f.process_group)
             if shift is not None:
-                op = shift["op"] or "collective"
-                if shift["kind"] == "skipped":
+                op = shift.op or "collective"
+                if shift.kind == "skipped":
                     clause = (
-                        f"it appears to have skipped the {op} at {_short(str(shift['peer_site']))} "
-                        f"(#{shift['seq']}): from there on its calls run one ahead of its peers'"
+                        f"it appears to have skipped the {op} at {_short(shift.peer_site)} "
+                        f"(#{shift.seq}): from there on its calls run one ahead of its peers'"
                     )
                 else:
                     clause = (
                         f"it appears to have made an extra call at "
-                        f"{_short(str(shift['rank_site']))} (#{shift['seq']}): from there on its "
+                        f"{_short(shift.rank_site)} (#{shift.seq}): from there on its "
                         "calls run one behind its peers'"
                     )
-                f = replace(
-                    f,
-                    summary=f"{f.summary}; {clause}",
-                    evidence={**f.evidence, "call_shift": shift},
-                )
+                f = replace(f, summary=f"{f.summary}; {clause}", call_shift=shift)
         out.append(f)
     return out

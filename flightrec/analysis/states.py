@@ -2,27 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import FrameInfo, user_frame
+from flightrec.analysis.model import FrameInfo, Status, user_frame
 from flightrec.analysis.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import ended
-
-
-class Status(enum.StrEnum):
-    """What a rank was doing when it dumped."""
-
-    WAITING = "waiting"
-    """Blocked inside a collective or P2P operation."""
-    OUTSIDE = "outside"
-    """Alive, not inside any operation (computing, loading data, stalled)."""
-    EXITED = "exited"
-    """Its process was exiting (an exit dump)."""
-    NO_DUMP = "no_dump"
-    """No dump from this rank."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,17 +15,20 @@ from __future__ import annotations
 import re
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
+from typing import TYPE_CHECKING, ClassVar
 
 from flightrec.analysis.clocks import (
     ClockAlignment,
     GroupArrivals,
-    estimate_offsets,
     group_arrivals,
 )
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Finding, FindingKind, is_library_frame
+from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
 # Words in a function or file name that say "extra work a coordinating rank does".
 _EXTRA_WORK = re.compile(
@@ -51,6 +54,70 @@ class StragglerOptions:
     min_samples: int = 5
     min_fraction: float = 0.5
     min_margin_ms: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class LatenessRow:
+    """One rank's arrival lateness over the collectives looked at, on aligned clocks."""
+
+    rank: int
+    collectives: int
+    last_share: float
+    """Share of them where it arrived last by a clear margin."""
+    median_behind_ms: float
+    """Median of its arrival minus the other members' median arrival."""
+    p90_behind_ms: float
+    clock_offset_ms: float | None
+    """Its clock's estimated offset against the reference; None when it could not be linked."""
+    clock_uncertainty_ms: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class ClockSummary:
+    """How the ranks' clocks line up: reference, offsets and their uncertainty."""
+
+    reference_rank: int
+    method: str
+    max_offset_ms: float
+    max_uncertainty_ms: float
+    max_drift_ms: float
+    unaligned_ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class StragglerEvidence(Evidence):
+    """Evidence of a ``straggler`` finding."""
+
+    HEADLINE: ClassVar[tuple[str, ...]] = (
+        "last_share",
+        "median_lateness_ms",
+        "p90_lateness_ms",
+        "others_waited_s",
+        "job_delay_s",
+        "confidence",
+    )
+
+    last_arrivals: int
+    """Collectives it arrived at last, by a clear margin."""
+    collectives: int
+    """Recent collectives it took part in."""
+    last_share: float
+    median_lateness_ms: float
+    """Typical margin behind the next-latest member, where it was last."""
+    p90_lateness_ms: float
+    others_waited_s: float
+    """Rank-seconds the other members spent waiting for it."""
+    job_delay_s: float
+    """Seconds of job time its lateness cost."""
+    groups: Mapping[str, int]
+    """Late arrivals per group key."""
+    clock_jitter_ms: float
+    confidence: str
+    """``high``; ``low`` for rank 0, whose extra work is often by design."""
+    lateness_by_rank: tuple[LatenessRow, ...]
+    """The latest ranks, and every straggler, latest first."""
+    clock: ClockSummary
+    likely_cause: str | None = None
 
 
 @dataclass(slots=True)
@@ -168,7 +235,7 @@ def _add_evidence(pending: _Pending, blamed: set[int], t: dict[int, _Tally]) -> 
 
 def lateness_table(
     tallies: dict[int, _Tally], keep: Sequence[int], alignment: ClockAlignment
-) -> list[dict[str, object]]:
+) -> tuple[LatenessRow, ...]:
     """Per-rank lateness rows, latest first: the ``keep`` ranks plus the latest others.
 
     Each row also carries the rank's estimated clock offset and its uncertainty (None for a
@@ -179,23 +246,23 @@ def lateness_table(
     )
     chosen = [r for r, _ in rows[:TABLE_RANKS]]
     chosen += [r for r in keep if r not in chosen]
-    out: list[dict[str, object]] = []
+    out: list[LatenessRow] = []
     for r, tr in rows:
         if r not in chosen:
             continue
         c = alignment.clocks.get(r)
         out.append(
-            {
-                "rank": r,
-                "collectives": tr.taken,
-                "last_share": round(len(tr.late) / tr.taken, 3) if tr.taken else 0.0,
-                "median_behind_ms": round(median(tr.behind), 3) if tr.behind else 0.0,
-                "p90_behind_ms": round(percentile(tr.behind, 0.9), 3),
-                "clock_offset_ms": round(c.offset_ns / 1e6, 3) if c else None,
-                "clock_uncertainty_ms": round(c.uncertainty_ns / 1e6, 4) if c else None,
-            }
+            LatenessRow(
+                rank=r,
+                collectives=tr.taken,
+                last_share=round(len(tr.late) / tr.taken, 3) if tr.taken else 0.0,
+                median_behind_ms=round(median(tr.behind), 3) if tr.behind else 0.0,
+                p90_behind_ms=round(percentile(tr.behind, 0.9), 3),
+                clock_offset_ms=round(c.offset_ns / 1e6, 3) if c else None,
+                clock_uncertainty_ms=round(c.uncertainty_ns / 1e6, 4) if c else None,
+            )
         )
-    return out
+    return tuple(out)
 
 
 def _extra_work_hint(m: Matched, rank: int) -> str | None:
@@ -206,16 +273,17 @@ def _extra_work_hint(m: Matched, rank: int) -> str | None:
     return None
 
 
-def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list[Finding]:
+def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = None) -> list[Finding]:
     """Ranks that consistently arrive last at completed collectives.
 
     Args:
-        m: the lined-up histories.
+        ctx: the analysis context.
         options: thresholds; defaults when None.
 
     Returns:
         ``straggler`` findings, the most consistent straggler first; empty for a healthy job.
     """
+    m = ctx.matched
     opt = options or StragglerOptions()
     tallies: dict[int, _Tally] = defaultdict(_Tally)
     pending: list[_Pending] = []
@@ -239,31 +307,31 @@ def find_stragglers(m: Matched, options: StragglerOptions | None = None) -> list
     blamed_ranks = {r for _, r in blamed}
     for p in pending:
         _add_evidence(p, blamed_ranks, tallies)
-    alignment = estimate_offsets(m, opt.recent)
+    alignment = ctx.clock_alignment(opt.recent)
     table = lateness_table(tallies, [r for _, r in blamed], alignment)
     clock = clock_summary(alignment)
     return [_finding(m, r, tallies[r], table, clock) for _, r in blamed]
 
 
-def clock_summary(a: ClockAlignment) -> dict[str, object]:
-    """How the ranks' clocks line up, JSON-ready: reference, offsets and their uncertainty."""
+def clock_summary(a: ClockAlignment) -> ClockSummary:
+    """How the ranks' clocks line up: reference, offsets and their uncertainty."""
     offsets = [abs(c.offset_ns) for c in a.clocks.values()]
-    return {
-        "reference_rank": a.reference,
-        "method": "median of completion differences of shared collectives",
-        "max_offset_ms": round(max(offsets, default=0) / 1e6, 3),
-        "max_uncertainty_ms": round(a.max_uncertainty_ns / 1e6, 4),
-        "max_drift_ms": round(max((c.drift_ns for c in a.clocks.values()), default=0) / 1e6, 3),
-        "unaligned_ranks": list(a.unaligned),
-    }
+    return ClockSummary(
+        reference_rank=a.reference,
+        method="median of completion differences of shared collectives",
+        max_offset_ms=round(max(offsets, default=0) / 1e6, 3),
+        max_uncertainty_ms=round(a.max_uncertainty_ns / 1e6, 4),
+        max_drift_ms=round(max((c.drift_ns for c in a.clocks.values()), default=0) / 1e6, 3),
+        unaligned_ranks=tuple(a.unaligned),
+    )
 
 
 def _finding(
     m: Matched,
     r: int,
     tr: _Tally,
-    table: list[dict[str, object]],
-    clock: dict[str, object],
+    table: tuple[LatenessRow, ...],
+    clock: ClockSummary,
 ) -> Finding:
     n, total = len(tr.late), tr.taken
     typical, p90 = median(tr.late), percentile(tr.late, 0.9)
@@ -276,33 +344,36 @@ def _finding(
         f"rank (p90 {p90:.1f} ms); the other ranks waited about {tr.waited_ns / 1e9:.2f} "
         f"rank-seconds for it ({tr.delay_ns / 1e9:.2f} s of job time). Nothing hangs"
     )
-    evidence: dict[str, object] = {
-        "last_arrivals": n,
-        "collectives": total,
-        "last_share": round(n / total, 3),
-        "median_lateness_ms": round(typical, 3),
-        "p90_lateness_ms": round(p90, 3),
-        "others_waited_s": round(tr.waited_ns / 1e9, 3),
-        "job_delay_s": round(tr.delay_ns / 1e9, 3),
-        "groups": dict(tr.groups),
-        "clock_jitter_ms": round(tr.spread_ns / 1e6, 3),
-        "confidence": "high",
-        "lateness_by_rank": table,
-        "clock": clock,
-    }
+    evidence = StragglerEvidence(
+        last_arrivals=n,
+        collectives=total,
+        last_share=round(n / total, 3),
+        median_lateness_ms=round(typical, 3),
+        p90_lateness_ms=round(p90, 3),
+        others_waited_s=round(tr.waited_ns / 1e9, 3),
+        job_delay_s=round(tr.delay_ns / 1e9, 3),
+        groups=dict(tr.groups),
+        clock_jitter_ms=round(tr.spread_ns / 1e6, 3),
+        confidence="high",
+        lateness_by_rank=table,
+        clock=clock,
+    )
     if r == 0:
         # The coordinating rank logs, evaluates and writes checkpoints while the others go on:
         # lateness there is often by design, so it is reported as such, not as a fault.
         hint = _extra_work_hint(m, r)
-        evidence["confidence"] = "low"
-        evidence["likely_cause"] = "rank 0 extra work (logging, checkpoint writes)"
+        evidence = replace(
+            evidence,
+            confidence="low",
+            likely_cause="rank 0 extra work (logging, checkpoint writes)",
+        )
         summary += (
             "; rank 0 often does extra work between steps (logging, checkpoint writes)"
             + (f", e.g. {hint}" if hint else "")
             + ": if that is expected, this is by design rather than a fault (low confidence)"
         )
     return Finding(
-        kind=FindingKind.STRAGGLER.value,
+        kind=FindingKind.STRAGGLER,
         ranks=(r,),
         summary=summary,
         process_group=group,

@@ -1,4 +1,4 @@
-"""Renderers over an analysis ``Report``: ``terminal`` (rich) and ``json``.
+"""Renderers over an analysis ``Report``: ``terminal`` (rich), ``json`` and ``trace`` (a timeline).
 
-Kept import-light: ``ranges`` is used by the analysis passes for their summaries.
+Each reads the report alone and recomputes nothing; ``dump`` shows one dump file.
 """

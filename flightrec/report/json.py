@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
+import enum
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the renderer only reads the report; no import cycle at run time
@@ -10,21 +13,45 @@ if TYPE_CHECKING:  # the renderer only reads the report; no import cycle at run 
     from flightrec.analysis.model import Finding
 
 SCHEMA = "flightrec.report/1"
-# Straggler evidence also given at the top level of its finding.
-STRAGGLER_FIELDS = (
-    "last_share",
-    "median_lateness_ms",
-    "p90_lateness_ms",
-    "others_waited_s",
-    "job_delay_s",
-    "confidence",
-)
+
+
+def to_json(value: object) -> Any:
+    """A value of the analysis model as JSON-ready data.
+
+    A dataclass becomes an object of its fields in order; a field with a default is left out
+    while it holds its default (an optional fact that does not apply), and a field whose
+    metadata says ``json: False`` is never written. Mapping keys become strings, tuples lists,
+    enums their values.
+
+    Args:
+        value: evidence, or anything inside it.
+
+    Returns:
+        Plain dicts, lists and scalars.
+    """
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        out: dict[str, Any] = {}
+        for f in dataclasses.fields(value):
+            if f.metadata.get("json", True) is False:
+                continue
+            v = getattr(value, f.name)
+            if f.default is not dataclasses.MISSING and v == f.default:
+                continue
+            out[f.name] = to_json(v)
+        return out
+    if isinstance(value, Mapping):
+        return {str(k): to_json(v) for k, v in value.items()}
+    if isinstance(value, tuple | list):
+        return [to_json(v) for v in value]
+    if isinstance(value, enum.Enum):
+        return value.value
+    return value
 
 
 def finding_to_dict(f: Finding) -> dict[str, Any]:
     """One finding as the JSON contract spells it; ``evidence`` and ``consequences`` extra."""
     out: dict[str, Any] = {
-        "kind": f.kind,
+        "kind": f.kind.value,
         "ranks": list(f.ranks),
         "process_group": f.process_group,
         "pg_ranks": list(f.pg_ranks),
@@ -34,11 +61,10 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
     }
     if f.field is not None:
         out["field"] = f.field
-    if f.kind == "straggler":
+    if f.evidence is not None:
         # The numbers a reader acts on, next to the verdict; the rest stays in ``evidence``.
-        for key in STRAGGLER_FIELDS:
-            if key in f.evidence:
-                out[key] = f.evidence[key]
+        for key in f.evidence.HEADLINE:
+            out[key] = to_json(getattr(f.evidence, key))
     if f.consequences:
         out["consequences"] = [
             {
@@ -51,8 +77,11 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
             }
             for c in f.consequences
         ]
-    if f.evidence:
-        out["evidence"] = dict(f.evidence)
+    evidence: dict[str, Any] = to_json(f.evidence) if f.evidence is not None else {}
+    if f.call_shift is not None:
+        evidence["call_shift"] = to_json(f.call_shift)
+    if evidence:
+        out["evidence"] = evidence
     return out
 
 

@@ -14,7 +14,13 @@ from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
 
-from flightrec.analysis.model import Consequence, Finding, FrameInfo, is_library_frame
+from flightrec.analysis.model import (
+    Consequence,
+    Finding,
+    FrameInfo,
+    is_library_frame,
+)
+from flightrec.analysis.straggler import LatenessRow, StragglerEvidence
 from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:
@@ -119,14 +125,17 @@ class TerminalRenderer:
 
     def _stragglers(self, report: Report) -> None:
         """The straggler table: per-rank lateness on aligned clocks, with bars."""
-        found = [f for f in report.findings if f.kind == "straggler"]
+        found = [
+            (f, f.evidence) for f in report.findings if isinstance(f.evidence, StragglerEvidence)
+        ]
         if not found:
             return
-        rows = found[0].evidence.get("lateness_by_rank")
-        if not isinstance(rows, list) or not rows:
+        evidence = found[0][1]
+        rows = evidence.lateness_by_rank
+        if not rows:
             return
-        blamed = {r for f in found for r in f.ranks}
-        low = {r for f in found if f.evidence.get("confidence") == "low" for r in f.ranks}
+        blamed = {r for f, _ in found for r in f.ranks}
+        low = {r for f, ev in found if ev.confidence == "low" for r in f.ranks}
         table = Table(
             title="Arrival lateness per rank (aligned clocks)",
             title_justify="left",
@@ -144,33 +153,32 @@ class TerminalRenderer:
             ("", "left"),
         ):
             table.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
-        scale = max((float(r.get("median_behind_ms", 0.0)) for r in rows), default=0.0)
+        scale = max((r.median_behind_ms for r in rows), default=0.0)
         for row in rows[:STRAGGLER_ROWS]:
-            rank = int(row["rank"])
-            behind = float(row.get("median_behind_ms", 0.0))
+            rank = row.rank
+            behind = row.median_behind_ms
             d = report.run.dumps.get(rank)
             style = "red" if rank in blamed - low else "yellow" if rank in low else ""
             table.add_row(
                 str(rank),
                 d.header.hostname if d else "?",
-                f"{100 * float(row.get('last_share', 0.0)):.0f}%",
+                f"{100 * row.last_share:.0f}%",
                 f"{behind:.1f} ms",
-                f"{float(row.get('p90_behind_ms', 0.0)):.1f} ms",
+                f"{row.p90_behind_ms:.1f} ms",
                 _clock_cell(row),
                 Text(_bar(behind, scale), style=style or "dim"),
                 style=style,
             )
         self.console.print(table)
-        clock = found[0].evidence.get("clock")
-        if isinstance(clock, dict):
-            line = (
-                f"  clocks aligned on rank {clock.get('reference_rank')} from simultaneous "
-                f"completions: offsets up to {clock.get('max_offset_ms')} ms, uncertainty "
-                f"up to {clock.get('max_uncertainty_ms')} ms"
-            )
-            if clock.get("unaligned_ranks"):
-                line += f"; not aligned: ranks {compress(clock['unaligned_ranks'])}"
-            self.console.print(Text(line, style="dim"))
+        clock = evidence.clock
+        line = (
+            f"  clocks aligned on rank {clock.reference_rank} from simultaneous "
+            f"completions: offsets up to {clock.max_offset_ms} ms, uncertainty "
+            f"up to {clock.max_uncertainty_ms} ms"
+        )
+        if clock.unaligned_ranks:
+            line += f"; not aligned: ranks {compress(clock.unaligned_ranks)}"
+        self.console.print(Text(line, style="dim"))
 
     def _where(self, report: Report) -> None:
         by_state: dict[str, list[int]] = defaultdict(list)
@@ -259,10 +267,10 @@ class TerminalRenderer:
         self.console.print(Text(line, style="dim"))
 
 
-def _clock_cell(row: dict[str, object]) -> str:
+def _clock_cell(row: LatenessRow) -> str:
     """``+5.73±0.01 ms``: the rank's clock offset against the reference, or ``?``."""
-    offset, unc = row.get("clock_offset_ms"), row.get("clock_uncertainty_ms")
-    if not isinstance(offset, int | float) or not isinstance(unc, int | float):
+    offset, unc = row.clock_offset_ms, row.clock_uncertainty_ms
+    if offset is None or unc is None:
         return "?"
     return f"{offset:+.2f}±{unc:.2f} ms"
 

@@ -2,10 +2,11 @@
 
 One process per host, one thread (track) per rank, every recorded operation a complete ("X")
 slice from its enqueue to its completion, so a slice's length is the time the rank spent in
-it, mostly waiting for the others. All times are on one clock, aligned from the dumps
-(``flightrec.analysis.clocks``), in microseconds from the earliest event. Operations that never
-completed run to the rank's dump and are named ``... (incomplete)``; the hang point of the
-first finding is a global instant event, every rank's dump an instant on its track.
+it, mostly waiting for the others. All times are on one clock, aligned from the dumps by the
+analysis (``Report.timeline_clock``, estimated when first asked for), in microseconds from the
+earliest event. Operations that never completed run to the rank's dump and are named
+``... (incomplete)``; the hang point of the first finding is a global instant event, every
+rank's dump an instant on its track.
 
 A rank whose slices overlap (async work, collectives from two threads) gets extra tracks
 ("rank 3 · 2") next to its first, because a track's slices must nest.
@@ -16,7 +17,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from flightrec.analysis.clocks import ClockAlignment, base_ns, estimate_offsets
+from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress
 
@@ -36,10 +37,8 @@ def _state_name(state: int) -> str:
 class _Clock:
     """Aligned microseconds from one rank's monotonic nanoseconds."""
 
-    def __init__(self, report: Report, alignment: ClockAlignment) -> None:
-        self.shift = {
-            r: base_ns(report.matched, r) - alignment.offset_ns(r) for r in report.run.dumps
-        }
+    def __init__(self, report: Report) -> None:
+        self.shift = report.timeline_clock.shift_ns
         self.origin = 0
 
     def us(self, rank: int, mono_ns: int) -> float:
@@ -63,8 +62,8 @@ class TraceRenderer:
 
     def to_dict(self, report: Report) -> dict[str, Any]:
         """The trace as a JSON-ready dict: ``traceEvents``, ``displayTimeUnit``, ``metadata``."""
-        alignment = estimate_offsets(report.matched)
-        clock = _Clock(report, alignment)
+        alignment = report.timeline_clock.alignment
+        clock = _Clock(report)
         dumps = report.run.dumps
         starts = [
             d.dump.entries.enqueue_ns[i] + clock.shift[r]
@@ -75,7 +74,9 @@ class TraceRenderer:
         clock.origin = min(starts, default=0)
         hosts = sorted({d.header.hostname or "unknown host" for d in dumps.values()})
         pid_of = {h: i + 1 for i, h in enumerate(hosts)}
-        stragglers = {r for f in report.findings if f.kind == "straggler" for r in f.ranks}
+        stragglers = {
+            r for f in report.findings if f.kind is FindingKind.STRAGGLER for r in f.ranks
+        }
         meta: list[dict[str, Any]] = []
         for h, pid in pid_of.items():
             meta.append(_meta("process_name", pid, 0, {"name": h}))
@@ -116,7 +117,7 @@ class TraceRenderer:
                     },
                 },
                 "findings": [
-                    {"kind": f.kind, "ranks": list(f.ranks), "summary": f.summary}
+                    {"kind": f.kind.value, "ranks": list(f.ranks), "summary": f.summary}
                     for f in report.findings
                 ],
             },
@@ -227,7 +228,10 @@ class TraceRenderer:
 
     def _hang_point(self, report: Report, clock: _Clock) -> list[dict[str, Any]]:
         """A global instant where the first hang finding's collective stalled."""
-        f = next((x for x in report.findings if x.kind != "straggler" and x.process_group), None)
+        f = next(
+            (x for x in report.findings if x.kind is not FindingKind.STRAGGLER and x.process_group),
+            None,
+        )
         if f is None or f.process_group is None or f.seq is None:
             return []
         entered: list[tuple[float, int]] = []

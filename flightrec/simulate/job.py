@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND, DumpBuilder
 from flightrec.format.schema import dump_filename
@@ -100,7 +101,7 @@ def plan(config: SimConfig) -> _Plan:
         )
         program.insert(send_fwd, program.pop(recv_bwd))
         partner = culprit + layout.tp
-        expected = {"kind": "p2p_deadlock", "ranks": sorted([culprit, partner])}
+        expected = {"kind": FindingKind.P2P_DEADLOCK.value, "ranks": sorted([culprit, partner])}
     elif fault in (Fault.OP_MISMATCH, Fault.SIZE_MISMATCH, Fault.DTYPE_MISMATCH):
         kinds = [op.kind for op in program]
         at = kinds.index(GroupKind.DP) if layout.dp >= 3 else len(program) - 1
@@ -113,16 +114,18 @@ def plan(config: SimConfig) -> _Plan:
             Fault.SIZE_MISMATCH: "shape",
             Fault.DTYPE_MISMATCH: "dtype",
         }[fault]
-        expected = {"kind": "mismatch", "ranks": [culprit], "field": field_name}
+        expected = {"kind": FindingKind.MISMATCH.value, "ranks": [culprit], "field": field_name}
     elif fault in (Fault.STALL, Fault.CRASH):
         stop_at[culprit] = at
         group_kind = program[at].kind
         expected = {
-            "kind": "not_arrived" if fault is Fault.STALL else "missing_dump",
+            "kind": (
+                FindingKind.NOT_ARRIVED if fault is Fault.STALL else FindingKind.MISSING_DUMP
+            ).value,
             "ranks": [culprit],
         }
     elif fault is Fault.STRAGGLER:
-        expected = {"kind": "straggler", "ranks": [culprit]}
+        expected = {"kind": FindingKind.STRAGGLER.value, "ranks": [culprit]}
     else:
         expected = {}
 

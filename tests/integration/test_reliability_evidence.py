@@ -23,6 +23,7 @@ from flightrec.format.rawstacks import stacks_path
 from flightrec.format.read import read_dump
 from flightrec.readers.blackbox import read_blackbox
 from flightrec.readers.rawstacks import attach
+from flightrec.report.json import finding_to_dict
 from tests.integration.jobs import REPO, start_job
 
 pytestmark = pytest.mark.integration
@@ -108,4 +109,4 @@ def test_a_rank_holding_the_gil_in_a_c_call_leaves_raw_stacks(tmp_path: Path) ->
     report = analyze_dir(str(job.dump_dir))
     blamed = report.findings[0]
     assert blamed.ranks == (1,), blamed
-    assert '"function": "wedged_in_c_call"' in json.dumps(blamed.evidence), blamed.evidence
+    assert '"function": "wedged_in_c_call"' in json.dumps(finding_to_dict(blamed)), blamed.evidence

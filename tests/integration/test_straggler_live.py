@@ -14,6 +14,7 @@ from pathlib import Path
 
 from flightrec.analysis import analyze_dir
 from flightrec.analysis.model import FindingKind
+from flightrec.analysis.straggler import StragglerEvidence
 from flightrec.format import flightrec_pb2 as pb
 from tests.integration.jobs import SCRIPTS, child_env, start_job
 from tests.integration.test_cli_analyze import flightrec
@@ -39,9 +40,10 @@ def test_slow_rank_is_named_from_exit_dumps(tmp_path: Path) -> None:
     report = analyze_dir(str(job.dump_dir))
     assert [(f.kind, f.ranks) for f in report.findings] == [(FindingKind.STRAGGLER, (2,))]
     ev = report.findings[0].evidence
-    assert ev["last_share"] >= 0.8, report.findings[0].summary
-    assert 20.0 <= ev["median_lateness_ms"] <= 60.0, report.findings[0].summary
-    assert ev["others_waited_s"] > 0.5
+    assert isinstance(ev, StragglerEvidence)
+    assert ev.last_share >= 0.8, report.findings[0].summary
+    assert 20.0 <= ev.median_lateness_ms <= 60.0, report.findings[0].summary
+    assert ev.others_waited_s > 0.5
 
     # The CLI: exit 1, the verdict, the table, and a valid timeline.
     trace = tmp_path / "trace.json"

@@ -6,6 +6,7 @@ from dataclasses import replace
 
 from flightrec.analysis import analyze
 from flightrec.analysis.model import RankDump
+from flightrec.analysis.not_arrived import RankEvidence
 from flightrec.analysis.routine import MIN_REPEATS, routine
 from tests.unit.factories import Job
 
@@ -63,7 +64,7 @@ def test_a_skipped_collective_blames_the_rank_that_skipped_not_the_cycle() -> No
     assert (first.kind, first.ranks) == ("not_arrived", (2,))
     assert (first.process_group, first.seq) == ("2", 4)
     assert "left its routine" in first.summary
-    assert "cycle" in first.evidence
+    assert isinstance(first.evidence, RankEvidence) and first.evidence.cycle
 
 
 def test_without_history_the_cycle_stays_a_deadlock() -> None:

@@ -120,7 +120,7 @@ def test_size_and_dtype_mismatches_name_the_field() -> None:
     assert [(f.kind, f.field, f.ranks, f.seq) for f in findings] == [
         (FindingKind.MISMATCH, "shape", (1,), 4)
     ]
-    assert findings[0].evidence["later_mismatches"] == 1
+    assert findings[0].evidence.later_mismatches == 1
 
 
 def test_dtype_mismatch() -> None:
@@ -143,7 +143,7 @@ def test_two_rank_mismatch_says_there_is_no_majority() -> None:
     first = analyze(job.run()).findings[0]
     assert first.kind == FindingKind.MISMATCH and first.field == "reduce_op"
     assert first.ranks == (0, 1)
-    assert "no majority" in first.summary and first.evidence["majority"] is False
+    assert "no majority" in first.summary and first.evidence.majority is False
 
 
 def test_p2p_deadlock_names_every_rank_on_the_cycle() -> None:
@@ -223,7 +223,7 @@ def test_straggler_is_the_rank_that_arrives_last_every_time() -> None:
     job = late_arrivals(Job(), rank=1, steps=8)
     findings = analyze(job.run()).findings
     assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (1,))]
-    assert findings[0].evidence["last_arrivals"] == 8
+    assert findings[0].evidence.last_arrivals == 8
 
 
 def test_small_jitter_is_not_a_straggler() -> None:
@@ -261,9 +261,9 @@ def test_skipped_call_is_named_at_the_collective_it_skipped() -> None:
     job.stall(2, "save_checkpoint", 80)
     first = analyze(job.run()).findings[0]
     assert first.kind == FindingKind.NOT_ARRIVED and first.ranks == (2,)
-    shift = first.evidence["call_shift"]
-    assert isinstance(shift, dict)
-    assert (shift["kind"], shift["seq"]) == ("skipped", 7)
+    shift = first.call_shift
+    assert shift is not None
+    assert (shift.kind, shift.seq) == ("skipped", 7)
     assert "skipped the all_reduce at job/train.py:30 (#7)" in first.summary
 
 
@@ -280,7 +280,7 @@ def test_rank_specific_call_sites_are_not_a_skip() -> None:
             }
         )
     first = analyze(job.run()).findings[0]
-    assert "call_shift" not in first.evidence
+    assert first.call_shift is None
 
 
 def test_rank_that_arrived_after_the_others_gave_up_is_named() -> None:

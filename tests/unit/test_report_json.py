@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import ClassVar
 
 from flightrec.analysis import analyze
-from flightrec.report.json import SCHEMA, JsonRenderer
+from flightrec.analysis.model import CallShift, Evidence, Finding, FindingKind, FrameInfo
+from flightrec.report.json import SCHEMA, JsonRenderer, finding_to_dict
 from tests.unit.factories import Job, healthy
 
 
@@ -43,3 +47,39 @@ def test_mismatch_has_field() -> None:
     job.collective(complete=False, override={2: {"dtype": "float64"}})
     first = json.loads(JsonRenderer().render(analyze(job.run())))["findings"][0]
     assert (first["kind"], first["field"], first["ranks"]) == ("mismatch", "dtype", [2])
+
+
+@dataclass(frozen=True, slots=True)
+class _NewEvidence(Evidence):
+    """What a new kind's pass would define: the renderer is told nothing about it."""
+
+    HEADLINE: ClassVar[tuple[str, ...]] = ("score",)
+
+    score: float
+    where: FrameInfo | None
+    per_rank: Mapping[int, tuple[int, ...]]
+    note: str | None = None
+    extra: str | None = None
+
+
+def test_any_evidence_is_written_field_by_field() -> None:
+    evidence = _NewEvidence(score=0.5, where=None, per_rank={3: (1, 2)}, extra="set", note=None)
+    shift = CallShift(7, "skipped", "a.py:1", "a.py:2", None)
+    f = Finding(FindingKind.STUCK, (3,), "one line", evidence=evidence, call_shift=shift)
+    out = finding_to_dict(f)
+    assert out["score"] == 0.5  # a headline field, next to the verdict
+    # Fields in order; a required None is written, an optional one only when set; mapping
+    # keys as strings, tuples as lists; the call shift last.
+    assert list(out["evidence"]) == ["score", "where", "per_rank", "extra", "call_shift"]
+    assert out["evidence"]["where"] is None and out["evidence"]["per_rank"] == {"3": [1, 2]}
+    assert out["evidence"]["call_shift"] == {
+        "seq": 7,
+        "kind": "skipped",
+        "peer_site": "a.py:1",
+        "rank_site": "a.py:2",
+        "op": None,
+    }
+    frame = FrameInfo("train.py", "step", 3)
+    assert finding_to_dict(
+        Finding(FindingKind.STUCK, (3,), "s", evidence=_NewEvidence(1.0, frame, {}))
+    )["evidence"]["where"] == {"file": "train.py", "function": "step", "line": 3}

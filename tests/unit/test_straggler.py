@@ -11,7 +11,7 @@ from rich.console import Console
 
 from flightrec.analysis import analyze, analyze_dir
 from flightrec.analysis.model import FindingKind
-from flightrec.analysis.straggler import percentile
+from flightrec.analysis.straggler import StragglerEvidence, percentile
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
@@ -24,21 +24,22 @@ def test_late_rank_is_named_with_its_numbers() -> None:
     findings = analyze(job.run()).findings
     assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (2,))]
     ev = findings[0].evidence
-    assert ev["last_arrivals"] == 30 and ev["collectives"] == 30 and ev["last_share"] == 1.0
-    assert 38.0 < ev["median_lateness_ms"] < 41.0  # 40 ms minus up to 1 ms of others' jitter
-    assert ev["median_lateness_ms"] <= ev["p90_lateness_ms"] < 41.0
+    assert isinstance(ev, StragglerEvidence)
+    assert ev.last_arrivals == 30 and ev.collectives == 30 and ev.last_share == 1.0
+    assert 38.0 < ev.median_lateness_ms < 41.0  # 40 ms minus up to 1 ms of others' jitter
+    assert ev.median_lateness_ms <= ev.p90_lateness_ms < 41.0
     # Three ranks waited about 40 ms at each of 30 collectives.
-    assert ev["others_waited_s"] == pytest.approx(3 * 30 * 0.0395, rel=0.05)
-    assert ev["job_delay_s"] == pytest.approx(30 * 0.0395, rel=0.05)
-    assert ev["confidence"] == "high"
-    rows = {row["rank"]: row for row in ev["lateness_by_rank"]}
-    assert rows[2]["last_share"] == 1.0 and rows[2]["median_behind_ms"] > 38
-    assert all(rows[r]["median_behind_ms"] < 1 for r in (0, 1, 3))
-    assert rows[3]["clock_offset_ms"] == pytest.approx(9.0, abs=0.1)
-    assert rows[2]["clock_offset_ms"] == pytest.approx(-4.0, abs=0.1)
-    assert 0 < rows[2]["clock_uncertainty_ms"] < 0.1
-    assert ev["clock"]["reference_rank"] == 0
-    assert ev["clock"]["max_offset_ms"] == pytest.approx(9.0, abs=0.1)
+    assert ev.others_waited_s == pytest.approx(3 * 30 * 0.0395, rel=0.05)
+    assert ev.job_delay_s == pytest.approx(30 * 0.0395, rel=0.05)
+    assert ev.confidence == "high"
+    rows = {row.rank: row for row in ev.lateness_by_rank}
+    assert rows[2].last_share == 1.0 and rows[2].median_behind_ms > 38
+    assert all(rows[r].median_behind_ms < 1 for r in (0, 1, 3))
+    assert rows[3].clock_offset_ms == pytest.approx(9.0, abs=0.1)
+    assert rows[2].clock_offset_ms == pytest.approx(-4.0, abs=0.1)
+    assert 0 < rows[2].clock_uncertainty_ms < 0.1
+    assert ev.clock.reference_rank == 0
+    assert ev.clock.max_offset_ms == pytest.approx(9.0, abs=0.1)
     assert "Rank 2" in findings[0].summary and "30 of the 30" in findings[0].summary
 
 
@@ -66,8 +67,8 @@ def test_rank0_extra_work_is_reported_as_such_with_low_confidence() -> None:
     findings = analyze(job.run()).findings
     assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (0,))]
     f = findings[0]
-    assert f.evidence["confidence"] == "low"
-    assert "checkpoint" in str(f.evidence["likely_cause"])
+    assert f.evidence.confidence == "low"
+    assert "checkpoint" in str(f.evidence.likely_cause)
     assert "save_checkpoint" in f.summary and "by design rather than a fault" in f.summary
 
 
@@ -107,7 +108,7 @@ def test_simulated_straggler_is_found_across_hosts(tmp_path: Path, fault_rank: i
     simulate(SimConfig(layout, entries=200, fault=Fault.STRAGGLER, fault_rank=fault_rank), tmp_path)
     findings = analyze_dir(str(tmp_path)).findings
     assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (fault_rank,))]
-    assert 30.0 <= findings[0].evidence["median_lateness_ms"] <= 50.0
+    assert 30.0 <= findings[0].evidence.median_lateness_ms <= 50.0
 
 
 def test_simulated_healthy_jobs_have_no_straggler(tmp_path: Path) -> None:

@@ -1,0 +1,68 @@
+"""The passes, in one list, in priority order: the report lists their findings in this order.
+
+Each pass is ``find(ctx) -> list[Finding]`` over one ``AnalysisContext``; what passes share
+(the wait-for graph, the mismatches, the groups a root cause explains, clock alignment) is a
+context property computed once. Within a pass, the pass orders its own findings (the root-cause
+pass weighs each root by how many ranks it holds up, see ``rootcause.Tie``). After the passes,
+each refinement may rewrite a finding (add what it found) but never adds or reorders one.
+
+A new finding kind is a member of ``model.FindingKind``, a pass module (its ``find(ctx)`` and
+its ``Evidence`` subclass, which the JSON renderer writes without being told about it) listed
+here at its priority, and a scenario test.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from flightrec.analysis.context import AnalysisContext
+from flightrec.analysis.desync import find_desyncs
+from flightrec.analysis.model import Finding
+from flightrec.analysis.not_arrived import find_quiet_deaths, find_quiet_missing
+from flightrec.analysis.p2p import find_unmatched
+from flightrec.analysis.rootcause import find_root_causes
+from flightrec.analysis.skips import annotate_shifts
+from flightrec.analysis.straggler import find_stragglers
+
+Pass = Callable[[AnalysisContext], list[Finding]]
+Refinement = Callable[[AnalysisContext, list[Finding]], list[Finding]]
+
+PASSES: tuple[Pass, ...] = (
+    # What holds the job up: not_arrived, dead_rank, missing_dump, p2p_deadlock, deadlock,
+    # stuck, and every mismatch (ctx.mismatches), weighed together.
+    find_root_causes,
+    # Sends and receives that never paired, where nobody is blocked on them: p2p_unmatched.
+    find_unmatched,
+    # Groups out of step that no root cause or mismatch explains: desync.
+    find_desyncs,
+    # Nothing hangs, but one rank keeps everyone waiting: straggler.
+    find_stragglers,
+    # Ranks whose black box says they died, blamed by nothing above: dead_rank.
+    find_quiet_deaths,
+    # Ranks without a dump, blamed by nothing above: missing_dump.
+    find_quiet_missing,
+)
+"""Every pass, highest priority first."""
+
+REFINEMENTS: tuple[Refinement, ...] = (
+    # The skipped or extra call behind a finding about one rank on one group.
+    annotate_shifts,
+)
+"""Run over the ordered findings after every pass."""
+
+
+def run_passes(ctx: AnalysisContext) -> list[Finding]:
+    """Run every pass in priority order, then every refinement.
+
+    Args:
+        ctx: the analysis context; its ``earlier`` list is filled as passes run.
+
+    Returns:
+        The findings, most likely root cause first.
+    """
+    for find in PASSES:
+        ctx.earlier = ctx.earlier + find(ctx)
+    findings = ctx.earlier
+    for refine in REFINEMENTS:
+        findings = refine(ctx, findings)
+    return findings
