@@ -213,10 +213,16 @@ class RankDump:
         """Global rank."""
         return self.dump.header.rank
 
+    def describe_process(self, sep: str = ", ") -> str:
+        """``host, pid 123``; what the dump does not record says so (native dumps carry neither)."""
+        h = self.header
+        host = h.hostname or "host not recorded"
+        return f"{host}{sep}{f'pid {h.pid}' if h.pid > 0 else 'pid not recorded'}"
+
     def describe(self) -> str:
         """``host, pid 123, cuda:2`` for verdicts."""
         h = self.header
-        parts = [h.hostname or "unknown host", f"pid {h.pid}"]
+        parts = [self.describe_process()]
         if h.device:
             parts.append(h.device + (f" {h.device_name}" if h.device_name else ""))
         return ", ".join(parts)

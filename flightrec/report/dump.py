@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from flightrec.analysis.model import RankDump, TensorInfo, user_frame
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.report.layout import code_line, compact_table, hanging, longest_token
 from flightrec.text import compress
 
 
@@ -53,25 +53,33 @@ class DumpRenderer:
         h = d.header
         reason = pb.DumpReason.Name(h.reason) if h.reason in pb.DumpReason.values() else h.reason
         c.print(Text(f"{d.path}", style="bold"))
+        local = f"local rank {h.local_rank}" if h.local_rank >= 0 else "local rank not recorded"
         facts = [
-            ("rank", f"{h.rank} of {h.world_size} (local rank {h.local_rank})"),
-            ("host / pid", f"{h.hostname or '?'} / {h.pid}"),
+            ("rank", f"{h.rank} of {h.world_size} ({local})"),
+            ("host / pid", d.describe_process(" / ")),
             ("device", " ".join(x for x in (h.device, h.device_name, h.device_uuid) if x) or "-"),
             ("job / backend", f"{h.job_id or '-'} / {h.backend or '-'}"),
-            ("versions", f"torch {h.torch_version or '?'}, flightrec {h.flightrec_version or '?'}"),
+            (
+                "versions",
+                f"torch {h.torch_version or 'not recorded'}, "
+                f"flightrec {h.flightrec_version or 'not recorded'}",
+            ),
             ("source", h.source or "flightrec"),
             (
                 "reason",
                 f"{reason} #{h.dump_index}" + (f": {h.reason_detail}" if h.reason_detail else ""),
             ),
-            ("ring", f"{len(d)} entries of {h.buffer_capacity} ({h.entries_recorded} recorded)"),
+            (
+                "ring",
+                f"{len(d)} entries"
+                + (f" of {h.buffer_capacity}" if h.buffer_capacity else "")
+                + f" ({h.entries_recorded} recorded)",
+            ),
         ]
         for name, value in facts:
-            c.print(Text(f"  {name:<14} {value}"))
+            c.print(hanging(f"  {name:<14} ", value))
 
-        groups = Table(
-            title="Process groups", title_justify="left", title_style="bold", show_edge=False
-        )
+        groups = compact_table("Process groups")
         for col in (
             "group",
             "desc",
@@ -92,27 +100,42 @@ class DumpRenderer:
         n = len(d)
         first = 0 if self.limit is None else max(0, n - self.limit)
         title = "Entries (oldest first)" + (f", newest {n - first} of {n}" if first else "")
-        entries = Table(title=title, title_justify="left", title_style="bold", show_edge=False)
-        for col in ("id", "group", "seq", "op", "peer", "state", "tensors", "ms"):
-            entries.add_column(col, no_wrap=col != "tensors", overflow="fold")
-        entries.add_column("where", overflow="fold")
+        rows = []
         for i in range(first, n):
             r = d.record(i)
             number = f"p2p {r.p2p_seq}" if r.is_p2p else str(r.seq)
             op = r.op + (f" {r.reduce_op}" if r.reduce_op else "")
+            if r.peer >= 0:
+                op += f" {'to' if r.flags & pb.SEND else 'from'} {r.peer}"
             took = f"{(r.complete_ns - r.enqueue_ns) / 1e6:.1f}" if r.complete_ns else "-"
             frame = user_frame(r.stack)
-            entries.add_row(
-                str(d.dump.entries.record_id[i]),
-                r.group,
-                number,
-                op,
-                "" if r.peer < 0 else str(r.peer),
-                _state(r.state),
-                _tensors(r.inputs, r.outputs),
-                took,
-                frame.where() if frame else "",
+            rows.append(
+                (
+                    str(d.dump.entries.record_id[i]),
+                    r.group,
+                    number,
+                    op,
+                    _state(r.state),
+                    _tensors(r.inputs, r.outputs),
+                    took,
+                    frame.where() if frame else "",
+                )
             )
+        entries = compact_table(title)
+        # Short columns never wrap; op and tensors wrap between words only (their width never
+        # goes below their longest token); file:line keeps its full width, the line number
+        # being the point of it.
+        for col in ("id", "group", "seq"):
+            entries.add_column(col, no_wrap=True)
+        entries.add_column("op", min_width=longest_token(row[3] for row in rows))
+        entries.add_column("state", no_wrap=True)
+        entries.add_column("tensors", min_width=longest_token(row[5] for row in rows))
+        entries.add_column("ms", no_wrap=True, justify="right")
+        entries.add_column(
+            "where", no_wrap=True, min_width=max((len(r[7]) for r in rows), default=0)
+        )
+        for row in rows:
+            entries.add_row(*row)
         c.print(entries)
 
         threads = d.threads()
@@ -124,6 +147,6 @@ class DumpRenderer:
             ]
             c.print(Text(f"  {t.name}" + (f" ({', '.join(marks)})" if marks else "")))
             for f in t.stack:
-                c.print(Text(f"      {f.where()} in {f.function}"))
+                c.print(hanging("      ", f"{f.where()} in {f.function}"))
                 if f.code:
-                    c.print(Text(f"          {f.code}", style="dim"))
+                    c.print(code_line(10, f.code, style="dim"))

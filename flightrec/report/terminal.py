@@ -21,6 +21,7 @@ from flightrec.analysis.model import (
     is_library_frame,
 )
 from flightrec.analysis.straggler import LatenessRow, StragglerEvidence
+from flightrec.report.layout import code_line, hanging
 from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:
@@ -64,13 +65,13 @@ class TerminalRenderer:
         self._members = {k: tuple(g.ranks) for k, g in report.matched.groups.items()}
         c.print(self._verdict(report))
         for line in report.run.notes:
-            c.print(Text(f"note: {line}", style="dim"))
+            c.print(hanging("note: ", line, style="dim"))
         if report.findings:
             others = report.findings[1:]
             if others:
                 c.print(Text("Other findings", style="bold"))
                 for i, f in enumerate(others[:MAX_OTHER_FINDINGS], start=2):
-                    c.print(Text(f"  {i}. [{f.kind}] {f.summary}"))
+                    c.print(hanging(f"  {i}. ", f"[{f.kind}] {f.summary}"))
                 if len(others) > MAX_OTHER_FINDINGS:
                     c.print(Text(f"  ... and {len(others) - MAX_OTHER_FINDINGS} more (see --json)"))
             self._consequences(report.findings[0])
@@ -119,7 +120,7 @@ class TerminalRenderer:
         if lines:
             self.console.print(Text("Blocked because of it", style="bold"))
             for line in lines[:MAX_LINES]:
-                self.console.print(Text(f"  {line}"))
+                self.console.print(hanging("  ", line))
             if len(lines) > MAX_LINES:
                 self.console.print(Text(f"  ... and {len(lines) - MAX_LINES} more", style="dim"))
 
@@ -198,7 +199,7 @@ class TerminalRenderer:
                     Text(f"  ... and {len(by_state) - MAX_LINES} more situations", style="dim")
                 )
                 break
-            self.console.print(Text(f"  {_sentence(ranks, phrase)}", style=style))
+            self.console.print(hanging("  ", _sentence(ranks, phrase), style=style))
 
     def _progress(self, report: Report) -> None:
         groups = report.matched.groups
@@ -287,7 +288,7 @@ def _stack_text(stack: tuple[FrameInfo, ...]) -> Group:
     # flightrec's generated wrapper sits between the user's call and torch's function on
     # every traced stack; it says nothing the next frame does not.
     stack = tuple(f for f in stack if not f.file.startswith(WRAPPER_FILE_PREFIX))
-    lines: list[Text] = []
+    lines: list[Text | Table] = []
     for frame in stack[:MAX_FRAMES]:
         user = not is_library_frame(frame)
         lines.append(
@@ -300,7 +301,7 @@ def _stack_text(stack: tuple[FrameInfo, ...]) -> Group:
         # never opened here: the file may differ from the code that ran, and a crafted dump
         # could name any file on the analyst's machine, or /dev/zero.
         if frame.code:
-            lines.append(Text(f"        {frame.code}", style="" if user else "dim"))
+            lines.append(code_line(8, frame.code, style="" if user else "dim"))
     if len(stack) > MAX_FRAMES:
         lines.append(Text(f"    ... {len(stack) - MAX_FRAMES} outer frames", style="dim"))
     return Group(*lines)

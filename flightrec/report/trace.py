@@ -72,7 +72,7 @@ class TraceRenderer:
             if d.dump.entries.enqueue_ns[i]
         ]
         clock.origin = min(starts, default=0)
-        hosts = sorted({d.header.hostname or "unknown host" for d in dumps.values()})
+        hosts = sorted({d.header.hostname or "host not recorded" for d in dumps.values()})
         pid_of = {h: i + 1 for i, h in enumerate(hosts)}
         stragglers = {
             r for f in report.findings if f.kind is FindingKind.STRAGGLER for r in f.ranks
@@ -83,7 +83,7 @@ class TraceRenderer:
             meta.append(_meta("process_sort_index", pid, 0, {"sort_index": pid}))
         events: list[dict[str, Any]] = []
         for rank, d in sorted(dumps.items()):
-            pid = pid_of[d.header.hostname or "unknown host"]
+            pid = pid_of[d.header.hostname or "host not recorded"]
             lanes = self._rank_events(report, d, clock, pid, events)
             for lane in range(lanes):
                 label = f"rank {rank}" + (f" · {lane + 1}" if lane else "")

@@ -164,7 +164,7 @@ def test_show_names_what_a_recv_receives() -> None:
     path = sorted(SAMPLE.glob("flightrec-rank00001-*.frdump"))[0]
     result = flightrec("show", path, "--limit", "0")
     assert result.returncode == 0, result.stderr
-    recvs = [line for line in result.stdout.splitlines() if "│ recv " in line]
+    recvs = [line for line in result.stdout.splitlines() if " recv from " in line]
     assert recvs and all("-> float32[64]" in line for line in recvs)
 
 
@@ -202,3 +202,26 @@ def test_trace_recent_keeps_the_newest_operations(tmp_path: Path) -> None:
 
     assert max(spans(full).values()) > 2
     assert spans(recent) and max(spans(recent).values()) <= 2
+
+
+def test_a_default_timeline_holds_a_recent_window_and_trace_all_everything(
+    tmp_path: Path,
+) -> None:
+    job = tmp_path / "job"
+    simulate = ("simulate", "--ranks", "64", "--entries", "600", "--fault", "stall")
+    assert flightrec(*simulate, "--fault-rank", "5", "--out", job).returncode == 0
+    default, everything = tmp_path / "default.json", tmp_path / "all.json"
+    assert flightrec("analyze", job, "--trace", default).returncode == 1
+    assert flightrec("analyze", job, "--trace", everything, "--trace-all").returncode == 1
+
+    def spans(path: Path) -> list[int]:
+        counts: dict[object, int] = {}
+        for event in json.loads(path.read_text())["traceEvents"]:
+            if event.get("ph") == "X":
+                counts[(event["pid"], event["tid"])] = (
+                    counts.get((event["pid"], event["tid"]), 0) + 1
+                )
+        return list(counts.values())
+
+    assert max(spans(default)) <= 200 < max(spans(everything))
+    assert default.stat().st_size * 2 < everything.stat().st_size

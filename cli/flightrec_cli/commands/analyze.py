@@ -43,6 +43,17 @@ def _loading_bar() -> Iterator[ProgressCallback | None]:
         yield update
 
 
+TRACE_RECENT = 200
+"""Operations per rank a timeline shows by default: the last steps before the hang."""
+TRACE_EVENTS = 200_000
+"""Operations a default timeline holds at most: a file of tens of MB that Perfetto opens quickly."""
+
+
+def trace_window(world_size: int) -> int:
+    """Newest operations per rank for a default timeline of a job of ``world_size`` ranks."""
+    return max(1, min(TRACE_RECENT, TRACE_EVENTS // max(1, world_size)))
+
+
 def register(app: typer.Typer) -> None:
     app.command("analyze")(analyze_command)
 
@@ -65,14 +76,19 @@ def analyze_command(
         ),
     ] = None,
     trace_recent: Annotated[
-        int,
+        int | None,
         typer.Option(
             "--trace-recent",
             metavar="N",
-            min=0,
-            help="Newest N operations per rank in the --trace timeline; 0 keeps all.",
+            min=1,
+            help="Newest N operations per rank in the --trace timeline "
+            f"(default: {TRACE_RECENT}, fewer past {TRACE_EVENTS:,} operations in all).",
         ),
-    ] = 0,
+    ] = None,
+    trace_all: Annotated[
+        bool,
+        typer.Option("--trace-all", help="Every recorded operation in the --trace timeline."),
+    ] = False,
 ) -> None:
     """Diagnose a hung or slow job from its dumps: which rank, which collective, which line.
 
@@ -84,7 +100,8 @@ def analyze_command(
     for problem in report.run.problems:
         typer.echo(f"flightrec: skipped {problem}", err=True)
     if trace is not None:
-        trace.write_text(TraceRenderer(trace_recent or None).render(report), encoding="utf-8")
+        recent = None if trace_all else trace_recent or trace_window(report.world_size)
+        trace.write_text(TraceRenderer(recent).render(report), encoding="utf-8")
     if as_json:
         sys.stdout.write(JsonRenderer().render(report))
     else:

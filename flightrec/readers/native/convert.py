@@ -44,6 +44,7 @@ def _gaps(d: NativeDump, backend: str) -> list[str]:
         out.append("gloo records no point-to-point operations")
     if len(es) and not any(es.stack):
         out.append("no stacks")
+    out.append("the native format records no host name, pid or local rank")
     return out
 
 
