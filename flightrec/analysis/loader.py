@@ -90,6 +90,76 @@ def _prefer_dumps(candidates: list[RankDump], notes: list[str]) -> list[RankDump
     return kept or candidates
 
 
+def _one_identity_per_process(candidates: list[RankDump], notes: list[str]) -> None:
+    """Give every dump of one process (host and pid) the rank, world size and job it had.
+
+    A process is one rank of one job for its whole life. Dumps written by an older flightrec
+    after ``destroy_process_group()`` fell back to ``RANK``/``WORLD_SIZE`` (absent under
+    ``torch.multiprocessing.spawn``: "rank 0 of 1") and lost the job id with the store;
+    the identity the process had while its group existed is in its other dumps (the black
+    box is labelled as the group is created): the largest world size, then the most common
+    rank among them. A dump without a job id takes its process's; two different job ids on
+    one host and pid are two processes (a reused pid) and stay apart. Headers are corrected
+    in place, and the report says so.
+    """
+    by_host_pid: dict[tuple[str, int], list[RankDump]] = defaultdict(list)
+    for d in candidates:
+        if d.header.pid > 0:
+            by_host_pid[(d.header.hostname, d.header.pid)].append(d)
+    fixed: list[str] = []
+    for (host, pid), all_ds in by_host_pid.items():
+        jobs = {d.header.job_id for d in all_ds if d.header.job_id}
+        # Two job ids on one host and pid: the pid was reused (a restarted container), two
+        # processes; only a dump without a job id is then left alone.
+        for job in jobs or {""}:
+            ds = [
+                d
+                for d in all_ds
+                if d.header.job_id == job or (len(jobs) == 1 and not d.header.job_id)
+            ]
+            if len({(d.header.rank, d.header.world_size, d.header.job_id) for d in ds}) < 2:
+                continue
+            world = max(d.header.world_size for d in ds)
+            best = [d for d in ds if d.header.world_size == world]
+            rank = Counter(d.header.rank for d in best).most_common(1)[0][0]
+            changed = 0
+            for d in ds:
+                h = d.header
+                if (h.rank, h.world_size, h.job_id) != (rank, world, job):
+                    h.rank, h.world_size, h.job_id = rank, world, job
+                    changed += 1
+            if changed:
+                fixed.append(f"pid {pid} on {host or 'unknown host'} ({changed} as rank {rank})")
+    if fixed:
+        notes.append(
+            "read dumps of one process as one rank of one job: "
+            + "; ".join(fixed)
+            + " (written after destroy_process_group by an older flightrec)"
+        )
+
+
+def _one_job(candidates: list[RankDump], notes: list[str]) -> list[RankDump]:
+    """Keep the dumps of one job: the newest job id wins; a dump without one is kept.
+
+    Only a job id that is present and different is evidence of another job (dumps of several
+    runs in one folder cannot be merged); an empty id says nothing.
+    """
+    by_job: dict[str, list[RankDump]] = defaultdict(list)
+    for d in candidates:
+        by_job[d.header.job_id].append(d)
+    named = [j for j in by_job if j]
+    if len(named) < 2:
+        return candidates
+    newest = max(named, key=lambda j: max(d.header.wall_time_ns for d in by_job[j]))
+    for job in named:
+        if job != newest:
+            notes.append(
+                f"ignored {len(by_job[job])} dump(s) of another job {job!r}; "
+                f"analysing job {newest!r}"
+            )
+    return by_job[newest] + by_job.get("", [])
+
+
 Progress = Callable[[int, int], None]
 """Called as ``progress(files_done, files_total)`` while loading."""
 
@@ -241,19 +311,9 @@ def load_dir(
         raise NoDumpsError(f"{root}: no readable dump ({what}{extra})")
 
     notes: list[str] = []
+    _one_identity_per_process(candidates, notes)
     candidates = _prefer_dumps(candidates, notes)
-    # Dumps of several jobs in one folder cannot be merged: keep the most recent job's.
-    by_job: dict[str, list[RankDump]] = defaultdict(list)
-    for d in candidates:
-        by_job[d.header.job_id].append(d)
-    if len(by_job) > 1:
-        newest = max(by_job, key=lambda j: max(d.header.wall_time_ns for d in by_job[j]))
-        for job, ds in by_job.items():
-            if job != newest:
-                notes.append(
-                    f"ignored {len(ds)} dump(s) of another job {job!r}; analysing job {newest!r}"
-                )
-        candidates = by_job[newest]
+    candidates = _one_job(candidates, notes)
 
     candidates = _agree_on_world_size(candidates, problems)
 

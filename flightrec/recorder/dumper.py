@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder
@@ -38,6 +38,34 @@ def _version() -> str:
     from flightrec import __version__
 
     return __version__
+
+
+class Identity(NamedTuple):
+    """Who a process is in its job, fixed when its first process group is created.
+
+    Kept for the life of the process: after ``destroy_process_group()`` torch can no longer
+    say (and ``RANK``/``WORLD_SIZE`` are absent under ``torch.multiprocessing.spawn``), yet exit
+    and SIGTERM dumps written then belong to the same rank of the same job.
+    """
+
+    rank: int
+    world_size: int
+    job_id: str
+    backend: str
+
+
+def identify(job_id: str = "") -> Identity | None:
+    """This process's identity from its live default group; None while it has none.
+
+    Args:
+        job_id: FLIGHTREC_JOB_ID (or torchrun's run id); the store address when empty.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    rank, world, backend, store = _dist_info()
+    return Identity(rank, world, job_id or store, backend)
 
 
 def _dist_info() -> tuple[int, int, str, str]:
@@ -95,6 +123,17 @@ class Dumper:
         """An exit dump was written: the black box is superseded and can go."""
         self._pid = os.getpid()
         self._closed = False
+        self.identity: Identity | None = None
+        """Set once, when the process's first group exists (``Runtime.start_background``)."""
+
+    def remember_identity(self) -> Identity | None:
+        """Fix the process's identity the first time a default group exists; keep it after."""
+        if self.identity is None:
+            try:
+                self.identity = identify(self.job_id)
+            except Exception as exc:  # never into the job; dumps then fall back to the env
+                log.warning("flightrec: could not tell this process's rank: %s", exc)
+        return self.identity
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """At interpreter exit: let a dump in progress finish, then refuse new ones.
@@ -152,15 +191,19 @@ class Dumper:
 
         entries = decode(snap)
         b = DumpBuilder(source=source_line)
-        rank, world, backend, store = _dist_info()
+        me = self.remember_identity()
+        if me is None:  # no group yet: what the environment says
+            rank, world, backend, store = _dist_info()
+            me = Identity(rank, world, self.job_id or store, backend)
+        rank, backend = me.rank, me.backend
         device, device_name, device_uuid = _device_identity(backend)
         h = b.header
-        h.rank, h.world_size = rank, world
+        h.rank, h.world_size = rank, me.world_size
         h.hostname = socket.gethostname()
         h.pid = os.getpid()
         h.local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
         h.device, h.device_name, h.device_uuid = device, device_name, device_uuid
-        h.job_id = self.job_id or store
+        h.job_id = me.job_id
         h.backend = backend
         h.torch_version = _torch_version()
         h.flightrec_version = _version()

@@ -182,6 +182,7 @@ class Runtime:
             except Exception as exc:
                 self._warn_once("signals", "SIGUSR1/SIGTERM dumps are off", exc)
         self._install_ddp()
+        self.dumper.remember_identity()
         self._identify_blackbox()
         self._arm_rawstacks()
 
@@ -226,18 +227,14 @@ class Runtime:
     def _identify_blackbox(self) -> None:
         """Once the default group exists, write rank, world and job into the black box."""
         bb = self.recorder.blackbox
-        if bb is None or self._identified:
+        ident = self.dumper.identity
+        if bb is None or self._identified or ident is None:
             return
-        from flightrec.recorder.dumper import _dist_info, _torch_version
+        from flightrec.recorder.dumper import _torch_version
 
-        rank, world, backend, store = _dist_info()
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            return
         self._identified = True
         try:
-            bb.identify(rank, world, self.config.job_id or store, backend, _torch_version())
+            bb.identify(ident.rank, ident.world_size, ident.job_id, ident.backend, _torch_version())
         except Exception as exc:
             log.warning("flightrec: could not label the black box: %s", exc)
 
@@ -266,11 +263,15 @@ class Runtime:
         what = describe_entry(self.recorder, slot)
         self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self.config.timeout_s:g}s: {what}")
         if poller is not None:
-            rank, seen = _rank(), poller.seen
+            rank, seen = self._rank(), poller.seen
             # Posting may block on a slow store: never on the watchdog thread.
             threading.Thread(
                 target=_post, args=(poller, rank, seen), name="flightrec-post", daemon=True
             ).start()
+
+    def _rank(self) -> int:
+        ident = self.dumper.identity
+        return ident.rank if ident is not None else int(os.environ.get("RANK", "-1") or -1)
 
     def _on_request(self, n: int, requester: int, reason: str) -> None:
         if reason == "CLI_TRIGGER":
@@ -331,17 +332,6 @@ def _post(poller: Poller, rank: int, seen: int) -> None:
         if not _post_warned:  # the store is gone: saying so once is enough
             _post_warned = True
             log.warning("flightrec: could not ask other ranks to dump: %s", exc)
-
-
-def _rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    return int(os.environ.get("RANK", "-1") or -1)
 
 
 _runtime: Runtime | None = None

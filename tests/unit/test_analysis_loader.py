@@ -96,3 +96,31 @@ def test_dumps_of_another_job_are_set_aside(tmp_path: Path) -> None:
     run = load_dir(tmp_path)
     assert run.dumps[0].header.job_id == "job-1"
     assert any("another job 'old-job'" in n for n in run.notes)
+
+
+def test_dumps_of_one_process_are_one_rank_of_one_job(tmp_path: Path) -> None:
+    """An older flightrec's exit dumps after destroy_process_group() said "rank 0 of 1" with
+    no job id; the process's hang dump says who it was."""
+    job = stalled()
+    job.write(tmp_path)
+    for rank in range(4):
+        late = job.build(rank, dump_index=1, reason=pb.PROCESS_EXIT, wall_offset_s=5)
+        late.header.rank, late.header.world_size, late.header.job_id = 0, 1, ""
+        write_dump(late, tmp_path, f"flightrec-rank00000-{1000 + rank}-001-process_exit.frdump")
+    run = load_dir(tmp_path, View.LATEST)
+    assert run.ranks_with_dump == (0, 1, 2, 3) and run.world_size == 4
+    assert run.problems == ()
+    assert all(d.header.reason == pb.PROCESS_EXIT for d in run.dumps.values())
+    assert all(d.header.job_id == "job-1" for d in run.dumps.values())
+    assert any("one rank of one job" in n for n in run.notes)
+
+
+def test_a_dump_without_a_job_id_is_not_another_job(tmp_path: Path) -> None:
+    job = stalled()
+    job.write(tmp_path, ranks=[0, 1, 2])
+    orphan = job.build(3)
+    orphan.header.job_id = ""
+    write_dump(orphan, tmp_path, "flightrec-rank00003-1003-000-watchdog_timeout.frdump")
+    run = load_dir(tmp_path)
+    assert run.ranks_with_dump == (0, 1, 2, 3)
+    assert not any("another job" in n for n in run.notes)
