@@ -31,9 +31,7 @@ def text_report(job: Job) -> str:
 def test_dumps_after_destroy_keep_rank_world_and_job(tmp_path: Path) -> None:
     """Exit dumps written after destroy_process_group() under mp.spawn, no RANK anywhere."""
     env = {"FLIGHTREC_DUMP_ON_EXIT": "1", "FLIGHTREC_TIMEOUT": "30"}
-    with start_job(
-        "verdicts.py", ["destroy"], env=env, launch="spawn", workdir=tmp_path
-    ) as job:
+    with start_job("verdicts.py", ["destroy"], env=env, launch="spawn", workdir=tmp_path) as job:
         assert job.wait(timeout=120) == [0], job.output()
     headers = [d.header for items in job.dumps().values() for _, d in items]
     assert sorted(h.rank for h in headers) == list(range(WORLD))
@@ -43,3 +41,27 @@ def test_dumps_after_destroy_keep_rank_world_and_job(tmp_path: Path) -> None:
     assert status == 0, report
     assert report["ranks_with_dump"] == list(range(WORLD))
     assert report["findings"] == [] and report["problems"] == []
+
+
+def test_the_hang_is_described_not_the_breakdown_after_it(tmp_path: Path) -> None:
+    """Rank 1 sits in its evaluation loop while the others wait in DDP's backward; their
+    watchdogs fire, then gloo times them out (they raise and exit, dumping), then rank 1 is
+    interrupted (SIGINT: what ``torch.multiprocessing.spawn`` children get when their parent
+    goes) and exits, dumping again. The verdict is still rank 1, in ``evaluate``, at its line."""
+    env = {"FLIGHTREC_DUMP_ON_EXIT": "1", "FLIGHTREC_TIMEOUT": "2"}
+    with start_job(
+        "verdicts.py", ["eval_sleep", "--culprit", "1", "--pg-timeout", "8"], env=env,
+        workdir=tmp_path,
+    ) as job:  # fmt: skip
+        job.wait_for_output(1, "EVALUATING", timeout=60)
+        job.wait_for_dumps(count=3, timeout=60, reason="process_exit")  # the timed-out ranks
+        job.signal(1, signal.SIGINT)
+        job.wait(timeout=30)
+    assert len(job.wait_for_dumps(count=4, timeout=1, reason="process_exit")) == 4
+    status, report = analyze(job)
+    first = report["findings"][0]
+    assert status == 1 and first["kind"] == "not_arrived" and first["ranks"] == [1], first
+    assert "in evaluate at scripts/verdicts.py:" in first["summary"], first["summary"]
+    assert any("analysing the hang" in n for n in report["notes"]), report["notes"]
+    rendered = text_report(job)
+    assert "flightrec/" not in rendered.split("Stack of rank 1")[0], rendered
