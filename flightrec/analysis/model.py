@@ -83,6 +83,27 @@ _LIBRARY_FRAME = re.compile(
 )
 
 
+# flightrec's recorder itself (its package modules, the wrappers it compiles), and the stdlib
+# threading calls its handlers make: never where a rank is. Narrow on purpose: a user's
+# checkout in a folder named flightrec must not match.
+_RECORDER_FRAME = re.compile(r"^<flightrec |/flightrec/(recorder|format|readers)/[^/]+\.py$")
+_THREADING_FRAME = re.compile(r"/lib/python3\.\d+/threading\.py$")
+
+
+def without_recorder_frames(stack: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
+    """``stack`` without a leading run of flightrec's own frames (and the ``threading`` calls
+    its handlers make): dumps of older versions show them where the exit dump or a signal
+    handler ran. Empty when nothing else is left: at exit, the program had returned."""
+    cut = 0
+    for i, frame in enumerate(stack):
+        file = frame.file.replace("\\", "/")
+        if _RECORDER_FRAME.search(file):
+            cut = i + 1
+        elif not _THREADING_FRAME.search(file):
+            return stack[cut:]
+    return () if cut else stack
+
+
 def is_library_frame(frame: FrameInfo) -> bool:
     """True for frames of torch, flightrec or the standard library rather than user code."""
     return bool(_LIBRARY_FRAME.search(frame.file.replace("\\", "/")))
@@ -295,7 +316,14 @@ class RankDump:
     def threads(self) -> tuple[ThreadInfo, ...]:
         """Every thread's stack at dump time, main thread first."""
         out = [
-            ThreadInfo(t.name, t.is_main, t.holds_recorder, self.stack(t.stack))
+            ThreadInfo(
+                t.name,
+                t.is_main,
+                t.holds_recorder,
+                self.stack(t.stack)
+                if t.name.startswith("flightrec-")
+                else without_recorder_frames(self.stack(t.stack)),
+            )
             for t in self.dump.threads
         ]
         out.sort(key=lambda t: (not t.is_main, not t.holds_recorder))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from flightrec.analysis.crashes import died_of
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import FrameInfo, user_frame
 from flightrec.analysis.waits import Wait
@@ -35,6 +36,8 @@ class RankState:
     group: str | None = None
     seq: int | None = None
     location: FrameInfo | None = None
+    how: str = ""
+    """For an exited rank: "died of ValueError", "returned from main", or "" when unknown."""
 
     def describe(self) -> str:
         """``wait in all_reduce #7 on group 0 at train.py:22`` (no rank: used to group ranks)."""
@@ -46,6 +49,10 @@ class RankState:
                 f" at {self.location.where()}" if self.location else f" on group {self.group}"
             )
         if self.status is Status.EXITED:
+            if self.how.startswith("died"):  # "died of ValueError in compute_loss at ..."
+                return self.how + at
+            if self.how:
+                return f"exited ({self.how})"
             return "exited" + (f" (last{at})" if at else "")
         if self.status is Status.NO_DUMP:
             return "left no dump"
@@ -82,5 +89,12 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
             continue
         exited = d.header.reason == pb.PROCESS_EXIT or ended(d.header)
         status = Status.EXITED if exited else Status.OUTSIDE
-        states[rank] = RankState(rank, status, location=user_frame(d.current_stack()))
+        stack = d.current_stack()
+        location, how = user_frame(stack), ""
+        x = died_of(m, rank) if exited else None
+        if x is not None:  # at exit, where the training code was: the raising frame
+            location, how = x.location, f"died of {x.type}"
+        elif exited and not stack and d.dump.threads:
+            how = "returned from main"
+        states[rank] = RankState(rank, status, location=location, how=how)
     return states

@@ -25,6 +25,7 @@ from flightrec.format.write import write_dump
 from flightrec.recorder.stacks import frames_of, source_line, without_own_frames
 
 if TYPE_CHECKING:
+    from flightrec.recorder.exceptions import RaisedException
     from flightrec.recorder.recorder import Recorder
 
 log = logging.getLogger("flightrec")
@@ -123,6 +124,8 @@ class Dumper:
         """An exit dump was written: the black box is superseded and can go."""
         self._pid = os.getpid()
         self._closed = False
+        self.exceptions: list[RaisedException] = []
+        """Exceptions that ended a thread of this process, oldest first (in every later dump)."""
         self.identity: Identity | None = None
         """Set once, when the process's first group exists (``Runtime.start_background``)."""
 
@@ -247,14 +250,20 @@ class Dumper:
         names = {t.ident: t.name for t in threading.enumerate()}
         main = threading.main_thread().ident
         for ident, frame in frames.items():
+            name = names.get(ident, f"thread-{ident}")
+            # a little deeper than kept: the frames of flightrec's own handler go first
+            stack = frames_of(frame, THREAD_STACK_DEPTH + 8)
+            stack = without_own_frames(stack, own_thread=name.startswith("flightrec-"))
             b.thread(
-                ident,
-                names.get(ident, f"thread-{ident}"),
-                # a little deeper than kept: the frames of flightrec's own handler go first
-                without_own_frames(frames_of(frame, THREAD_STACK_DEPTH + 8))[:THREAD_STACK_DEPTH],
+                ident, name, stack[:THREAD_STACK_DEPTH],
                 is_main=ident == main, holds_recorder=ident in active,
             )  # fmt: skip
         del frames
+        for x in list(self.exceptions):
+            b.exception(
+                x.type, x.message, x.frames, thread=x.thread, is_main=x.is_main,
+                wall_time_ns=x.wall_time_ns, via=x.via,
+            )  # fmt: skip
         dump = b.build()
         reason_name = pb.DumpReason.Name(reason)  # type: ignore[arg-type]
         name = dump_filename(rank, h.dump_index, reason_name, os.getpid())

@@ -236,6 +236,12 @@ class TerminalRenderer:
             )
 
     def _culprit_stack(self, report: Report, f: Finding) -> None:
+        exc = f.evidence.get("exception")
+        if isinstance(exc, dict):  # what the rank died of, as Python would have printed it
+            head = f"{exc.get('type')}: {exc.get('message')}".splitlines()[0][:200]
+            title = f"Traceback of rank {exc.get('rank')} (raising frame first): {head}"
+            self.console.print(Text(title, style="bold"))
+            self.console.print(_stack_text(tuple(_frame(x) for x in exc.get("traceback", ()))))
         for rank in f.ranks[:2]:
             d = report.run.dumps.get(rank)
             if d is None:
@@ -273,6 +279,17 @@ def _bar(value: float, scale: float, width: int = BAR_WIDTH) -> str:
         return ""
     eighths = round(width * 8 * min(1.0, value / scale))
     return "█" * (eighths // 8) + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[eighths % 8]
+
+
+def _frame(x: dict[str, object]) -> FrameInfo:
+    """A frame back from its JSON evidence form."""
+    line = x.get("line", 0)
+    return FrameInfo(
+        str(x.get("file", "")),
+        str(x.get("function", "")),
+        line if isinstance(line, int) else 0,
+        str(x.get("code", "")),
+    )
 
 
 def _stack_text(stack: tuple[FrameInfo, ...]) -> Group:

@@ -65,3 +65,49 @@ def test_the_hang_is_described_not_the_breakdown_after_it(tmp_path: Path) -> Non
     assert any("analysing the hang" in n for n in report["notes"]), report["notes"]
     rendered = text_report(job)
     assert "flightrec/" not in rendered.split("Stack of rank 1")[0], rendered
+
+
+def test_a_rank_that_raises_mid_training_is_named_with_its_exception(tmp_path: Path) -> None:
+    """Rank 2 raises ValueError in compute_loss at step 3 (torch.multiprocessing.spawn: the
+    child catches it and calls sys.exit(1); no excepthook runs). No FLIGHTREC_DUMP_ON_EXIT:
+    dying of an exception is reason enough to dump."""
+    env = {"FLIGHTREC_TIMEOUT": "30"}
+    with start_job(
+        "verdicts.py", ["raise_mid", "--culprit", "2", "--pg-timeout", "20"], env=env,
+        launch="spawn", workdir=tmp_path,
+    ) as job:  # fmt: skip
+        codes = job.wait(timeout=120)
+    assert codes != [0], job.output()
+    status, report = analyze(job)
+    first = report["findings"][0]
+    assert status == 1 and first["kind"] == "dead_rank" and first["ranks"] == [2], first
+    assert "died of ValueError: loss is NaN at step 3 at scripts/verdicts.py:" in first["summary"]
+    line = _line('raise ValueError(f"loss is NaN')
+    assert f"scripts/verdicts.py:{line} in compute_loss" in first["summary"], first["summary"]
+    exc = first["evidence"]["exception"]
+    assert exc["seen_by"] == "sys.exit" and exc["traceback"][0]["function"] == "compute_loss"
+    assert exc["traceback"][0]["code"].startswith("raise ValueError")
+    assert not any("flightrec/" in f["file"] for f in exc["traceback"]), exc["traceback"]
+    rendered = text_report(job)
+    assert "died of ValueError" in rendered and "Traceback of rank 2" in rendered, rendered
+
+
+def test_every_rank_raising_before_any_collective_is_a_problem(tmp_path: Path) -> None:
+    with start_job(
+        "verdicts.py", ["raise_early"], env={"FLIGHTREC_TIMEOUT": "30"}, workdir=tmp_path
+    ) as job:
+        codes = job.wait(timeout=120)
+    assert all(c != 0 for c in codes), job.output()
+    status, report = analyze(job)
+    assert status == 1, report
+    assert report["ranks_with_dump"] == list(range(WORLD))
+    first = report["findings"][0]
+    assert first["kind"] == "dead_rank" and first["ranks"] == list(range(WORLD)), first
+    assert "died of ValueError: no such config: /nonexistent/config.yaml" in first["summary"]
+    assert "in load_config, before any collective" in first["summary"], first["summary"]
+
+
+def _line(text: str) -> str:
+    """The line number of ``text`` in the job script."""
+    lines = (Path(__file__).parent / "scripts" / "verdicts.py").read_text().splitlines()
+    return str(next(i for i, line in enumerate(lines, 1) if text in line))

@@ -10,7 +10,8 @@ Scenarios:
   eval_sleep   DDP training; at step 3 ``--culprit`` goes into its evaluation loop and stays
                there (a sleep) while the others wait in the next backward's all_reduce.
   raise_mid    ``--culprit`` raises ValueError in ``compute_loss`` at step 3.
-  raise_early  every rank raises ValueError in ``load_config`` before any collective.
+  raise_early  every rank raises ValueError in ``load_config`` after ``init_process_group``,
+               before any collective.
 
 Progress markers on stdout: READY, EVALUATING, DONE.
 """
@@ -61,8 +62,6 @@ def train(args: argparse.Namespace, rank: int) -> None:
 
 
 def run(args: argparse.Namespace, rank: int, world: int) -> None:
-    if args.scenario == "raise_early":
-        load_config("/nonexistent/config.yaml")
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
@@ -71,6 +70,8 @@ def run(args: argparse.Namespace, rank: int, world: int) -> None:
         timeout=timedelta(seconds=args.pg_timeout),
     )
     try:
+        if args.scenario == "raise_early":
+            load_config("/nonexistent/config.yaml")
         train(args, rank)
         print("DONE", flush=True)
     finally:
