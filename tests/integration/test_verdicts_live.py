@@ -12,6 +12,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
+from flightrec.format.read import read_dump
 from tests.integration.jobs import Job, start_job
 from tests.integration.test_cli_analyze import flightrec
 
@@ -43,6 +44,27 @@ def test_dumps_after_destroy_keep_rank_world_and_job(tmp_path: Path) -> None:
     assert report["findings"] == [] and report["problems"] == []
 
 
+def test_flightrecs_own_frames_are_never_where_a_rank_is(tmp_path: Path) -> None:
+    """A healthy job's exit dumps run from atexit, inside flightrec: they show none of its
+    frames; the ranks returned from main. (Signal dumps: the hang test below.)"""
+    env = {"FLIGHTREC_DUMP_ON_EXIT": "1", "FLIGHTREC_TIMEOUT": "30"}
+    with start_job("verdicts.py", ["destroy"], world_size=2, env=env, workdir=tmp_path) as job:
+        assert job.wait(timeout=120) == [0, 0], job.output()
+    for items in job.dumps().values():
+        for _, dump in items:
+            (main,) = [t for t in dump.threads if t.is_main]
+            assert list(dump.stacks[main.stack].frames) == [], "the program had returned"
+            for t in dump.threads:
+                if not t.name.startswith("flightrec-"):
+                    files = [dump.strings[dump.frames[f].file] for f in dump.stacks[t.stack].frames]
+                    assert not any("/flightrec/" in f for f in files), (t.name, files)
+    status, report = analyze(job)
+    assert status == 0 and report["findings"] == [], report
+    rendered = text_report(job)
+    assert "ranks 0-1 exited (returned from main)" in rendered, rendered
+    assert "flightrec/" not in rendered and "Dumper" not in rendered, rendered
+
+
 def test_the_hang_is_described_not_the_breakdown_after_it(tmp_path: Path) -> None:
     """Rank 1 sits in its evaluation loop while the others wait in DDP's backward; their
     watchdogs fire, then gloo times them out (they raise and exit, dumping), then rank 1 is
@@ -55,8 +77,14 @@ def test_the_hang_is_described_not_the_breakdown_after_it(tmp_path: Path) -> Non
     ) as job:  # fmt: skip
         job.wait_for_output(1, "EVALUATING", timeout=60)
         job.wait_for_dumps(count=3, timeout=60, reason="process_exit")  # the timed-out ranks
+        job.signal(1, signal.SIGUSR1)  # a signal dump, taken while it sleeps
+        (usr1,) = job.wait_for_dumps(count=1, timeout=30, reason="signal_usr1")
         job.signal(1, signal.SIGINT)
         job.wait(timeout=30)
+    dump = read_dump(usr1)
+    (main,) = [t for t in dump.threads if t.is_main]
+    top = dump.frames[dump.stacks[main.stack].frames[0]]
+    assert dump.strings[top.name] == "evaluate", dump.strings[top.file]
     assert len(job.wait_for_dumps(count=4, timeout=1, reason="process_exit")) == 4
     status, report = analyze(job)
     first = report["findings"][0]
