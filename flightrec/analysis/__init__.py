@@ -113,7 +113,7 @@ def analyze(run: Run) -> Report:
     explained |= {f.process_group for f in mismatches if f.process_group}
     findings += find_desyncs(m, explained)
     findings += find_stragglers(m)
-    findings = merge_crashes(findings, find_crashes(m))
+    findings = merge_crashes(m, findings, find_crashes(m))
     blamed = {r for f in findings for r in f.ranks}
     # A rank whose black box says it died is news even when nobody was left waiting on it.
     for rank, d in sorted(run.dumps.items()):

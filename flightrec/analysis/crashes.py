@@ -120,6 +120,13 @@ def died_of(m: Matched, rank: int) -> RaisedException | None:
     return None
 
 
+def thread_deaths(m: Matched, rank: int) -> list[RaisedException]:
+    """Exceptions that ended other threads of ``rank``'s process (a data loader, a
+    checkpoint writer): the main thread may wait for them forever."""
+    d = m.run.dumps.get(rank)
+    return [x for x in exceptions_of(d) if not x.is_main] if d is not None else []
+
+
 def find_crashes(m: Matched) -> list[Finding]:
     """One ``dead_rank`` finding per exception (type and line) ranks died of, earliest first.
 
@@ -159,16 +166,20 @@ def find_crashes(m: Matched) -> list[Finding]:
     return findings
 
 
-def merge_crashes(findings: Sequence[Finding], crashes: Sequence[Finding]) -> list[Finding]:
+def merge_crashes(
+    m: Matched, findings: Sequence[Finding], crashes: Sequence[Finding]
+) -> list[Finding]:
     """Put each crash where it explains most.
 
     The earliest crash, raised in the program's own code before any hang, is why the job
     ended: it comes first, as the verdict of the finding that already blames that rank (which
     moves to the front) or as a finding of its own. Every later crash (peers failing once it
     was gone, timeouts after a hang) is a consequence: the evidence of the finding that blames
-    that rank alone, else a finding after the others.
+    that rank alone, else a finding after the others. A rank blamed alone whose other
+    thread died of an exception (its data loader, say) gets that said in its verdict.
 
     Args:
+        m: the lined-up histories.
         findings: the other passes' findings, most likely root cause first.
         crashes: ``find_crashes``'s findings, earliest first.
 
@@ -198,7 +209,22 @@ def merge_crashes(findings: Sequence[Finding], crashes: Sequence[Finding]) -> li
             root = crash
         else:
             last.append(crash)
+    out = [_with_thread_deaths(m, f) for f in out]
     return ([root] if root else []) + out + last
+
+
+def _with_thread_deaths(m: Matched, f: Finding) -> Finding:
+    if len(f.ranks) != 1 or f.kind not in _BLAMES or "exception" in f.evidence:
+        return f
+    deaths = thread_deaths(m, f.ranks[0])
+    if not deaths:
+        return f
+    x = deaths[0]
+    return dataclasses.replace(
+        f,
+        summary=f"{f.summary}; its thread {x.thread!r} had died of {x.headline()}",
+        evidence={**f.evidence, "thread_exceptions": [d.to_json() for d in deaths]},
+    )
 
 
 _BLAMES = frozenset({FindingKind.DEAD_RANK.value, FindingKind.NOT_ARRIVED.value})
