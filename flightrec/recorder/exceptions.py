@@ -184,10 +184,14 @@ class ExceptionHooks:
     def _exit(self, status: object = None) -> None:
         # Only a failure exit from inside an ``except`` block: the exception being handled is
         # what the process dies of (torch.multiprocessing.spawn's children end this way).
-        if status not in (None, 0) and threading.current_thread() is threading.main_thread():
-            exc = sys.exc_info()[1]
-            if isinstance(exc, Exception):
-                self._record(exc, None, "sys.exit")
+        try:
+            failed = status is not None and status != 0
+            if failed and threading.current_thread() is threading.main_thread():
+                exc = sys.exc_info()[1]
+                if isinstance(exc, Exception):
+                    self._record(exc, None, "sys.exit")
+        except Exception:  # a status whose comparison raises: exit as asked, unrecorded
+            pass
         if self._prev_exit is None:
             raise SystemExit(status)
         self._prev_exit(status)

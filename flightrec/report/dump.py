@@ -6,6 +6,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from flightrec.analysis.crashes import exceptions_of
 from flightrec.analysis.model import RankDump, TensorInfo, user_frame
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress
@@ -124,6 +125,12 @@ class DumpRenderer:
             ]
             c.print(Text(f"  {t.name}" + (f" ({', '.join(marks)})" if marks else "")))
             for f in t.stack:
+                c.print(Text(f"      {f.where()} in {f.function}"))
+                if f.code:
+                    c.print(Text(f"          {f.code}", style="dim"))
+        for x in exceptions_of(d):  # what ended a thread: the traceback, raising frame first
+            c.print(Text(f"Uncaught in {x.thread} ({x.via}): {x.type}: {x.message}", style="bold"))
+            for f in x.traceback:
                 c.print(Text(f"      {f.where()} in {f.function}"))
                 if f.code:
                     c.print(Text(f"          {f.code}", style="dim"))
