@@ -10,7 +10,7 @@ from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import FrameInfo, user_frame
 from flightrec.analysis.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.readers.blackbox import ended
+from flightrec.readers.blackbox import died, ended
 
 
 class Status(enum.StrEnum):
@@ -96,5 +96,7 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
             location, how = x.location, f"died of {x.type}"
         elif exited and not stack and d.dump.threads:
             how = "returned from main"
+        elif died(d.header):  # a black box: no Python ran at the end
+            how = "died without running any exit code"
         states[rank] = RankState(rank, status, location=location, how=how)
     return states

@@ -74,9 +74,8 @@ class Runtime:
         atexit.register(self._close_rawstacks)  # after the black box decided to stay or go
         if self.recorder.blackbox is not None:
             atexit.register(self._close_blackbox)
-        atexit.register(
-            self._at_exit
-        )  # FLIGHTREC_DUMP_ON_EXIT, or a rank that died of an exception
+        # FLIGHTREC_DUMP_ON_EXIT, or a process of a job dying of an exception.
+        atexit.register(self._at_exit)
 
     # -- lifecycle ------------------------------------------------------------------------
     def enable(self) -> None:
