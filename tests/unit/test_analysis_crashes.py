@@ -89,3 +89,14 @@ def test_every_rank_dying_before_any_collective_is_a_finding(tmp_path: Path) -> 
     (f,) = report.findings
     assert f.ranks == (0, 1, 2, 3) and f.kind == "dead_rank"
     assert f.summary.endswith("in compute_loss, before any collective"), f.summary
+
+
+def test_an_exceptions_text_never_reaches_the_terminal_raw(tmp_path: Path) -> None:
+    job = Job()
+    for r in range(4):
+        job.exited(r)
+        dump = with_exception(job.build(r), "Value\x1b[2JError", "bad\x1b]0;title\x07 input")
+        write_dump(dump, tmp_path, f"{r}")
+    (f,) = analyze_dir(str(tmp_path)).findings
+    assert "\x1b" not in f.summary and "\x07" not in f.summary
+    assert "died of Value?[2JError: bad?]0;title? input" in f.summary, f.summary
