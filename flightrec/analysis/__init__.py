@@ -59,7 +59,7 @@ class AnalysisOptions:
         progress: called as ``progress(files_done, files_total)`` while files are read.
     """
 
-    view: View = View.LATEST
+    view: View = View.HANG
     workers: int | None = None
     progress: Progress | None = None
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import enum
 import multiprocessing
 import os
+import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +28,12 @@ from flightrec.text import compress
 class View(enum.StrEnum):
     """Which dump to use for a rank that dumped more than once."""
 
+    HANG = "hang"
+    """The hang (default): the first hang event (the earliest watchdog or requested dump of
+    any rank) picks each rank's snapshot, its first dump from then on (its answer to the
+    request); a rank that wrote none then keeps its latest dump from before. Later dumps
+    (timeouts, collective errors, SIGTERM, exit) are what happened next, never the snapshot.
+    Without any hang event, the latest dump."""
     LATEST = "latest"
     """The most recent dump (by wall clock, then dump index): the state when the job ended."""
     EARLIEST = "earliest"
@@ -43,6 +50,11 @@ class Run:
     notes: tuple[str, ...]
     indexes: dict[int, RankIndex] = field(default_factory=dict)
     """Per rank, its ring's index when the loader built it (else the analysis builds it)."""
+    later: dict[int, tuple[RankDump, ...]] = field(default_factory=dict)
+    """Per rank, the dumps its process wrote after the chosen one, oldest first: what
+    happened next (an exit, the exception it died of)."""
+    hang_wall_ns: int = 0
+    """Wall-clock time of the first hang event when the hang view chose the dumps; else 0."""
 
     @property
     def ranks_with_dump(self) -> tuple[int, ...]:
@@ -62,6 +74,35 @@ def _ranks(ranks: list[int]) -> str:
 
 def _order_key(d: RankDump) -> tuple[int, int, str]:
     return (d.header.wall_time_ns, d.header.dump_index, d.path)
+
+
+HANG_REASONS = frozenset({pb.WATCHDOG_TIMEOUT, pb.PEER_REQUEST, pb.CLI_TRIGGER, pb.SIGNAL_USR1})
+"""Dumps that see a hang as it happens: the watchdog's, and every dump someone asked for."""
+CLOCK_SLACK_NS = 2_000_000_000
+"""Ranks on other hosts answer a hang event on clocks that disagree by this much at most."""
+
+
+def _first_hang(per_rank: dict[int, list[RankDump]]) -> RankDump | None:
+    """The earliest watchdog or requested dump of any rank: the first hang event."""
+    hang = [d for ds in per_rank.values() for d in ds if d.header.reason in HANG_REASONS]
+    return min(hang, key=_order_key) if hang else None
+
+
+def _pick(unique: list[RankDump], view: View, hang_ns: int) -> int:
+    """Index in ``unique`` (oldest first) of the dump that speaks for the rank."""
+    if view is View.EARLIEST:
+        return 0
+    if view is View.LATEST or not hang_ns:
+        return len(unique) - 1
+    since = [i for i, d in enumerate(unique) if d.header.wall_time_ns >= hang_ns - CLOCK_SLACK_NS]
+    if not since:  # nothing from the hang on (it exited or died before): its last word
+        return len(unique) - 1
+    answer = [i for i in since if unique[i].header.reason in HANG_REASONS]
+    return answer[0] if answer else since[0]
+
+
+def _clock(wall_ns: int) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(wall_ns / 1e9)) + " UTC"
 
 
 def _prefer_dumps(candidates: list[RankDump], notes: list[str]) -> list[RankDump]:
@@ -88,6 +129,76 @@ def _prefer_dumps(candidates: list[RankDump], notes: list[str]) -> list[RankDump
             "or recorded nothing"
         )
     return kept or candidates
+
+
+def _one_identity_per_process(candidates: list[RankDump], notes: list[str]) -> None:
+    """Give every dump of one process (host and pid) the rank, world size and job it had.
+
+    A process is one rank of one job for its whole life. Dumps written by an older flightrec
+    after ``destroy_process_group()`` fell back to ``RANK``/``WORLD_SIZE`` (absent under
+    ``torch.multiprocessing.spawn``: "rank 0 of 1") and lost the job id with the store;
+    the identity the process had while its group existed is in its other dumps (the black
+    box is labelled as the group is created): the largest world size, then the most common
+    rank among them. A dump without a job id takes its process's; two different job ids on
+    one host and pid are two processes (a reused pid) and stay apart. Headers are corrected
+    in place, and the report says so.
+    """
+    by_host_pid: dict[tuple[str, int], list[RankDump]] = defaultdict(list)
+    for d in candidates:
+        if d.header.pid > 0:
+            by_host_pid[(d.header.hostname, d.header.pid)].append(d)
+    fixed: list[str] = []
+    for (host, pid), all_ds in by_host_pid.items():
+        jobs = {d.header.job_id for d in all_ds if d.header.job_id}
+        # Two job ids on one host and pid: the pid was reused (a restarted container), two
+        # processes; only a dump without a job id is then left alone.
+        for job in jobs or {""}:
+            ds = [
+                d
+                for d in all_ds
+                if d.header.job_id == job or (len(jobs) == 1 and not d.header.job_id)
+            ]
+            if len({(d.header.rank, d.header.world_size, d.header.job_id) for d in ds}) < 2:
+                continue
+            world = max(d.header.world_size for d in ds)
+            best = [d for d in ds if d.header.world_size == world]
+            rank = Counter(d.header.rank for d in best).most_common(1)[0][0]
+            changed = 0
+            for d in ds:
+                h = d.header
+                if (h.rank, h.world_size, h.job_id) != (rank, world, job):
+                    h.rank, h.world_size, h.job_id = rank, world, job
+                    changed += 1
+            if changed:
+                fixed.append(f"pid {pid} on {host or 'unknown host'} ({changed} as rank {rank})")
+    if fixed:
+        notes.append(
+            "read dumps of one process as one rank of one job: "
+            + "; ".join(fixed)
+            + " (written after destroy_process_group by an older flightrec)"
+        )
+
+
+def _one_job(candidates: list[RankDump], notes: list[str]) -> list[RankDump]:
+    """Keep the dumps of one job: the newest job id wins; a dump without one is kept.
+
+    Only a job id that is present and different is evidence of another job (dumps of several
+    runs in one folder cannot be merged); an empty id says nothing.
+    """
+    by_job: dict[str, list[RankDump]] = defaultdict(list)
+    for d in candidates:
+        by_job[d.header.job_id].append(d)
+    named = [j for j in by_job if j]
+    if len(named) < 2:
+        return candidates
+    newest = max(named, key=lambda j: max(d.header.wall_time_ns for d in by_job[j]))
+    for job in named:
+        if job != newest:
+            notes.append(
+                f"ignored {len(by_job[job])} dump(s) of another job {job!r}; "
+                f"analysing job {newest!r}"
+            )
+    return by_job[newest] + by_job.get("", [])
 
 
 Progress = Callable[[int, int], None]
@@ -198,7 +309,7 @@ def _agree_on_world_size(dumps: list[RankDump], problems: list[FileProblem]) -> 
 
 def load_dir(
     path: str | Path,
-    view: View = View.LATEST,
+    view: View = View.HANG,
     *,
     workers: int | None = None,
     progress: Progress | None = None,
@@ -241,19 +352,9 @@ def load_dir(
         raise NoDumpsError(f"{root}: no readable dump ({what}{extra})")
 
     notes: list[str] = []
+    _one_identity_per_process(candidates, notes)
     candidates = _prefer_dumps(candidates, notes)
-    # Dumps of several jobs in one folder cannot be merged: keep the most recent job's.
-    by_job: dict[str, list[RankDump]] = defaultdict(list)
-    for d in candidates:
-        by_job[d.header.job_id].append(d)
-    if len(by_job) > 1:
-        newest = max(by_job, key=lambda j: max(d.header.wall_time_ns for d in by_job[j]))
-        for job, ds in by_job.items():
-            if job != newest:
-                notes.append(
-                    f"ignored {len(ds)} dump(s) of another job {job!r}; analysing job {newest!r}"
-                )
-        candidates = by_job[newest]
+    candidates = _one_job(candidates, notes)
 
     candidates = _agree_on_world_size(candidates, problems)
 
@@ -261,9 +362,11 @@ def load_dir(
     for d in candidates:
         per_rank[d.rank].append(d)
     chosen: dict[int, RankDump] = {}
+    later: dict[int, tuple[RankDump, ...]] = {}
     several: list[int] = []
     claimed: list[int] = []
     reasons: dict[str, list[int]] = defaultdict(list)
+    histories: dict[int, list[RankDump]] = {}
     for rank, ds in sorted(per_rank.items()):
         ds.sort(key=_order_key)
         seen: dict[tuple[int, int, int], RankDump] = {}
@@ -284,8 +387,14 @@ def load_dir(
         if any((d.header.hostname, d.header.pid) != process for d in unique):
             claimed.append(rank)
             unique = [d for d in unique if (d.header.hostname, d.header.pid) == process]
-        pick = unique[-1] if view is View.LATEST else unique[0]
-        chosen[rank] = pick
+        histories[rank] = unique
+    first = _first_hang(histories) if view is View.HANG else None
+    hang_ns = first.header.wall_time_ns if first is not None else 0
+    for rank, unique in histories.items():
+        at = _pick(unique, view, hang_ns)
+        pick = chosen[rank] = unique[at]
+        if unique[at + 1 :]:
+            later[rank] = tuple(unique[at + 1 :])
         if len(unique) > 1:
             several.append(rank)
             reasons[pb.DumpReason.Name(pick.header.reason)].append(rank)
@@ -294,12 +403,26 @@ def load_dir(
             f"{_ranks(claimed)} written by more than one process (a restarted job, or two runs "
             "in one folder); using the newest process of each"
         )
-    if several:
+    if first is not None:
+        picked = "; ".join(f"{reason} for {_ranks(rs)}" for reason, rs in reasons.items())
+        after = sorted(later)
+        notes.append(
+            f"analysing the hang: the first hang event is rank {first.rank}'s "
+            f"{pb.DumpReason.Name(first.header.reason)} dump at {_clock(hang_ns)}"
+            + (f"; using each rank's dump from then on ({picked})" if several else "")
+            + (
+                f"; later dumps of {_ranks(after)} are read as what happened next "
+                "(--view latest analyses them)"
+                if after
+                else ""
+            )
+        )
+    elif several:
+        used = view.value if view is not View.HANG else "latest (no hang event)"
         picked = "; ".join(f"{reason} for {_ranks(rs)}" for reason, rs in reasons.items())
         notes.append(
-            f"{_ranks(several)} dumped more than once; using the {view.value} dump "
-            f"of each ({picked})"
+            f"{_ranks(several)} dumped more than once; using the {used} dump of each ({picked})"
         )
     world_size = max(max(d.header.world_size for d in chosen.values()), max(chosen) + 1)
     indexes = {r: built[id(d)] for r, d in chosen.items() if id(d) in built}
-    return Run(chosen, world_size, tuple(problems), tuple(notes), indexes)
+    return Run(chosen, world_size, tuple(problems), tuple(notes), indexes, later, hang_ns)

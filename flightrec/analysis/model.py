@@ -87,6 +87,27 @@ _LIBRARY_FRAME = re.compile(
 )
 
 
+# flightrec's recorder itself (its package modules, the wrappers it compiles), and the stdlib
+# threading calls its handlers make: never where a rank is. Narrow on purpose: a user's
+# checkout in a folder named flightrec must not match.
+_RECORDER_FRAME = re.compile(r"^<flightrec |/flightrec/(recorder|format|readers)/[^/]+\.py$")
+_THREADING_FRAME = re.compile(r"/lib/python3\.\d+/threading\.py$")
+
+
+def without_recorder_frames(stack: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
+    """``stack`` without a leading run of flightrec's own frames (and the ``threading`` calls
+    its handlers make): dumps of older versions show them where the exit dump or a signal
+    handler ran. Empty when nothing else is left: at exit, the program had returned."""
+    cut = 0
+    for i, frame in enumerate(stack):
+        file = frame.file.replace("\\", "/")
+        if _RECORDER_FRAME.search(file):
+            cut = i + 1
+        elif not _THREADING_FRAME.search(file):
+            return stack[cut:]
+    return () if cut else stack
+
+
 def is_library_frame(frame: FrameInfo) -> bool:
     """True for frames of torch, flightrec or the standard library rather than user code."""
     return bool(_LIBRARY_FRAME.search(frame.file.replace("\\", "/")))
@@ -305,7 +326,14 @@ class RankDump:
     def threads(self) -> tuple[ThreadInfo, ...]:
         """Every thread's stack at dump time, main thread first."""
         out = [
-            ThreadInfo(t.name, t.is_main, t.holds_recorder, self.stack(t.stack))
+            ThreadInfo(
+                t.name,
+                t.is_main,
+                t.holds_recorder,
+                self.stack(t.stack)
+                if t.name.startswith("flightrec-")
+                else without_recorder_frames(self.stack(t.stack)),
+            )
             for t in self.dump.threads
         ]
         out.sort(key=lambda t: (not t.is_main, not t.holds_recorder))
@@ -404,6 +432,26 @@ class CallShift:
 
 
 @dataclass(frozen=True, slots=True)
+class ExceptionEvidence:
+    """An exception that ended a thread of a rank's process, as a finding carries it."""
+
+    rank: int
+    type: str
+    message: str
+    thread: str
+    main_thread: bool
+    """Whether it ended the main thread (what the rank died of) or another thread."""
+    seen_by: str
+    """What recorded it: ``sys.excepthook``, ``threading.excepthook``, ``sys.exit``, ..."""
+    dump: str
+    """The dump file that holds it."""
+    traceback: tuple[FrameInfo, ...]
+    """Raising frame first."""
+    location: FrameInfo | None = None
+    """The innermost frame of the program's own code."""
+
+
+@dataclass(frozen=True, slots=True)
 class Finding:
     """One diagnosis with the evidence a person needs.
 
@@ -422,6 +470,10 @@ class Finding:
     consequences: tuple[Consequence, ...] = ()
     evidence: Evidence | None = None
     call_shift: CallShift | None = None
+    exception: ExceptionEvidence | None = None
+    """What a blamed rank died of, when it died of an exception (JSON: ``evidence.exception``)."""
+    thread_exceptions: tuple[ExceptionEvidence, ...] = ()
+    """Other threads of a blamed rank that died of an exception (a data loader, say)."""
     """The skipped or extra call behind it, where ``skips.annotate_shifts`` found one."""
 
 

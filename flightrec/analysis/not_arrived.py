@@ -112,7 +112,9 @@ def doing(m: Matched, rank: int) -> tuple[str, CulpritEvidence]:
     d = m.dump(rank)
     last = m.last_completed_entry(rank)
     stack = d.current_stack()
-    if not stack and last is not None:
+    # An exit dump whose main thread has no frame left: the program had returned from main.
+    returned = not stack and bool(d.dump.threads) and d.header.reason == pb.PROCESS_EXIT
+    if not stack and last is not None and not returned:
         # No thread stacks (converted native dumps): the last call's stack is the best clue.
         stack = last.stack
     frame = user_frame(stack)
@@ -146,6 +148,8 @@ def doing(m: Matched, rank: int) -> tuple[str, CulpritEvidence]:
             phrase = f"it {verb} after completing {last.call}{at}"
         else:  # alive but it never dumped: its ring, read from the file, is all there is
             phrase = f"it wrote no dump; its black box shows {last.call} done{at}"
+    elif returned:
+        phrase = "it had returned from main" + (f" after {last.call}" if last else "")
     elif frame is not None:
         phrase = f"it was in {frame.function} at {frame.where()}"
     elif last is not None:

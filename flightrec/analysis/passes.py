@@ -4,7 +4,8 @@ Each pass is ``find(ctx) -> list[Finding]`` over one ``AnalysisContext``; what p
 (the wait-for graph, the mismatches, the groups a root cause explains, clock alignment) is a
 context property computed once. Within a pass, the pass orders its own findings (the root-cause
 pass weighs each root by how many ranks it holds up, see ``rootcause.Tie``). After the passes,
-each refinement may rewrite a finding (add what it found) but never adds or reorders one.
+each refinement may rewrite a finding (add what it found); one reorders: ``place_crashes``
+brings the exception that ended the job to the front, since a crash explains what follows it.
 
 A new finding kind is a member of ``model.FindingKind``, a pass module (its ``find(ctx)`` and
 its ``Evidence`` subclass, which the JSON renderer writes without being told about it) listed
@@ -16,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from flightrec.analysis.context import AnalysisContext
+from flightrec.analysis.crashes import find_crashes, place_crashes
 from flightrec.analysis.desync import find_desyncs
 from flightrec.analysis.model import Finding
 from flightrec.analysis.not_arrived import find_quiet_deaths, find_quiet_missing
@@ -41,10 +43,14 @@ PASSES: tuple[Pass, ...] = (
     find_quiet_deaths,
     # Ranks without a dump, blamed by nothing above: missing_dump.
     find_quiet_missing,
+    # Ranks that died of an exception: dead_rank (placed by ``place_crashes`` below).
+    find_crashes,
 )
 """Every pass, highest priority first."""
 
 REFINEMENTS: tuple[Refinement, ...] = (
+    # The exception that ended the job first (the verdict), later ones as evidence or last.
+    place_crashes,
     # The skipped or extra call behind a finding about one rank on one group.
     annotate_shifts,
 )

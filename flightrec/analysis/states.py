@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from flightrec.analysis.crashes import died_of
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import FrameInfo, Status, user_frame
 from flightrec.analysis.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.readers.blackbox import ended
+from flightrec.readers.blackbox import died, ended
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,6 +22,8 @@ class RankState:
     group: str | None = None
     seq: int | None = None
     location: FrameInfo | None = None
+    how: str = ""
+    """For an exited rank: "died of ValueError", "returned from main", or "" when unknown."""
 
     def describe(self) -> str:
         """``wait in all_reduce #7 on group 0 at train.py:22`` (no rank: used to group ranks)."""
@@ -32,6 +35,10 @@ class RankState:
                 f" at {self.location.where()}" if self.location else f" on group {self.group}"
             )
         if self.status is Status.EXITED:
+            if self.how.startswith("died"):  # "died of ValueError in compute_loss at ..."
+                return self.how + at
+            if self.how:
+                return f"exited ({self.how})"
             return "exited" + (f" (last{at})" if at else "")
         if self.status is Status.NO_DUMP:
             return "left no dump"
@@ -68,5 +75,14 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
             continue
         exited = d.header.reason == pb.PROCESS_EXIT or ended(d.header)
         status = Status.EXITED if exited else Status.OUTSIDE
-        states[rank] = RankState(rank, status, location=user_frame(d.current_stack()))
+        stack = d.current_stack()
+        location, how = user_frame(stack), ""
+        x = died_of(m, rank) if exited else None
+        if x is not None:  # at exit, where the training code was: the raising frame
+            location, how = x.location, f"died of {x.type}"
+        elif exited and not stack and d.dump.threads:
+            how = "returned from main"
+        elif died(d.header):  # a black box: no Python ran at the end
+            how = "died without running any exit code"
+        states[rank] = RankState(rank, status, location=location, how=how)
     return states

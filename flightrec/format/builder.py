@@ -242,6 +242,28 @@ class DumpBuilder:
             holds_recorder=holds_recorder,
         )
 
+    def exception(
+        self,
+        type_name: str,
+        message: str,
+        frames: Iterable[FrameTuple],
+        *,
+        thread: str = "",
+        is_main: bool = False,
+        wall_time_ns: int = 0,
+        via: str = "",
+    ) -> None:
+        """Record an exception that ended a thread (its traceback raising frame first)."""
+        self._dump.exceptions.add(
+            type=type_name,
+            message=message,
+            thread=thread,
+            is_main=is_main,
+            stack=self.stack(frames),
+            wall_time_ns=wall_time_ns,
+            via=via,
+        )
+
     def build(self) -> pb.Dump:
         """The finished dump. The builder must not be used afterwards."""
         entries = self._dump.entries

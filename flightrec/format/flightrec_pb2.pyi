@@ -160,6 +160,7 @@ class Dump(google.protobuf.message.Message):
     TENSOR_SPECS_FIELD_NUMBER: builtins.int
     ENTRIES_FIELD_NUMBER: builtins.int
     THREADS_FIELD_NUMBER: builtins.int
+    EXCEPTIONS_FIELD_NUMBER: builtins.int
     magic: builtins.str
     """always "flightrec.dump" """
     schema_major: builtins.int
@@ -193,6 +194,10 @@ class Dump(google.protobuf.message.Message):
     def threads(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___ThreadState]:
         """every thread's Python stack at dump time"""
 
+    @property
+    def exceptions(self) -> google.protobuf.internal.containers.RepeatedCompositeFieldContainer[global___UncaughtException]:
+        """exceptions that ended a thread of this process, oldest first (1.2)"""
+
     def __init__(
         self,
         *,
@@ -207,9 +212,10 @@ class Dump(google.protobuf.message.Message):
         tensor_specs: collections.abc.Iterable[global___TensorSpec] | None = ...,
         entries: global___Entries | None = ...,
         threads: collections.abc.Iterable[global___ThreadState] | None = ...,
+        exceptions: collections.abc.Iterable[global___UncaughtException] | None = ...,
     ) -> None: ...
     def HasField(self, field_name: typing.Literal["entries", b"entries", "header", b"header"]) -> builtins.bool: ...
-    def ClearField(self, field_name: typing.Literal["entries", b"entries", "frames", b"frames", "groups", b"groups", "header", b"header", "magic", b"magic", "schema_major", b"schema_major", "schema_minor", b"schema_minor", "stacks", b"stacks", "strings", b"strings", "tensor_specs", b"tensor_specs", "threads", b"threads"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["entries", b"entries", "exceptions", b"exceptions", "frames", b"frames", "groups", b"groups", "header", b"header", "magic", b"magic", "schema_major", b"schema_major", "schema_minor", b"schema_minor", "stacks", b"stacks", "strings", b"strings", "tensor_specs", b"tensor_specs", "threads", b"threads"]) -> None: ...
 
 global___Dump = Dump
 
@@ -599,3 +605,48 @@ class ThreadState(google.protobuf.message.Message):
     def ClearField(self, field_name: typing.Literal["holds_recorder", b"holds_recorder", "ident", b"ident", "is_main", b"is_main", "name", b"name", "stack", b"stack"]) -> None: ...
 
 global___ThreadState = ThreadState
+
+@typing.final
+class UncaughtException(google.protobuf.message.Message):
+    """An exception that reached the top of a thread (sys.excepthook, threading.excepthook), that a
+    launcher caught on its way out (torch.multiprocessing.spawn's sys.exit(1)), or that torchrun's
+    error file holds. (1.2)
+    """
+
+    DESCRIPTOR: google.protobuf.descriptor.Descriptor
+
+    TYPE_FIELD_NUMBER: builtins.int
+    MESSAGE_FIELD_NUMBER: builtins.int
+    THREAD_FIELD_NUMBER: builtins.int
+    IS_MAIN_FIELD_NUMBER: builtins.int
+    STACK_FIELD_NUMBER: builtins.int
+    WALL_TIME_NS_FIELD_NUMBER: builtins.int
+    VIA_FIELD_NUMBER: builtins.int
+    type: builtins.str
+    """"ValueError"; module-qualified outside builtins ("torch.distributed.DistBackendError")"""
+    message: builtins.str
+    """str(exception), cut to a few KB"""
+    thread: builtins.str
+    """name of the thread it ended"""
+    is_main: builtins.bool
+    """it ended the main thread: the process died of it"""
+    stack: builtins.int
+    """index into stacks: the traceback, raising frame first"""
+    wall_time_ns: builtins.int
+    """time.time_ns() when it was seen"""
+    via: builtins.str
+    """"sys.excepthook", "threading.excepthook", "sys.exit", "torchelastic error file" """
+    def __init__(
+        self,
+        *,
+        type: builtins.str = ...,
+        message: builtins.str = ...,
+        thread: builtins.str = ...,
+        is_main: builtins.bool = ...,
+        stack: builtins.int = ...,
+        wall_time_ns: builtins.int = ...,
+        via: builtins.str = ...,
+    ) -> None: ...
+    def ClearField(self, field_name: typing.Literal["is_main", b"is_main", "message", b"message", "stack", b"stack", "thread", b"thread", "type", b"type", "via", b"via", "wall_time_ns", b"wall_time_ns"]) -> None: ...
+
+global___UncaughtException = UncaughtException

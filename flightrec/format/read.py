@@ -127,6 +127,9 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
     for thread in dump.threads:
         if thread.stack >= len(dump.stacks):
             raise CorruptDumpError(path, f"thread {thread.name!r} points at a missing stack")
+    for exc in getattr(dump, "exceptions", ()):  # a DumpView (native dumps) has none
+        if exc.stack >= len(dump.stacks):
+            raise CorruptDumpError(path, "an exception's traceback points at a missing stack")
     h = dump.header
     if h.world_size > MAX_WORLD_SIZE or h.rank >= MAX_WORLD_SIZE:
         raise CorruptDumpError(

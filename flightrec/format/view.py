@@ -284,4 +284,5 @@ def meta_of(dump: pb.Dump) -> pb.Dump:
     meta.stacks.extend(dump.stacks)
     meta.tensor_specs.extend(dump.tensor_specs)
     meta.threads.extend(dump.threads)
+    meta.exceptions.extend(dump.exceptions)
     return meta

@@ -69,6 +69,11 @@ class Tables:
         """Frame id -> its source line, as the recording process read it."""
         self.stacks: dict[int, list[int]] = {0: []}
         self.groups: dict[int, tuple[str, str, list[int], str]] = {}
+        self.exceptions: list[
+            tuple[str, str, str, bool, int, str, list[tuple[str, str, int, str]]]
+        ] = []
+        """(type, message, thread, is_main, wall ns, via, frames) of each exception that
+        ended a thread; frames are (file, function, line, source), raising frame first."""
         self.bad_lines = 0
 
 
@@ -101,6 +106,12 @@ def read_tables(path: Path) -> Tables:
                 t.sources[index] = str(rec[2])  # cut to length by the builder
             elif kind == "k":
                 t.stacks[index] = [int(f) for f in rec[2]]
+            elif kind == "x":
+                frames = [(str(f[0]), str(f[1]), int(f[2]), str(f[3])) for f in rec[8]]
+                t.exceptions.append(
+                    (str(rec[2]), str(rec[3]), str(rec[4]), bool(rec[5]), int(rec[6]),
+                     str(rec[7]), frames)
+                )  # fmt: skip
             elif kind == "g":
                 t.groups[index] = (str(rec[2]), str(rec[3]), [int(r) for r in rec[4]], str(rec[5]))
             else:
@@ -187,12 +198,14 @@ def _heartbeat_age_s(head: dict[str, Any]) -> float:
     return (time.time_ns() - beat) / 1e9
 
 
-def _detail(head: dict[str, Any], n: int, dropped: int) -> str:
+def _detail(head: dict[str, Any], n: int, dropped: int, died_of: str = "") -> str:
     who = f"pid {head['pid']} on {head['hostname'] or 'unknown host'}"
     status = head["status"]
     remote = head["hostname"] != socket.gethostname()
     age = _heartbeat_age_s(head)
-    if status == Status.EXITED:
+    if status == Status.EXITED and died_of:
+        what = f"black box of {who}: the process exited of an uncaught {died_of}"
+    elif status == Status.EXITED:
         what = (
             f"black box of {who}: the process exited with unfinished or failed operations "
             "and wrote no exit dump"
@@ -260,6 +273,9 @@ def _to_dump(head: dict[str, Any], tables: Tables, entries: list[Slot], dropped:
     by_site = {
         (f[0], f[2]): tables.sources[i] for i, f in tables.frames.items() if i in tables.sources
     }
+    for x in tables.exceptions:
+        by_site.update({(f[0], f[2]): f[3] for f in x[6] if f[3]})
+    died_of = next((x[0] for x in tables.exceptions if x[3]), "")
     b = DumpBuilder(source=lambda file, line: by_site.get((file, line), ""))
     h = b.header
     h.rank, h.world_size = head["rank"], head["world_size"]
@@ -269,7 +285,7 @@ def _to_dump(head: dict[str, Any], tables: Tables, entries: list[Slot], dropped:
     h.job_id, h.backend = head["job_id"], head["backend"]
     h.torch_version, h.flightrec_version = head["torch_version"], head["flightrec_version"]
     h.reason = pb.BLACKBOX
-    h.reason_detail = _detail(head, len(entries), dropped)
+    h.reason_detail = _detail(head, len(entries), dropped, died_of)
     # The last sign of life: the newest heartbeat or entry time, on the monotonic clock.
     last = max(
         [head["beat_mono_ns"], head["start_mono_ns"]]
@@ -308,6 +324,11 @@ def _to_dump(head: dict[str, Any], tables: Tables, entries: list[Slot], dropped:
             enqueue_ns=e.enqueue_ns, start_ns=0, complete_ns=e.complete_ns,
             thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
             outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
+        )  # fmt: skip
+    for kind, message, thread, is_main, wall_ns, via, traceback in tables.exceptions:
+        b.exception(
+            kind, message, [(f, n, line) for f, n, line, _ in traceback], thread=thread, is_main=is_main,
+            wall_time_ns=wall_ns, via=via,
         )  # fmt: skip
     return b.build()
 

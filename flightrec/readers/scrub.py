@@ -38,6 +38,11 @@ def scrub(view: DumpView) -> DumpView:
     for t in meta.threads:
         if CONTROL.search(t.name):
             t.name = printable(t.name)
+    for x in meta.exceptions:
+        for name in ("type", "message", "thread", "via"):
+            value = getattr(x, name)
+            if CONTROL.search(value):  # a multi-line message reads as one line
+                setattr(x, name, printable(value.strip().replace("\n", " / ")))
     groups = view.groups
     if any(CONTROL.search(g.name) or CONTROL.search(g.desc) for g in groups):
         groups = tuple(

@@ -226,6 +226,18 @@ class BlackBox:
             with self._lock:
                 self._append(records)
 
+    def on_exception(self, x: Any) -> None:
+        """An exception that ended a thread (a ``RaisedException``), with its source lines.
+
+        Journaled at once, from the thread it ended: the exit that follows may never finish.
+        Record ``x``: type, message, thread, is_main, wall ns, via, frames as [file, function,
+        line, source]; a reader that predates it counts one unreadable line.
+        """
+        frames = [[f, n, line, source_line(f, line)] for f, n, line in x.frames]
+        record = ["x", 0, x.type, x.message, x.thread, bool(x.is_main), x.wall_time_ns, x.via]
+        with self._lock:
+            self._append([[*record, frames]])
+
     def on_group(self, info: Any) -> None:
         """A new process group (a ``GroupInfo``)."""
         with self._lock:

@@ -15,7 +15,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder
@@ -25,6 +25,7 @@ from flightrec.format.write import write_dump
 from flightrec.recorder.stacks import frames_of, source_line, without_own_frames
 
 if TYPE_CHECKING:
+    from flightrec.recorder.exceptions import RaisedException
     from flightrec.recorder.recorder import Recorder
 
 log = logging.getLogger("flightrec")
@@ -38,6 +39,34 @@ def _version() -> str:
     from flightrec import __version__
 
     return __version__
+
+
+class Identity(NamedTuple):
+    """Who a process is in its job, fixed when its first process group is created.
+
+    Kept for the life of the process: after ``destroy_process_group()`` torch can no longer
+    say (and ``RANK``/``WORLD_SIZE`` are absent under ``torch.multiprocessing.spawn``), yet exit
+    and SIGTERM dumps written then belong to the same rank of the same job.
+    """
+
+    rank: int
+    world_size: int
+    job_id: str
+    backend: str
+
+
+def identify(job_id: str = "") -> Identity | None:
+    """This process's identity from its live default group; None while it has none.
+
+    Args:
+        job_id: FLIGHTREC_JOB_ID (or torchrun's run id); the store address when empty.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    rank, world, backend, store = _dist_info()
+    return Identity(rank, world, job_id or store, backend)
 
 
 def _dist_info() -> tuple[int, int, str, str]:
@@ -95,6 +124,19 @@ class Dumper:
         """An exit dump was written: the black box is superseded and can go."""
         self._pid = os.getpid()
         self._closed = False
+        self.exceptions: list[RaisedException] = []
+        """Exceptions that ended a thread of this process, oldest first (in every later dump)."""
+        self.identity: Identity | None = None
+        """Set once, when the process's first group exists (``Runtime.start_background``)."""
+
+    def remember_identity(self) -> Identity | None:
+        """Fix the process's identity the first time a default group exists; keep it after."""
+        if self.identity is None:
+            try:
+                self.identity = identify(self.job_id)
+            except Exception as exc:  # never into the job; dumps then fall back to the env
+                log.warning("flightrec: could not tell this process's rank: %s", exc)
+        return self.identity
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """At interpreter exit: let a dump in progress finish, then refuse new ones.
@@ -152,15 +194,19 @@ class Dumper:
 
         entries = decode(snap)
         b = DumpBuilder(source=source_line)
-        rank, world, backend, store = _dist_info()
+        me = self.remember_identity()
+        if me is None:  # no group yet: what the environment says
+            rank, world, backend, store = _dist_info()
+            me = Identity(rank, world, self.job_id or store, backend)
+        rank, backend = me.rank, me.backend
         device, device_name, device_uuid = _device_identity(backend)
         h = b.header
-        h.rank, h.world_size = rank, world
+        h.rank, h.world_size = rank, me.world_size
         h.hostname = socket.gethostname()
         h.pid = os.getpid()
         h.local_rank = int(os.environ.get("LOCAL_RANK", "-1") or -1)
         h.device, h.device_name, h.device_uuid = device, device_name, device_uuid
-        h.job_id = self.job_id or store
+        h.job_id = me.job_id
         h.backend = backend
         h.torch_version = _torch_version()
         h.flightrec_version = _version()
@@ -204,14 +250,20 @@ class Dumper:
         names = {t.ident: t.name for t in threading.enumerate()}
         main = threading.main_thread().ident
         for ident, frame in frames.items():
+            name = names.get(ident, f"thread-{ident}")
+            # a little deeper than kept: the frames of flightrec's own handler go first
+            stack = frames_of(frame, THREAD_STACK_DEPTH + 8)
+            stack = without_own_frames(stack, own_thread=name.startswith("flightrec-"))
             b.thread(
-                ident,
-                names.get(ident, f"thread-{ident}"),
-                # a little deeper than kept: the frames of flightrec's own handler go first
-                without_own_frames(frames_of(frame, THREAD_STACK_DEPTH + 8))[:THREAD_STACK_DEPTH],
+                ident, name, stack[:THREAD_STACK_DEPTH],
                 is_main=ident == main, holds_recorder=ident in active,
             )  # fmt: skip
         del frames
+        for x in list(self.exceptions):
+            b.exception(
+                x.type, x.message, x.frames, thread=x.thread, is_main=x.is_main,
+                wall_time_ns=x.wall_time_ns, via=x.via,
+            )  # fmt: skip
         dump = b.build()
         reason_name = pb.DumpReason.Name(reason)  # type: ignore[arg-type]
         name = dump_filename(rank, h.dump_index, reason_name, os.getpid())

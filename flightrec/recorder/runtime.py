@@ -20,6 +20,13 @@ from flightrec.format.rawstacks import stacks_path
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
+from flightrec.recorder.exceptions import (
+    MAX_EXCEPTIONS,
+    ExceptionHooks,
+    RaisedException,
+    error_file,
+    from_error_file,
+)
 from flightrec.recorder.hooks import Hooks
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
@@ -54,6 +61,10 @@ class Runtime:
         self.recorder.on_first_use = self.start_background
         self.recorder.on_error = self._on_error
         self._identified = False
+        self.exception_hooks = ExceptionHooks(self._on_exception)
+        self.died_of: RaisedException | None = None
+        """The exception that ended the main thread, once one did."""
+        self._started_ns = time.time_ns()
         # atexit runs handlers last-registered first: the exit dump (if any) is written before
         # the black box decides whether it is still needed, and a dump another thread is
         # writing is finished before the interpreter stops that thread.
@@ -63,13 +74,17 @@ class Runtime:
         atexit.register(self._close_rawstacks)  # after the black box decided to stay or go
         if self.recorder.blackbox is not None:
             atexit.register(self._close_blackbox)
-        if config.dump_on_exit:
-            atexit.register(self._at_exit)
+        # FLIGHTREC_DUMP_ON_EXIT, or a process of a job dying of an exception.
+        atexit.register(self._at_exit)
 
     # -- lifecycle ------------------------------------------------------------------------
     def enable(self) -> None:
         self.recorder.enabled = True
         self.hooks.install(self.recorder, self.start_background, self._after_destroy)
+        try:
+            self.exception_hooks.install()
+        except Exception as exc:  # a bonus, as DDP coverage is
+            log.warning("flightrec: uncaught exceptions will not be recorded: %s", exc)
         self._install_ddp()
         import torch.distributed as dist
 
@@ -79,6 +94,7 @@ class Runtime:
     def disable(self) -> None:
         self.recorder.enabled = False
         self.hooks.uninstall()
+        self.exception_hooks.uninstall()
         self.ddp.uninstall()
         self.signals.uninstall()
         with self._lock:
@@ -182,6 +198,7 @@ class Runtime:
             except Exception as exc:
                 self._warn_once("signals", "SIGUSR1/SIGTERM dumps are off", exc)
         self._install_ddp()
+        self.dumper.remember_identity()
         self._identify_blackbox()
         self._arm_rawstacks()
 
@@ -226,18 +243,14 @@ class Runtime:
     def _identify_blackbox(self) -> None:
         """Once the default group exists, write rank, world and job into the black box."""
         bb = self.recorder.blackbox
-        if bb is None or self._identified:
+        ident = self.dumper.identity
+        if bb is None or self._identified or ident is None:
             return
-        from flightrec.recorder.dumper import _dist_info, _torch_version
+        from flightrec.recorder.dumper import _torch_version
 
-        rank, world, backend, store = _dist_info()
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            return
         self._identified = True
         try:
-            bb.identify(rank, world, self.config.job_id or store, backend, _torch_version())
+            bb.identify(ident.rank, ident.world_size, ident.job_id, ident.backend, _torch_version())
         except Exception as exc:
             log.warning("flightrec: could not label the black box: %s", exc)
 
@@ -248,7 +261,8 @@ class Runtime:
             return
         ring = self.recorder.ring
         dumped = self.dumper.exit_dumped
-        healthy = dumped or not (ring.pending_slots() or ring.failed_any())
+        died = self.died_of is not None and self.dumper.identity is not None
+        healthy = dumped or not (ring.pending_slots() or ring.failed_any() or died)
         try:
             bb.close(healthy)
         except Exception as exc:
@@ -266,11 +280,15 @@ class Runtime:
         what = describe_entry(self.recorder, slot)
         self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self.config.timeout_s:g}s: {what}")
         if poller is not None:
-            rank, seen = _rank(), poller.seen
+            rank, seen = self._rank(), poller.seen
             # Posting may block on a slow store: never on the watchdog thread.
             threading.Thread(
                 target=_post, args=(poller, rank, seen), name="flightrec-post", daemon=True
             ).start()
+
+    def _rank(self) -> int:
+        ident = self.dumper.identity
+        return ident.rank if ident is not None else int(os.environ.get("RANK", "-1") or -1)
 
     def _on_request(self, n: int, requester: int, reason: str) -> None:
         if reason == "CLI_TRIGGER":
@@ -300,9 +318,27 @@ class Runtime:
         reason = pb.SIGNAL_TERM if signum == signal.SIGTERM else pb.SIGNAL_USR1
         self.dump(reason, f"signal {signal.Signals(signum).name}")
 
-    def _at_exit(self) -> None:
+    def _on_exception(self, x: RaisedException) -> None:
+        """An exception ended a thread: keep it for every later dump and in the black box."""
         if not self.recorder.enabled:
             return
+        if x.is_main and self.died_of is None:
+            self.died_of = x
+        if len(self.dumper.exceptions) < MAX_EXCEPTIONS:
+            self.dumper.exceptions.append(x)
+            bb = self.recorder.blackbox
+            if bb is not None:  # on disk now: the exit that follows may never finish
+                bb.on_exception(x)
+
+    def _at_exit(self) -> None:
+        """Dump at exit when FLIGHTREC_DUMP_ON_EXIT asks, or when the process that took part
+        in a job is dying of an exception (it says what it died of, with or without the flag)."""
+        if not self.recorder.enabled:
+            return
+        if self.died_of is None and error_file():
+            x = from_error_file(error_file(), self._started_ns)
+            if x is not None:
+                self._on_exception(x)
         try:
             import torch.distributed as dist
 
@@ -310,7 +346,14 @@ class Runtime:
         except Exception:
             used = False
         needed = used or self.recorder.ring.pending_slots() or self.recorder.groups.groups
-        if needed and self.dump(pb.PROCESS_EXIT, "process exit") is not None:
+        died = self.died_of is not None and self.dumper.identity is not None
+        if not ((self.config.dump_on_exit and needed) or died):
+            return
+        detail = "process exit"
+        if self.died_of is not None:
+            x = self.died_of
+            detail += f": {x.type}: {x.message}"[:4000]
+        if self.dump(pb.PROCESS_EXIT, detail) is not None:
             self.dumper.exit_dumped = True
 
 
@@ -331,17 +374,6 @@ def _post(poller: Poller, rank: int, seen: int) -> None:
         if not _post_warned:  # the store is gone: saying so once is enough
             _post_warned = True
             log.warning("flightrec: could not ask other ranks to dump: %s", exc)
-
-
-def _rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    return int(os.environ.get("RANK", "-1") or -1)
 
 
 _runtime: Runtime | None = None

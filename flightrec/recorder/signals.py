@@ -139,7 +139,9 @@ class SignalHandlers:
         if self.uses_wakeup_fd:
             self._done[signum].wait(TERM_GRACE_S if signum == signal.SIGTERM else 0)
         else:
-            t = threading.Thread(target=self._dump, args=(signum,), daemon=True)
+            t = threading.Thread(
+                target=self._dump, args=(signum,), name="flightrec-signal-dump", daemon=True
+            )
             t.start()
             if signum == signal.SIGTERM:
                 t.join(TERM_GRACE_S)

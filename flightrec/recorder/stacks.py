@@ -58,27 +58,34 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 _THREADING_FILE = threading.__file__
 
 
-def _is_own(file: str) -> bool:
+def is_own_file(file: str) -> bool:
+    """Whether ``file`` is flightrec's own code (its package, or a generated wrapper)."""
     return file.startswith(_PACKAGE_DIR) or file.startswith("<flightrec ")
 
 
-def without_own_frames(frames: list[FrameTuple]) -> list[FrameTuple]:
+def without_own_frames(frames: list[FrameTuple], own_thread: bool = True) -> list[FrameTuple]:
     """Drop the innermost frames that flightrec itself put on a thread's stack.
 
     A thread caught by a dump may be inside flightrec's signal handler (SIGTERM waits there
-    for the dump to finish) with the stdlib ``threading`` calls it made on top. Those frames
-    say nothing about the program: the stack at dump time should start where the program
-    was. Only a leading run of flightrec and ``threading`` frames is dropped, and only when
-    program frames follow it; flightrec's own threads (the watchdog) keep their stacks, and
-    torch frames inside a traced collective are never touched.
+    for the dump to finish) with the stdlib ``threading`` calls it made on top, or be the
+    thread writing the dump (the exit dump runs on the main thread, from ``atexit``, after
+    the program returned). Those frames say nothing about the program: the stack at dump time
+    should start where the program was. Only a leading run of flightrec and ``threading``
+    frames is dropped; torch frames inside a traced collective are never touched.
+
+    Args:
+        frames: a thread's stack, innermost first.
+        own_thread: the thread is flightrec's (the watchdog): a stack of nothing but
+            flightrec's frames is kept. Else such a stack becomes empty: the program has no
+            frame there (at exit, it returned from main).
     """
     cut = 0
     for i, (file, _, _) in enumerate(frames):
-        if _is_own(file):
+        if is_own_file(file):
             cut = i + 1
         elif file != _THREADING_FILE:
             return frames[cut:]
-    return frames
+    return frames if own_thread or not cut else []
 
 
 class _ThreadCache:

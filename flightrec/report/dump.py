@@ -5,6 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
+from flightrec.analysis.crashes import exceptions_of
 from flightrec.analysis.model import RankDump, TensorInfo, user_frame
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.report.layout import code_line, compact_table, hanging, longest_token
@@ -147,6 +148,12 @@ class DumpRenderer:
             ]
             c.print(Text(f"  {t.name}" + (f" ({', '.join(marks)})" if marks else "")))
             for f in t.stack:
+                c.print(hanging("      ", f"{f.where()} in {f.function}"))
+                if f.code:
+                    c.print(code_line(10, f.code, style="dim"))
+        for x in exceptions_of(d):  # what ended a thread: the traceback, raising frame first
+            c.print(hanging("", f"Uncaught in {x.thread} ({x.via}): {x.type}: {x.message}", "bold"))
+            for f in x.traceback:
                 c.print(hanging("      ", f"{f.where()} in {f.function}"))
                 if f.code:
                     c.print(code_line(10, f.code, style="dim"))

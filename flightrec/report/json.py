@@ -80,6 +80,10 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
     evidence: dict[str, Any] = to_json(f.evidence) if f.evidence is not None else {}
     if f.call_shift is not None:
         evidence["call_shift"] = to_json(f.call_shift)
+    if f.exception is not None:
+        evidence["exception"] = to_json(f.exception)
+    if f.thread_exceptions:
+        evidence["thread_exceptions"] = to_json(f.thread_exceptions)
     if evidence:
         out["evidence"] = evidence
     return out

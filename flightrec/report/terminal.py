@@ -245,6 +245,12 @@ class TerminalRenderer:
             )
 
     def _culprit_stack(self, report: Report, f: Finding) -> None:
+        exc = f.exception
+        if exc is not None:  # what the rank died of, as Python would have printed it
+            head = (f"{exc.type}: {exc.message}".splitlines() or [""])[0][:200]
+            title = f"Traceback of rank {exc.rank} (raising frame first): {head}"
+            self.console.print(hanging("", title, style="bold"))
+            self.console.print(_stack_text(exc.traceback))
         for rank in f.ranks[:2]:
             d = report.run.dumps.get(rank)
             if d is None:

@@ -139,9 +139,12 @@ def test_view_option_picks_which_dump_of_each_rank(tmp_path: Path) -> None:
     for r in range(4):
         later = job.build(r, dump_index=1, reason=pb.SIGNAL_TERM, wall_offset_s=5)
         write_dump(later, tmp_path, f"r{r}-1.frdump")
-    latest = json.loads(flightrec("analyze", tmp_path, "--json").stdout)
+    hang = json.loads(flightrec("analyze", tmp_path, "--json").stdout)
+    latest = json.loads(flightrec("analyze", tmp_path, "--json", "--view", "latest").stdout)
     earliest = json.loads(flightrec("analyze", tmp_path, "--json", "--view", "earliest").stdout)
     assert latest["findings"][0]["kind"] == "stuck"
+    assert (hang["findings"][0]["kind"], hang["findings"][0]["ranks"]) == ("not_arrived", [2])
+    assert any("analysing the hang" in n for n in hang["notes"])
     assert (earliest["findings"][0]["kind"], earliest["findings"][0]["ranks"]) == (
         "not_arrived",
         [2],

@@ -63,7 +63,9 @@ def test_a_text_file_given_directly_is_named(tmp_path: Path) -> None:
         load_dir(text)
 
 
-def test_several_dumps_per_rank_latest_by_default(tmp_path: Path) -> None:
+def test_several_dumps_per_rank_hang_by_default_latest_and_earliest_on_request(
+    tmp_path: Path,
+) -> None:
     job = stalled()
     for r in range(4):
         first = job.build(r, dump_index=0, reason=pb.WATCHDOG_TIMEOUT)
@@ -72,7 +74,11 @@ def test_several_dumps_per_rank_latest_by_default(tmp_path: Path) -> None:
     for r in range(4):
         later = job.build(r, dump_index=1, reason=pb.SIGNAL_TERM, wall_offset_s=5)
         write_dump(later, tmp_path, f"r{r}-1.frdump")
-    latest = load_dir(tmp_path)
+    hang = load_dir(tmp_path)
+    assert {d.header.dump_index for d in hang.dumps.values()} == {0}
+    assert hang.hang_wall_ns and set(hang.later) == {0, 1, 2, 3}
+    assert any("analysing the hang" in n and "WATCHDOG_TIMEOUT" in n for n in hang.notes)
+    latest = load_dir(tmp_path, View.LATEST)
     assert {d.header.dump_index for d in latest.dumps.values()} == {1}
     assert any("dumped more than once; using the latest" in n for n in latest.notes)
     assert any("SIGNAL_TERM" in n for n in latest.notes)
@@ -96,3 +102,58 @@ def test_dumps_of_another_job_are_set_aside(tmp_path: Path) -> None:
     run = load_dir(tmp_path)
     assert run.dumps[0].header.job_id == "job-1"
     assert any("another job 'old-job'" in n for n in run.notes)
+
+
+def test_dumps_of_one_process_are_one_rank_of_one_job(tmp_path: Path) -> None:
+    """An older flightrec's exit dumps after destroy_process_group() said "rank 0 of 1" with
+    no job id; the process's hang dump says who it was."""
+    job = stalled()
+    job.write(tmp_path)
+    for rank in range(4):
+        late = job.build(rank, dump_index=1, reason=pb.PROCESS_EXIT, wall_offset_s=5)
+        late.header.rank, late.header.world_size, late.header.job_id = 0, 1, ""
+        write_dump(late, tmp_path, f"flightrec-rank00000-{1000 + rank}-001-process_exit.frdump")
+    run = load_dir(tmp_path, View.LATEST)
+    assert run.ranks_with_dump == (0, 1, 2, 3) and run.world_size == 4
+    assert run.problems == ()
+    assert all(d.header.reason == pb.PROCESS_EXIT for d in run.dumps.values())
+    assert all(d.header.job_id == "job-1" for d in run.dumps.values())
+    assert any("one rank of one job" in n for n in run.notes)
+
+
+def test_a_dump_without_a_job_id_is_not_another_job(tmp_path: Path) -> None:
+    job = stalled()
+    job.write(tmp_path, ranks=[0, 1, 2])
+    orphan = job.build(3)
+    orphan.header.job_id = ""
+    write_dump(orphan, tmp_path, "flightrec-rank00003-1003-000-watchdog_timeout.frdump")
+    run = load_dir(tmp_path)
+    assert run.ranks_with_dump == (0, 1, 2, 3)
+    assert not any("another job" in n for n in run.notes)
+
+
+def test_the_hang_view_takes_each_ranks_answer_to_the_first_hang_event(tmp_path: Path) -> None:
+    """Rank 2 was stalled; the others' watchdogs fired. After the hang: rank 0 raised (a
+    collective error), everyone got SIGTERM. The stalled rank's request dump is its snapshot,
+    not its SIGTERM dump; a rank that exited before the hang keeps its exit dump."""
+    job = stalled()
+    job.exited(3)
+    reasons = {0: pb.WATCHDOG_TIMEOUT, 1: pb.WATCHDOG_TIMEOUT, 2: pb.PEER_REQUEST}
+    for r, reason in reasons.items():
+        write_dump(
+            job.build(r, reason=reason, wall_offset_s=1 if r == 2 else 0), tmp_path, f"{r}-0"
+        )
+    write_dump(job.build(3, wall_offset_s=-30), tmp_path, "3-0")
+    write_dump(
+        job.build(0, dump_index=1, reason=pb.COLLECTIVE_ERROR, wall_offset_s=8), tmp_path, "0-1"
+    )
+    for r in range(3):
+        write_dump(
+            job.build(r, dump_index=2, reason=pb.SIGNAL_TERM, wall_offset_s=9), tmp_path, f"{r}-2"
+        )
+    run = load_dir(tmp_path)
+    assert {r: d.header.reason for r, d in run.dumps.items()} == {**reasons, 3: pb.PROCESS_EXIT}
+    assert [d.header.reason for d in run.later[0]] == [pb.COLLECTIVE_ERROR, pb.SIGNAL_TERM]
+    assert 3 not in run.later
+    report = analyze_dir(str(tmp_path))
+    assert report.findings[0].ranks == (2,)

@@ -253,3 +253,37 @@ def test_a_live_rank_that_never_dumped_is_read_from_its_black_box(tmp_path: Path
     assert first.kind == "not_arrived" and first.ranks == (1,), first.summary
     assert "wrote no dump; its black box shows all_reduce #3 done" in first.summary
     assert "died" not in first.summary
+
+
+def _raise_in_compute_loss() -> None:
+    raise ValueError("loss is NaN")  # the raising line a reader must name
+
+
+def test_the_exception_a_process_died_of_is_in_its_black_box(tmp_path: Path) -> None:
+    from flightrec.analysis.crashes import exceptions_of
+    from flightrec.analysis.model import RankDump
+    from flightrec.recorder.exceptions import describe
+
+    rec = Recording(tmp_path)
+    rec.bb.identify(2, 4, "job-7", "gloo", "2.x")
+    train_step(rec, 2)
+    try:
+        _raise_in_compute_loss()
+    except ValueError as exc:
+        rec.bb.on_exception(describe(exc, None, "sys.excepthook"))
+    rec.bb.close(healthy=False)
+    dump = read_blackbox(rec.bb.path)
+    assert "exited of an uncaught ValueError" in dump.header.reason_detail
+    (x,) = exceptions_of(RankDump(str(rec.bb.path), dump))
+    assert (x.type, x.message, x.is_main, x.via) == (
+        "ValueError",
+        "loss is NaN",
+        True,
+        "sys.excepthook",
+    )
+    assert x.traceback[0].function == "_raise_in_compute_loss"
+    assert (
+        x.traceback[0].code
+        == 'raise ValueError("loss is NaN")  # the raising line a reader must name'
+    )
+    assert x.traceback[1].function == "test_the_exception_a_process_died_of_is_in_its_black_box"

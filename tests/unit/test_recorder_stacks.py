@@ -102,6 +102,11 @@ def test_dump_time_stacks_start_where_the_program_was() -> None:
     # flightrec's own threads keep their stacks
     watchdog = [(stacks._PACKAGE_DIR + "recorder/watchdog.py", "_loop", 60), (lib, "run", 982)]
     assert stacks.without_own_frames(watchdog) == watchdog
+    # the main thread writing the exit dump from atexit: the program returned from main
+    at_exit = [(stacks._PACKAGE_DIR + "recorder/dumper.py", "Dumper._dump", 250)]
+    assert stacks.without_own_frames(at_exit, own_thread=False) == []
+    # a helper thread that only runs flightrec's signal dump says nothing either
+    assert stacks.without_own_frames(watchdog, own_thread=False) == []
 
 
 def test_source_line_reads_the_line_and_never_fails(tmp_path) -> None:  # type: ignore[no-untyped-def]

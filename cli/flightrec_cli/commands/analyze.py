@@ -65,8 +65,12 @@ def analyze_command(
     ] = False,
     view: Annotated[
         View,
-        typer.Option("--view", help="Which dump to use for a rank that dumped more than once."),
-    ] = View.LATEST,
+        typer.Option(
+            "--view",
+            help="Which dump to use for a rank that dumped more than once: hang (each rank's "
+            "dump at the first hang event), latest, earliest.",
+        ),
+    ] = View.HANG,
     trace: Annotated[
         Path | None,
         typer.Option(

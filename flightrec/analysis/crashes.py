@@ -1,0 +1,255 @@
+"""Ranks that died of an exception: the exception, where it was raised, and what it explains.
+
+A dump (or black box) carries every exception that ended one of its process's threads. An
+exception that ended the main thread is what the rank died of. Read from the rank's chosen
+dump and from the dumps its process wrote after it (``Run.later``): a rank that raised after
+the hang snapshot still says what it died of.
+
+Which crashes explain the job:
+* the earliest, raised before the hang (or in a job without a hang) in the program's own
+  code, is the root cause: "rank 2 died of ValueError: ... at train.py:57 in compute_loss";
+* later ones (gloo's "Connection closed by peer" on the peers of a rank that left, timeouts)
+  are consequences, listed after the other findings;
+* one raised after the hang event is what happened next: evidence on the finding that
+  blames that rank, never its verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import (
+    Evidence,
+    ExceptionEvidence,
+    Finding,
+    FindingKind,
+    FrameInfo,
+    RankDump,
+    user_frame,
+)
+from flightrec.text import ranks_phrase
+
+if TYPE_CHECKING:  # the context imports states, which imports this module
+    from flightrec.analysis.context import AnalysisContext
+
+SUMMARY_MESSAGE_CHARS = 160
+"""An exception's message in a verdict line is cut here; the evidence has it whole."""
+_COLLECTIVE_FRAME = re.compile(r"(/|^)torch/distributed/|^<flightrec ")
+# Not a crash of the program: an interrupt (Ctrl-C, or the SIGINT torch.multiprocessing's
+# children get when their parent goes) is how a stuck rank is ended, not why it was stuck.
+_NOT_A_CRASH = frozenset({"KeyboardInterrupt", "SystemExit", "GeneratorExit"})
+HANG_SLACK_NS = 2_000_000_000
+"""Clocks of ranks on other hosts disagree by this much at most (as in the loader)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RaisedException:
+    """An exception that ended a thread of a rank's process."""
+
+    rank: int
+    type: str
+    message: str
+    thread: str
+    is_main: bool
+    traceback: tuple[FrameInfo, ...]
+    """Raising frame first."""
+    wall_time_ns: int
+    via: str
+    dump: str
+
+    @property
+    def location(self) -> FrameInfo | None:
+        """The innermost frame of the program's own code (else the raising frame)."""
+        return user_frame(self.traceback)
+
+    @property
+    def in_collective(self) -> bool:
+        """Raised from inside torch.distributed (a collective that failed or timed out)."""
+        return any(_COLLECTIVE_FRAME.search(f.file.replace("\\", "/")) for f in self.traceback)
+
+    def headline(self) -> str:
+        """``ValueError: loss is NaN at train.py:57 in compute_loss``."""
+        message = self.message.strip()
+        if len(message) > SUMMARY_MESSAGE_CHARS:
+            message = message[: SUMMARY_MESSAGE_CHARS - 1] + "…"
+        text = f"{self.type}: {message}" if message else self.type
+        loc = self.location
+        return text + (f" at {loc.where()} in {loc.function}" if loc else "")
+
+    def to_evidence(self) -> ExceptionEvidence:
+        """The exception and its traceback, as a finding carries them."""
+        return ExceptionEvidence(
+            rank=self.rank,
+            type=self.type,
+            message=self.message,
+            thread=self.thread,
+            main_thread=self.is_main,
+            seen_by=self.via,
+            dump=self.dump,
+            traceback=self.traceback,
+            location=self.location,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CrashEvidence(Evidence):
+    """Evidence of a ``dead_rank`` finding for ranks that died of an exception (the exception
+    itself is ``Finding.exception``)."""
+
+    in_collective: bool
+    """Raised from inside torch.distributed (a collective that failed or timed out)."""
+    raised_after_hang: bool
+    """Raised after the hang event: what happened next, not why the job hung."""
+    exceptions: Mapping[int, ExceptionEvidence] | None = None
+    """Per rank, when several ranks died of the same exception at the same line."""
+
+
+def exceptions_of(d: RankDump) -> list[RaisedException]:
+    """Every exception a dump records, oldest first."""
+    return [
+        RaisedException(
+            rank=d.rank,
+            type=x.type,
+            message=x.message,
+            thread=x.thread,
+            is_main=x.is_main,
+            traceback=d.stack(x.stack),
+            wall_time_ns=x.wall_time_ns,
+            via=x.via,
+            dump=d.path,
+        )
+        for x in d.dump.meta.exceptions
+    ]
+
+
+def died_of(m: Matched, rank: int) -> RaisedException | None:
+    """The exception that ended ``rank``'s main thread, from any dump of its process."""
+    run = m.run
+    chosen = run.dumps.get(rank)
+    if chosen is None:
+        return None
+    for d in (chosen, *run.later.get(rank, ())):
+        for x in exceptions_of(d):
+            if x.is_main and x.type not in _NOT_A_CRASH:
+                return x
+    return None
+
+
+def thread_deaths(m: Matched, rank: int) -> list[RaisedException]:
+    """Exceptions that ended other threads of ``rank``'s process (a data loader, a
+    checkpoint writer): the main thread may wait for them forever."""
+    d = m.run.dumps.get(rank)
+    return [x for x in exceptions_of(d) if not x.is_main] if d is not None else []
+
+
+def find_crashes(ctx: AnalysisContext) -> list[Finding]:
+    """One ``dead_rank`` finding per exception (type and line) ranks died of, earliest first.
+
+    ``place_crashes`` then puts each where it explains most (after every pass has run).
+    """
+    m = ctx.matched
+    hang = m.run.hang_wall_ns
+    by_cause: dict[tuple[str, str, bool], list[RaisedException]] = defaultdict(list)
+    for rank in sorted(m.run.dumps):
+        x = died_of(m, rank)
+        if x is not None:
+            loc = x.location
+            by_cause[(x.type, loc.where() if loc else "", x.in_collective)].append(x)
+    findings: list[Finding] = []
+    for xs in sorted(by_cause.values(), key=lambda xs: min(x.wall_time_ns for x in xs)):
+        first = min(xs, key=lambda x: x.wall_time_ns)
+        ranks = tuple(sorted(x.rank for x in xs))
+        who = ranks_phrase(ranks)
+        ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
+        after = bool(hang) and first.wall_time_ns > hang + HANG_SLACK_NS
+        never = "" if any(len(m.dump(r)) for r in ranks) else ", before any collective"
+        evidence = CrashEvidence(
+            in_collective=first.in_collective,
+            raised_after_hang=after,
+            exceptions={x.rank: x.to_evidence() for x in xs} if len(xs) > 1 else None,
+        )
+        findings.append(
+            Finding(
+                kind=FindingKind.DEAD_RANK,
+                ranks=ranks,
+                summary=f"{who[0].upper()}{who[1:]}{ident} died of {first.headline()}{never}",
+                evidence=evidence,
+                exception=first.to_evidence(),
+            )
+        )
+    return findings
+
+
+def place_crashes(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
+    """Put each crash ``find_crashes`` found where it explains most.
+
+    The earliest crash, raised in the program's own code before any hang, is why the job
+    ended: it comes first, as the verdict of the finding that already blames that rank (which
+    moves to the front) or as a finding of its own. Every later crash (peers failing once it
+    was gone, timeouts after a hang) is a consequence: the evidence of the finding that blames
+    that rank alone, else a finding after the others. A rank blamed alone whose other
+    thread died of an exception (its data loader, say) gets that said in its verdict.
+
+    Args:
+        ctx: the analysis context.
+        findings: every pass's findings, most likely root cause first.
+
+    Returns:
+        All findings, most likely root cause first.
+    """
+    m = ctx.matched
+    crashes = [f for f in findings if isinstance(f.evidence, CrashEvidence)]
+    out = [f for f in findings if not isinstance(f.evidence, CrashEvidence)]
+    root: Finding | None = None
+    last: list[Finding] = []
+    for n, crash in enumerate(crashes):
+        assert isinstance(crash.evidence, CrashEvidence)
+        is_root = (
+            n == 0 and not crash.evidence.raised_after_hang and not crash.evidence.in_collective
+        )
+        same = [i for i, f in enumerate(out) if f.ranks == crash.ranks and f.kind in _BLAMES]
+        if same:
+            f = out[same[0]]
+            if is_root:
+                owed = f"; it never entered {_what(f)}" if f.op else ""
+                root = dataclasses.replace(
+                    f, summary=crash.summary + owed, exception=crash.exception
+                )
+                del out[same[0]]
+            else:
+                out[same[0]] = dataclasses.replace(f, exception=crash.exception)
+        elif is_root:
+            root = crash
+        else:
+            last.append(crash)
+    out = [_with_thread_deaths(m, f) for f in out]
+    return ([root] if root else []) + out + last
+
+
+def _with_thread_deaths(m: Matched, f: Finding) -> Finding:
+    if len(f.ranks) != 1 or f.kind not in _BLAMES or f.exception is not None:
+        return f
+    deaths = thread_deaths(m, f.ranks[0])
+    if not deaths:
+        return f
+    x = deaths[0]
+    return dataclasses.replace(
+        f,
+        summary=f"{f.summary}; its thread {x.thread!r} had died of {x.headline()}",
+        thread_exceptions=tuple(d.to_evidence() for d in deaths),
+    )
+
+
+_BLAMES = frozenset({FindingKind.DEAD_RANK, FindingKind.NOT_ARRIVED})
+"""Findings that blame ranks for what they did instead of arriving: a crash can explain it."""
+
+
+def _what(f: Finding) -> str:
+    group = f" on group {f.process_group}" if f.process_group else ""
+    return f"{f.op} #{f.seq}{group}" if f.seq is not None else f"{f.op}{group}"
