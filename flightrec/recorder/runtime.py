@@ -29,8 +29,8 @@ from flightrec.recorder.watchdog import Watchdog
 
 log = logging.getLogger("flightrec")
 POLLER_STOP_WAIT_S = 2.0
-"""How long the end of the job waits for the poller to leave a store call (it polls every
-0.25 s, and a call to a live store takes milliseconds)."""
+"""How long the end of the job waits for the poller to leave a store call (its wait ends as
+soon as it rings its own doorbell, and a call to a live store takes milliseconds)."""
 ERROR_DUMP_INTERVAL_NS = 5_000_000_000
 """A dead peer makes every later call fail; one error dump per interval is enough."""
 
@@ -173,7 +173,10 @@ class Runtime:
                 store = default_store()
                 if store is not None:
                     try:
-                        self.poller = Poller(store, self.namespace, self._on_request)
+                        self.poller = Poller(
+                            store, self.namespace, self._on_request,
+                            rank=_rank(), world_size=_world_size(),
+                        )  # fmt: skip
                     except Exception as exc:
                         self._warn_once("poller", "dump requests through the store are off", exc)
             try:
@@ -342,6 +345,17 @@ def _rank() -> int:
     except Exception:
         pass
     return int(os.environ.get("RANK", "-1") or -1)
+
+
+def _world_size() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:
+        pass
+    return 0
 
 
 _runtime: Runtime | None = None
