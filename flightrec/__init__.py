@@ -30,8 +30,9 @@ def enable() -> None:
         flightrec.errors.TorchMissingError: torch is not installed.
     """
     from flightrec import recorder
+    from flightrec.live import report
 
-    recorder.enable()
+    recorder.enable(reporter=report)
 
 
 def disable() -> None:

@@ -24,8 +24,9 @@ log = logging.getLogger("flightrec")
 def _enable() -> None:
     try:
         from flightrec import recorder
+        from flightrec.live import report
 
-        recorder.enable()
+        recorder.enable(reporter=report)
     except Exception as exc:
         log.warning("flightrec: FLIGHTREC=1 but tracing could not start: %s", exc)
 

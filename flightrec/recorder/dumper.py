@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -95,6 +96,8 @@ class Dumper:
         """An exit dump was written: the black box is superseded and can go."""
         self._pid = os.getpid()
         self._closed = False
+        self.on_dump: Callable[[pb.Dump, Path | None], None] | None = None
+        """Called with each dump built and where it went (None: not written); must not raise."""
 
     def close(self, timeout_s: float = CLOSE_WAIT_S) -> None:
         """At interpreter exit: let a dump in progress finish, then refuse new ones.
@@ -215,10 +218,23 @@ class Dumper:
         dump = b.build()
         reason_name = pb.DumpReason.Name(reason)  # type: ignore[arg-type]
         name = dump_filename(rank, h.dump_index, reason_name, os.getpid())
-        path = write_dump(dump, rec.config.directory, name)
+        try:
+            path = write_dump(dump, rec.config.directory, name)
+        except Exception:
+            self._built(dump, None)  # the summary in the job's log needs no file
+            raise
+        self._built(dump, path)
         self.last_path = path
         log.info("flightrec: wrote %s", path)
         return path
+
+    def _built(self, dump: pb.Dump, path: Path | None) -> None:
+        hook = self.on_dump
+        if hook is not None:
+            try:
+                hook(dump, path)
+            except Exception as exc:
+                log.warning("flightrec: dump hook failed: %s", exc)
 
 
 def _torch_version() -> str:

@@ -20,6 +20,7 @@ from flightrec.format.rawstacks import stacks_path
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
+from flightrec.recorder.exchange import Exchange, Reporter
 from flightrec.recorder.hooks import Hooks
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
@@ -47,6 +48,10 @@ class Runtime:
         self.namespace = store_namespace(os.environ) or DEFAULT_NAMESPACE
         self.watchdog: Watchdog | None = None
         self.poller: Poller | None = None
+        self.reporter: Reporter | None = None
+        """Prints the verdict into the job's log (handed in by ``flightrec.enable``)."""
+        self.exchange: Exchange | None = None
+        self.dumper.on_dump = self._on_dump
         self.signals = SignalHandlers(self._on_signal)
         self._lock = threading.Lock()
         self._last_error_dump = 0
@@ -102,6 +107,7 @@ class Runtime:
         self._lock = threading.Lock()
         self.watchdog = None  # its thread did not survive the fork
         self.poller = None
+        self.exchange = None
         self.recorder.tracker.after_fork_in_child()
         self.signals.after_fork_in_child()
         if self.rawstacks is not None:
@@ -154,6 +160,7 @@ class Runtime:
         """Stop the request poller and wait (briefly) until its thread is out of the store."""
         with self._lock:
             poller, self.poller = self.poller, None
+            self.exchange = None
         if poller is not None:
             poller.stop(wait_s=POLLER_STOP_WAIT_S)
 
@@ -179,6 +186,11 @@ class Runtime:
                         )  # fmt: skip
                     except Exception as exc:
                         self._warn_once("poller", "dump requests through the store are off", exc)
+            reporter = self.reporter if self.config.verdict else None
+            if self.poller is not None and self.exchange is None and reporter is not None:
+                self.exchange = Exchange(
+                    self.poller, _rank(), _world_size(), self.namespace, reporter
+                )
             try:
                 if not self.signals.installed:
                     self.signals.install()
@@ -266,14 +278,18 @@ class Runtime:
         if poller is not None and poller.last_request_ns > slot.enqueue_ns:
             # Another rank saw this hang first; we already dumped, with this entry pending.
             return
+        seen = poller.seen if poller is not None else 0
+        if poller is not None:
+            poller.hang_ns = time.monotonic_ns()
         what = describe_entry(self.recorder, slot)
         self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self.config.timeout_s:g}s: {what}")
         if poller is not None:
-            rank, seen = _rank(), poller.seen
+            rank = _rank()
             # Posting may block on a slow store: never on the watchdog thread.
             threading.Thread(
-                target=_post, args=(poller, rank, seen), name="flightrec-post", daemon=True
-            ).start()
+                target=_post, args=(poller, rank, seen, self.exchange), name="flightrec-post",
+                daemon=True,
+            ).start()  # fmt: skip
 
     def _on_request(self, n: int, requester: int, reason: str) -> None:
         if reason == "CLI_TRIGGER":
@@ -281,6 +297,9 @@ class Runtime:
         else:
             who = f"rank {requester}" if requester >= 0 else "another process"
             self.dump(pb.PEER_REQUEST, f"request {n} from {who} ({reason or 'unknown'})", requester)
+            exchange = self.exchange
+            if exchange is not None:
+                exchange.after_request(n, reason)
 
     def _on_error(self, rid: int, exc: BaseException) -> None:
         now = time.monotonic_ns()
@@ -302,6 +321,9 @@ class Runtime:
 
         reason = pb.SIGNAL_TERM if signum == signal.SIGTERM else pb.SIGNAL_USR1
         self.dump(reason, f"signal {signal.Signals(signum).name}")
+        exchange, poller = self.exchange, self.poller
+        if reason == pb.SIGNAL_TERM and exchange is not None and poller is not None:
+            exchange.after_term(poller.seen)  # the verdict, if this rank reports, before dying
 
     def _at_exit(self) -> None:
         if not self.recorder.enabled:
@@ -316,6 +338,11 @@ class Runtime:
         if needed and self.dump(pb.PROCESS_EXIT, "process exit") is not None:
             self.dumper.exit_dumped = True
 
+    def _on_dump(self, dump: pb.Dump, path: Path | None) -> None:
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.on_dump(dump, path)
+
 
 def _on_torch_thread() -> bool:
     # Future callbacks run on threads torch creates (no Python name of ours); dumping there
@@ -326,10 +353,12 @@ def _on_torch_thread() -> bool:
 _post_warned = False
 
 
-def _post(poller: Poller, rank: int, seen: int) -> None:
+def _post(poller: Poller, rank: int, seen: int, exchange: Exchange | None) -> None:
     global _post_warned
     try:
-        poller.post(rank, "WATCHDOG_TIMEOUT", unless_past=seen)
+        _, n = poller.start_round(rank, "WATCHDOG_TIMEOUT", seen)
+        if exchange is not None:
+            exchange.after_hang(n)
     except Exception as exc:
         if not _post_warned:  # the store is gone: saying so once is enough
             _post_warned = True

@@ -45,6 +45,9 @@ MAX_BELLS = 1 << 20
 DEFAULT_NAMESPACE = "default"
 MIN_REQUEST_INTERVAL_NS = 1_000_000_000
 """At most one dump per second for requests, however many arrive (a flood fills no disk)."""
+HANG_COVERS_NS = 5_000_000_000
+"""A hang this process declared this recently: other ranks' requests for a hang need no
+second dump here."""
 MAX_LOOKAHEAD = 64
 """Request numbers examined per poll for the first one not posted by this process."""
 REASONS = frozenset(pb.DumpReason.keys()) - {"REASON_UNSPECIFIED"}
@@ -203,12 +206,19 @@ class Poller:
         self._seen = int(self._store.add(request_key(namespace), 0))
         self.last_request_ns = 0
         """Monotonic time this process last dumped for another process's request."""
+        self.hang_ns = 0
+        """Monotonic time this process declared a hang (its own dump stands for the requests
+        other ranks post for the same hang)."""
         self._post_store: Any = None
         self._post_lock = threading.Lock()
         self._stop = threading.Event()
         self._waiting = False
         self._thread = threading.Thread(target=self._run, name="flightrec-requests", daemon=True)
         self._thread.start()
+
+    def connection_source(self) -> Any:
+        """The store to clone further connections from (never called on by other threads)."""
+        return self._store
 
     @property
     def seen(self) -> int:
@@ -252,8 +262,8 @@ class Poller:
         Ranks that time out in the same collective at the same moment race here; the store's
         ``compare_set`` lets one of them post, and the others learn its number (and take it as
         answered: they dumped for the hang already). Two ranks can both believe they posted
-        it when a third moved the counter to the same value between their calls: then the
-        same request is described and rung twice, which is harmless.
+        it when another moved the counter between their two calls (microseconds apart): then
+        the same request is described and rung twice, which is harmless.
 
         Returns:
             (whether this process posted, the request number that stands for this event).
@@ -261,6 +271,10 @@ class Poller:
         key = request_key(self._namespace)
         with self._post_lock:
             store = self.connection()
+            current = int(store.add(key, 0))
+            if current > seen:  # posted meanwhile: that request stands for this event
+                self.own.add(current)
+                return False, current
             now = bytes(store.compare_set(key, str(seen), str(seen + 1)))
             n = int(now) if now.isdigit() and len(now) < 20 else seen + 1
             self.own.add(n)
@@ -324,6 +338,9 @@ class Poller:
                 if failures >= MAX_FAILURES or self._stop.wait(RETRY_S * failures):
                     return
 
+    def _hang_is_recent(self, now: int) -> bool:
+        return bool(self.hang_ns) and now - self.hang_ns < HANG_COVERS_NS
+
     def _handle(self, key: str, current: int) -> bool:
         """Act on the counter's value; True when a request must wait for the interval."""
         if current <= self._seen:
@@ -343,6 +360,9 @@ class Poller:
                 first = (n, requester, reason)
                 break
         self._seen = current
+        if first is not None and first[2] == "WATCHDOG_TIMEOUT" and self._hang_is_recent(now):
+            self.own.add(first[0])  # this rank dumped for the hang as it declared it
+            return False
         if first is not None:
             self.last_request_ns = now
             self._on_request(*first)
