@@ -343,7 +343,9 @@ def _tensors(v: object) -> tuple[Tensor, ...]:
     out = []
     for t in _list(v, MAX_TENSORS):
         shape, dtype = _fixed(t, 2)
-        dims = tuple(_int(d, 0) for d in _list(shape, MAX_DIMS))
+        dims = tuple(_list(shape, MAX_DIMS))
+        if not all(type(d) is int and 0 <= d <= MAX_INT for d in dims):
+            raise _Bad(f"a tensor shape holds {_show(shape)}")
         out.append(Tensor(dims, _str(dtype, 32)))
     return tuple(out)
 

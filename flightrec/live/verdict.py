@@ -20,7 +20,7 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.summary import Summary, SummaryError, decode
 from flightrec.readers.summary import summary_view
 from flightrec.report.terminal import TerminalRenderer
-from flightrec.text import compress, ranks_phrase
+from flightrec.text import ranks_phrase
 
 WIDTH = 100
 """Columns of the panel: a job's log is no terminal, so rich cannot ask."""
@@ -113,22 +113,24 @@ def render(
 
 
 def dump_lines(summaries: Mapping[int, Summary], world_size: int) -> list[str]:
-    """Where each rank's dump went: one line per rank, or per host and folder at scale."""
+    """Where each rank's dump went: one line per rank, or per host and folder at scale ("-":
+    the rank could not write it)."""
     lines = ["Dumps (on each rank's host)"]
     missing = [r for r in range(world_size) if r not in summaries]
     if len(summaries) <= MAX_DUMP_LINES:
         for r, s in sorted(summaries.items()):
-            lines.append(f"  rank {r} on {s.host}: {s.dump_path or 'not written'}")
+            # Host and path come from the store: untrusted, never printed raw.
+            lines.append(f"  rank {r} on {printable(s.host)}: {printable(s.dump_path) or '-'}")
     else:
         places: dict[tuple[str, str], list[int]] = defaultdict(list)
         for r, s in sorted(summaries.items()):
-            folder = os.path.dirname(s.dump_path) if s.dump_path else "(not written)"
-            places[(s.host, folder)].append(r)
+            folder = os.path.dirname(s.dump_path) if s.dump_path else "-"
+            places[(printable(s.host), printable(folder))].append(r)
         for shown, ((host, folder), ranks) in enumerate(sorted(places.items()), start=1):
             if shown > MAX_DUMP_LINES:
                 lines.append(f"  ... and {len(places) - MAX_DUMP_LINES} more hosts or folders")
                 break
             lines.append(f"  {ranks_phrase(ranks)} on {host}: {folder}")
     if missing:
-        lines.append(f"  no answer from {ranks_phrase(missing)} [{compress(missing)}]")
+        lines.append(f"  no answer from {ranks_phrase(missing)}")
     return lines
