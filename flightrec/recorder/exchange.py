@@ -28,11 +28,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
 from flightrec.recorder.store import DEFAULT_NAMESPACE, own_connection
 
 if TYPE_CHECKING:
     from flightrec.format import flightrec_pb2 as pb
+    from flightrec.recorder.ring import Ring
     from flightrec.recorder.store import Poller
 
 log = logging.getLogger("flightrec")
@@ -43,6 +45,8 @@ REUSE_S = 30.0
 """A SIGTERM this soon after a round this rank answered joins that round instead of a new one
 (torchrun stopping a job whose hang was just reported)."""
 MAX_CLAIM_TRIES = 16
+LOOK_EVERY_NS = 1_000_000_000
+"""How often ``tick`` looks for an operation pending long enough to load the reporter."""
 
 
 def summary_key(namespace: str, rank: int) -> str:
@@ -102,7 +106,10 @@ class Round:
 
 
 Reporter = Callable[[Round], None]
-"""Gathers, analyses and prints (``flightrec.live.report``); must not raise."""
+"""Gathers, analyses and prints (``flightrec.live.REPORTER``); must not raise. It may have a
+``prepare()`` method, called on a thread of its own once an operation has been pending for
+half the timeout, that loads what reporting needs (the analysis takes seconds to import on a
+busy machine: not after the hang is declared)."""
 
 
 class Exchange:
@@ -123,6 +130,8 @@ class Exchange:
         """Rounds this process published into -> monotonic time."""
         self._reporting: threading.Thread | None = None
         self._warned = False
+        self._prepared = False
+        self._next_look_ns = 0
 
     def on_dump(self, dump: pb.Dump, path: Path | None) -> None:
         """The dumper's hook: remember the dump just built (written to ``path``, or not)."""
@@ -152,6 +161,21 @@ class Exchange:
                 return
             reason = "SIGNAL_TERM"
         self._answer(n, reason, wait=True)
+
+    def tick(self, now_ns: int, ring: Ring, timeout_s: float) -> None:
+        """From the watchdog's tick: prepare the reporter once something is half-way to a
+        hang (at most one look per second, at the first pending slots)."""
+        if self._prepared or now_ns < self._next_look_ns:
+            return
+        self._next_look_ns = now_ns + LOOK_EVERY_NS
+        for index in ring.pending_slots()[:64]:
+            slot = ring.read(index)
+            if slot.state in (ENQUEUED, STARTED) and now_ns - slot.enqueue_ns > timeout_s * 5e8:
+                self._prepared = True
+                prepare = getattr(self._reporter, "prepare", None)
+                if prepare is not None:
+                    threading.Thread(target=prepare, name="flightrec-prepare", daemon=True).start()
+                return
 
     # -----------------------------------------------------------------------------------------
     def _answer(self, n: int, reason: str, wait: bool) -> None:

@@ -226,6 +226,9 @@ class Runtime:
         bb = self.recorder.blackbox
         if bb is not None:
             bb.write_sources()
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.tick(now_ns, self.recorder.ring, self.config.timeout_s)
 
     def _close_rawstacks(self) -> None:
         """Disarm; keep a file faulthandler wrote into only while its black box stays."""

@@ -59,7 +59,7 @@ def test_the_job_log_names_the_stalled_rank_the_collective_and_the_line(tmp_path
         assert re.search(rf"rank {rank} on \S+: \S+/dumps/rank{rank}/flightrec-rank", out), out
     assert out.count("Verdict:") == 1, out  # one rank reports
     assert waited <= TIMEOUT_S + 5.0, f"verdict {waited:.1f} s after the hang's onset\n{out}"
-    print(f"time from the hang's onset to the verdict in the log: {waited:.1f} s")
+    print(f"{out}\ntime from the hang's onset to the verdict in the log: {waited:.1f} s")
     own_folders_only(tmp_path)
 
 
