@@ -100,6 +100,9 @@ class Round:
         out: dict[int, bytes] = {}
         for i in range(0, len(ranks), 1024):
             chunk = ranks[i : i + 1024]
+            keys = [summary_key(self.namespace, r) for r in chunk]
+            if not self.store.check(keys):  # a rank listed by someone else: get would block
+                chunk = [r for r, k in zip(chunk, keys, strict=True) if self.store.check([k])]
             values = self.store.multi_get([summary_key(self.namespace, r) for r in chunk])
             out.update(zip(chunk, (bytes(v) for v in values), strict=True))
         return out
@@ -179,9 +182,17 @@ class Exchange:
 
     # -----------------------------------------------------------------------------------------
     def _answer(self, n: int, reason: str, wait: bool) -> None:
+        self._publish(n, reason)
+        running = self._reporting
+        if wait and running is not None:
+            # The process ends when this returns (SIGTERM): a report under way, started
+            # here or by the request thread, finishes first.
+            running.join(GATHER_S + 5.0)
+
+    def _publish(self, n: int, reason: str) -> None:
         latest, self._latest = self._latest, None
         if latest is None:
-            return  # the dump could not be built: nothing to say
+            return  # the dump could not be built, or another thread published it already
         dump, path = latest
         try:
             data = encode(summarize(dump, n, str(path) if path else ""))
@@ -198,8 +209,6 @@ class Exchange:
         running = self._reporting
         if holder == self.rank and reason and (running is None or not running.is_alive()):
             self._start_report(n, reason)
-        if wait and self._reporting is not None:
-            self._reporting.join(GATHER_S + 5.0)
 
     def _claim(self, store: Any, key: str) -> int:
         """Make ``key`` hold the lowest rank that offered; returns the holder."""
