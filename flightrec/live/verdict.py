@@ -88,13 +88,13 @@ def render(
     run, summaries = load(raw, number, world_size)
     if not run.dumps:
         return (
-            f"flightrec: no verdict: no rank's summary could be read for request {number} "
+            f"flightrec verdict: none, no rank's summary could be read for request {number} "
             f"({len(run.problems)} unreadable of {world_size})\n"
         )
     report = analyze(run)
     if not worth_printing(report, reason, summaries):
         return (
-            f"flightrec: {len(run.dumps)} of {world_size} ranks answered request {number} "
+            f"flightrec verdict: {len(run.dumps)} of {world_size} ranks answered request {number} "
             "(SIGTERM); none was stuck\n"
         )
     out = io.StringIO()
@@ -102,12 +102,12 @@ def render(
     what = "hang declared" if reason == "WATCHDOG_TIMEOUT" else "stopped by SIGTERM"
     # Plain lines around the panel: rich would wrap them at the console's width.
     out.write(
-        f"flightrec: {what}; verdict from {len(run.dumps)} of {world_size} ranks' summaries, "
+        f"flightrec verdict: {what}; from {len(run.dumps)} of {world_size} ranks' summaries, "
         f"gathered through the job's store in {gathered_s:.1f} s (request {number})\n"
     )
     TerminalRenderer(console).render(report)
     for p in run.problems:
-        out.write(f"flightrec: {p.path}: {p.reason}\n")
+        out.write(f"flightrec verdict: {p.path}: {p.reason}\n")
     out.write("".join(f"{line}\n" for line in dump_lines(summaries, world_size)))
     return out.getvalue()
 

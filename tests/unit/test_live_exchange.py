@@ -38,7 +38,7 @@ def published(n: int = 7) -> dict[int, bytes]:
 def test_the_panel_names_the_culprit_and_where_every_dump_went() -> None:
     text = render(published(), 7, "WATCHDOG_TIMEOUT", 4, 0.4)
     lines = text.splitlines()
-    assert lines[0].startswith("flightrec: hang declared; verdict from 4 of 4 ranks' summaries")
+    assert lines[0].startswith("flightrec verdict: hang declared; from 4 of 4 ranks' summaries")
     assert "Verdict: not_arrived" in text
     assert "Rank 2 (vm, pid 12474, cpu) never entered all_reduce #4" in text
     assert "save_checkpoint_shard at samples/train_job.py:52" in text
@@ -54,9 +54,9 @@ def test_a_hostile_or_stale_summary_costs_its_rank_and_one_line() -> None:
     d.header.hostname = "evil\x1b]0;pwned\x07"
     raw[0] = fs.encode(fs.summarize(d, 7, p))
     text = render(raw, 7, "WATCHDOG_TIMEOUT", 4, 0.1)
-    assert "verdict from 2 of 4 ranks' summaries" in text
-    assert "flightrec: rank 1's summary: 5004 bytes, more than the 2048" in text
-    assert "flightrec: rank 3's summary: answers request 6, not 7" in text
+    assert "from 2 of 4 ranks' summaries" in text
+    assert "flightrec verdict: rank 1's summary: 5004 bytes, more than the 2048" in text
+    assert "flightrec verdict: rank 3's summary: answers request 6, not 7" in text
     assert "no answer from ranks 1,3" in text
     assert not CONTROL.search(text.replace("\n", ""))
 
@@ -68,7 +68,7 @@ def test_a_healthy_job_stopped_by_sigterm_gets_one_line() -> None:
         d = read_dump(f)
         raw.setdefault(d.header.rank, fs.encode(fs.summarize(d, 3, str(f))))
     text = render(raw, 3, "SIGNAL_TERM", 4, 0.1)
-    assert text == "flightrec: 4 of 4 ranks answered request 3 (SIGTERM); none was stuck\n"
+    assert text == "flightrec verdict: 4 of 4 ranks answered request 3 (SIGTERM); none was stuck\n"
 
 
 class MemoryStore:
@@ -146,7 +146,7 @@ def test_the_lowest_rank_that_answers_reports_once(monkeypatch: pytest.MonkeyPat
             ex._reporting.join(5)
     text = err.getvalue()
     assert text.count("Verdict: not_arrived") == 1, text
-    assert "verdict from 4 of 4 ranks' summaries" in text
+    assert "from 4 of 4 ranks' summaries" in text
     assert store.get("flightrec/job/round/5/reporter") == b"0"
     assert sorted(int(r) for r in store.get("flightrec/job/round/5/ranks").split(b",")[:-1]) == [
         0, 1, 2, 3,
