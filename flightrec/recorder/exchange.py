@@ -165,6 +165,13 @@ class Exchange:
             reason = "SIGNAL_TERM"
         self._answer(n, reason, wait=True)
 
+    def close(self, wait_s: float) -> None:
+        """At exit: let a report under way finish (a daemon thread inside a store call when
+        the interpreter finalizes can abort the process), for at most ``wait_s``."""
+        running = self._reporting
+        if running is not None and running is not threading.current_thread():
+            running.join(wait_s)
+
     def tick(self, now_ns: int, ring: Ring, timeout_s: float) -> None:
         """From the watchdog's tick: prepare the reporter once something is half-way to a
         hang (at most one look per second, at the first pending slots)."""

@@ -20,7 +20,7 @@ from flightrec.format.rawstacks import stacks_path
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
-from flightrec.recorder.exchange import Exchange, Reporter
+from flightrec.recorder.exchange import GATHER_S, Exchange, Reporter
 from flightrec.recorder.hooks import Hooks
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
@@ -154,6 +154,9 @@ class Runtime:
             watchdog, self.watchdog = self.watchdog, None
         if watchdog is not None:
             watchdog.stop(wait_s=POLLER_STOP_WAIT_S)
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.close(wait_s=GATHER_S + 2.0)
         self._stop_poller()
 
     def _stop_poller(self) -> None:
