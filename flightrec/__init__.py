@@ -30,8 +30,9 @@ def enable() -> None:
         flightrec.errors.TorchMissingError: torch is not installed.
     """
     from flightrec import recorder
+    from flightrec.live import REPORTER
 
-    recorder.enable()
+    recorder.enable(reporter=REPORTER)
 
 
 def disable() -> None:

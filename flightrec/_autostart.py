@@ -24,8 +24,9 @@ log = logging.getLogger("flightrec")
 def _enable() -> None:
     try:
         from flightrec import recorder
+        from flightrec.live import REPORTER
 
-        recorder.enable()
+        recorder.enable(reporter=REPORTER)
     except Exception as exc:
         log.warning("flightrec: FLIGHTREC=1 but tracing could not start: %s", exc)
 

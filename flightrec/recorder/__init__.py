@@ -10,9 +10,13 @@ Modules, by idea: ``config`` (environment), ``ring`` (binary slots), ``tables`` 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from flightrec.errors import TorchMissingError
 from flightrec.recorder.config import Config, from_env
+
+if TYPE_CHECKING:
+    from flightrec.recorder.exchange import Reporter
 
 __all__ = ["Config", "disable", "dump", "enable", "from_env"]
 
@@ -26,11 +30,13 @@ def _require_torch() -> None:
         raise TorchMissingError()
 
 
-def enable(config: Config | None = None) -> None:
+def enable(config: Config | None = None, reporter: Reporter | None = None) -> None:
     """Trace torch.distributed in this process (what ``FLIGHTREC=1`` does at start-up).
 
     Idempotent. Settings come from the FLIGHTREC_* environment variables unless ``config``
     is given (it only takes effect on the first call that creates the recorder).
+    ``reporter`` prints the verdict into the job's log when a hang is declared (the layers
+    above the recorder hand in ``flightrec.live.report``; without one, no verdict is printed).
 
     Raises:
         TorchMissingError: torch (with torch.distributed) is not installed.
@@ -38,7 +44,10 @@ def enable(config: Config | None = None) -> None:
     _require_torch()
     from flightrec.recorder import runtime
 
-    runtime.get(config).enable()
+    rt = runtime.get(config)
+    if reporter is not None:
+        rt.reporter = reporter
+    rt.enable()
 
 
 def disable() -> None:

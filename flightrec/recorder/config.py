@@ -50,6 +50,10 @@ class Config:
     """FLIGHTREC_RAW_STACKS: keep faulthandler armed so that a process whose Python cannot run
     for FLIGHTREC_TIMEOUT seconds (the GIL held in a C call) still leaves its threads' stacks
     beside its black box (on unless set to something other than 1/true/yes)."""
+    verdict: bool = True
+    """FLIGHTREC_VERDICT: when a hang is declared, exchange summaries through the job's store
+    and print the verdict into the job's log (on unless set to something other than
+    1/true/yes)."""
 
 
 def is_true(value: str | None) -> bool:
@@ -133,4 +137,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         blackbox=env.get("FLIGHTREC_BLACKBOX") is None or is_true(env.get("FLIGHTREC_BLACKBOX")),
         raw_stacks=env.get("FLIGHTREC_RAW_STACKS") is None
         or is_true(env.get("FLIGHTREC_RAW_STACKS")),
+        verdict=env.get("FLIGHTREC_VERDICT") is None or is_true(env.get("FLIGHTREC_VERDICT")),
     )

@@ -14,6 +14,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -128,6 +129,8 @@ class Dumper:
         """Exceptions that ended a thread of this process, oldest first (in every later dump)."""
         self.identity: Identity | None = None
         """Set once, when the process's first group exists (``Runtime.start_background``)."""
+        self.on_dump: Callable[[pb.Dump, Path | None], None] | None = None
+        """Called with each dump built and where it went (None: not written); must not raise."""
 
     def remember_identity(self) -> Identity | None:
         """Fix the process's identity the first time a default group exists; keep it after."""
@@ -267,10 +270,23 @@ class Dumper:
         dump = b.build()
         reason_name = pb.DumpReason.Name(reason)  # type: ignore[arg-type]
         name = dump_filename(rank, h.dump_index, reason_name, os.getpid())
-        path = write_dump(dump, rec.config.directory, name)
+        try:
+            path = write_dump(dump, rec.config.directory, name)
+        except Exception:
+            self._built(dump, None)  # the summary in the job's log needs no file
+            raise
+        self._built(dump, path)
         self.last_path = path
         log.info("flightrec: wrote %s", path)
         return path
+
+    def _built(self, dump: pb.Dump, path: Path | None) -> None:
+        hook = self.on_dump
+        if hook is not None:
+            try:
+                hook(dump, path)
+            except Exception as exc:
+                log.warning("flightrec: dump hook failed: %s", exc)
 
 
 def _torch_version() -> str:

@@ -27,6 +27,7 @@ from flightrec.recorder.exceptions import (
     error_file,
     from_error_file,
 )
+from flightrec.recorder.exchange import GATHER_S, Exchange, Reporter
 from flightrec.recorder.hooks import Hooks
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
@@ -36,8 +37,8 @@ from flightrec.recorder.watchdog import Watchdog
 
 log = logging.getLogger("flightrec")
 POLLER_STOP_WAIT_S = 2.0
-"""How long the end of the job waits for the poller to leave a store call (it polls every
-0.25 s, and a call to a live store takes milliseconds)."""
+"""How long the end of the job waits for the poller to leave a store call (its wait ends as
+soon as it rings its own doorbell, and a call to a live store takes milliseconds)."""
 ERROR_DUMP_INTERVAL_NS = 5_000_000_000
 """A dead peer makes every later call fail; one error dump per interval is enough."""
 
@@ -54,6 +55,10 @@ class Runtime:
         self.namespace = store_namespace(os.environ) or DEFAULT_NAMESPACE
         self.watchdog: Watchdog | None = None
         self.poller: Poller | None = None
+        self.reporter: Reporter | None = None
+        """Prints the verdict into the job's log (handed in by ``flightrec.enable``)."""
+        self.exchange: Exchange | None = None
+        self.dumper.on_dump = self._on_dump
         self.signals = SignalHandlers(self._on_signal)
         self._lock = threading.Lock()
         self._last_error_dump = 0
@@ -118,6 +123,7 @@ class Runtime:
         self._lock = threading.Lock()
         self.watchdog = None  # its thread did not survive the fork
         self.poller = None
+        self.exchange = None
         self.recorder.tracker.after_fork_in_child()
         self.signals.after_fork_in_child()
         if self.rawstacks is not None:
@@ -164,12 +170,16 @@ class Runtime:
             watchdog, self.watchdog = self.watchdog, None
         if watchdog is not None:
             watchdog.stop(wait_s=POLLER_STOP_WAIT_S)
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.close(wait_s=GATHER_S + 2.0)
         self._stop_poller()
 
     def _stop_poller(self) -> None:
         """Stop the request poller and wait (briefly) until its thread is out of the store."""
         with self._lock:
             poller, self.poller = self.poller, None
+            self.exchange = None
         if poller is not None:
             poller.stop(wait_s=POLLER_STOP_WAIT_S)
 
@@ -189,9 +199,17 @@ class Runtime:
                 store = default_store()
                 if store is not None:
                     try:
-                        self.poller = Poller(store, self.namespace, self._on_request)
+                        self.poller = Poller(
+                            store, self.namespace, self._on_request,
+                            rank=_rank(), world_size=_world_size(),
+                        )  # fmt: skip
                     except Exception as exc:
                         self._warn_once("poller", "dump requests through the store are off", exc)
+            reporter = self.reporter if self.config.verdict else None
+            if self.poller is not None and self.exchange is None and reporter is not None:
+                self.exchange = Exchange(
+                    self.poller, _rank(), _world_size(), self.namespace, reporter
+                )
             try:
                 if not self.signals.installed:
                     self.signals.install()
@@ -228,6 +246,9 @@ class Runtime:
         bb = self.recorder.blackbox
         if bb is not None:
             bb.write_sources()
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.tick(now_ns, self.recorder.ring, self.config.timeout_s)
 
     def _close_rawstacks(self) -> None:
         """Disarm; keep a file faulthandler wrote into only while its black box stays."""
@@ -277,14 +298,18 @@ class Runtime:
         if poller is not None and poller.last_request_ns > slot.enqueue_ns:
             # Another rank saw this hang first; we already dumped, with this entry pending.
             return
+        seen = poller.seen if poller is not None else 0
+        if poller is not None:
+            poller.hang_ns = time.monotonic_ns()
         what = describe_entry(self.recorder, slot)
         self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self.config.timeout_s:g}s: {what}")
         if poller is not None:
-            rank, seen = self._rank(), poller.seen
+            rank = self._rank()  # the identity fixed at the first group, as in the dumps
             # Posting may block on a slow store: never on the watchdog thread.
             threading.Thread(
-                target=_post, args=(poller, rank, seen), name="flightrec-post", daemon=True
-            ).start()
+                target=_post, args=(poller, rank, seen, self.exchange), name="flightrec-post",
+                daemon=True,
+            ).start()  # fmt: skip
 
     def _rank(self) -> int:
         ident = self.dumper.identity
@@ -296,6 +321,9 @@ class Runtime:
         else:
             who = f"rank {requester}" if requester >= 0 else "another process"
             self.dump(pb.PEER_REQUEST, f"request {n} from {who} ({reason or 'unknown'})", requester)
+            exchange = self.exchange
+            if exchange is not None:
+                exchange.after_request(n, reason)
 
     def _on_error(self, rid: int, exc: BaseException) -> None:
         now = time.monotonic_ns()
@@ -317,6 +345,9 @@ class Runtime:
 
         reason = pb.SIGNAL_TERM if signum == signal.SIGTERM else pb.SIGNAL_USR1
         self.dump(reason, f"signal {signal.Signals(signum).name}")
+        exchange, poller = self.exchange, self.poller
+        if reason == pb.SIGNAL_TERM and exchange is not None and poller is not None:
+            exchange.after_term(poller.seen)  # the verdict, if this rank reports, before dying
 
     def _on_exception(self, x: RaisedException) -> None:
         """An exception ended a thread: keep it for every later dump and in the black box."""
@@ -356,6 +387,11 @@ class Runtime:
         if self.dump(pb.PROCESS_EXIT, detail) is not None:
             self.dumper.exit_dumped = True
 
+    def _on_dump(self, dump: pb.Dump, path: Path | None) -> None:
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.on_dump(dump, path)
+
 
 def _on_torch_thread() -> bool:
     # Future callbacks run on threads torch creates (no Python name of ours); dumping there
@@ -366,14 +402,38 @@ def _on_torch_thread() -> bool:
 _post_warned = False
 
 
-def _post(poller: Poller, rank: int, seen: int) -> None:
+def _post(poller: Poller, rank: int, seen: int, exchange: Exchange | None) -> None:
     global _post_warned
     try:
-        poller.post(rank, "WATCHDOG_TIMEOUT", unless_past=seen)
+        _, n = poller.start_round(rank, "WATCHDOG_TIMEOUT", seen)
+        if exchange is not None:
+            exchange.after_hang(n)
     except Exception as exc:
         if not _post_warned:  # the store is gone: saying so once is enough
             _post_warned = True
             log.warning("flightrec: could not ask other ranks to dump: %s", exc)
+
+
+def _rank() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return int(dist.get_rank())
+    except Exception:
+        pass
+    return int(os.environ.get("RANK", "-1") or -1)
+
+
+def _world_size() -> int:
+    try:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            return int(dist.get_world_size())
+    except Exception:
+        pass
+    return 0
 
 
 _runtime: Runtime | None = None

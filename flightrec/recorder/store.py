@@ -1,10 +1,20 @@
 """Dump requests through the job's rendezvous store.
 
-A rank that sees a hang (or ``flightrec trigger`` from outside) bumps one counter with the
-store's atomic ``add``: ``flightrec/<namespace>/dump_request``. Request number ``n`` is
-described by ``flightrec/<namespace>/dump_request/<n>`` = ``"<rank> <REASON>"``. Every rank runs
-a poller thread with its own store connection (so blocking on the store never touches the
-connection torch uses) and dumps when the counter moves past what it has seen.
+A rank that sees a hang (or ``flightrec trigger`` from outside) bumps one counter:
+``flightrec/<namespace>/dump_request``. Request number ``n`` is described by
+``flightrec/<namespace>/dump_request/<n>`` = ``"<rank> <REASON>"``. Then the poster rings every
+rank's doorbell, ``flightrec/<namespace>/dump_request/bell/<rank>``, with one ``multi_set``.
+
+Every rank runs a thread with its own store connection (so blocking on the store never touches
+the connection torch uses) that sits in a server-side ``wait`` on its own doorbell: no request
+at all while nothing happens (polling the counter 4 times a second cost 65,000 requests per
+second at 16,384 ranks; see ``benchmarks/bench_store.py``). Woken, it clears the bell, reads the
+counter and dumps when the counter moved past what it has seen. The counter stays the truth:
+a poster bumps it before ringing, and the thread clears its bell before reading it, so no
+request is lost between the two. A doorbell of its own is also how a rank stops its thread at
+exit: it rings itself (a thread left inside a store call at interpreter exit can abort the
+process). Rank 0 writes the world size to ``flightrec/<namespace>/world`` so that
+``flightrec trigger`` knows which bells to ring.
 
 Keys are absolute on the underlying TCPStore (torch's prefix stores are unwrapped), so an
 outside client connected to MASTER_ADDR:MASTER_PORT sees the same keys as the workers.
@@ -22,11 +32,22 @@ from typing import Any
 from flightrec.format import flightrec_pb2 as pb
 
 log = logging.getLogger("flightrec")
-POLL_S = 0.25
-"""Seconds between polls: every rank dumps well within a second of a request."""
+WAIT_S = 86_400.0
+"""How long one wait on the doorbell lasts before it is re-armed. Every poster rings the bells,
+so this is no polling period: a wait that times out makes torch print a warning line into the
+job's log, so it is rare."""
+RETRY_S = 0.5
+"""Pause after a failed store call, times the number of failures in a row."""
+MAX_FAILURES = 8
+"""Store calls failing in a row before the thread gives up: the store is gone, the job ending."""
+MAX_BELLS = 1 << 20
+"""Most doorbells one request rings (a world size read from the store is untrusted)."""
 DEFAULT_NAMESPACE = "default"
 MIN_REQUEST_INTERVAL_NS = 1_000_000_000
 """At most one dump per second for requests, however many arrive (a flood fills no disk)."""
+HANG_COVERS_NS = 5_000_000_000
+"""A hang this process declared this recently: other ranks' requests for a hang need no
+second dump here."""
 MAX_LOOKAHEAD = 64
 """Request numbers examined per poll for the first one not posted by this process."""
 REASONS = frozenset(pb.DumpReason.keys()) - {"REASON_UNSPECIFIED"}
@@ -39,6 +60,16 @@ MAX_RANK = 1 << 24
 def request_key(namespace: str) -> str:
     """The counter every rank polls."""
     return f"flightrec/{namespace or DEFAULT_NAMESPACE}/dump_request"
+
+
+def bell_key(namespace: str, rank: int) -> str:
+    """The doorbell rank ``rank`` waits on."""
+    return f"{request_key(namespace)}/bell/{rank}"
+
+
+def world_key(namespace: str) -> str:
+    """Where rank 0 leaves the world size for ``flightrec trigger``."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/world"
 
 
 def _raw_store(store: Any) -> Any:
@@ -82,11 +113,34 @@ def own_connection(store: Any) -> Any:
         return connect(host, port) if host else store
 
 
-def post_request(store: Any, namespace: str, rank: int, reason: str) -> int:
-    """Ask every rank to dump. Returns the request number."""
+def ring(store: Any, namespace: str, world_size: int, skip: int = -1) -> None:
+    """Ring the doorbells of ranks ``0 .. world_size - 1`` (but ``skip``) in one request."""
+    keys = [bell_key(namespace, r) for r in range(min(world_size, MAX_BELLS)) if r != skip]
+    if keys:
+        store.multi_set(keys, ["1"] * len(keys))
+
+
+def known_world_size(store: Any, namespace: str) -> int:
+    """The world size rank 0 registered; 0 when none did (or the value is not a number)."""
+    key = world_key(namespace)
+    if not store.check([key]):
+        return 0
+    raw = bytes(store.get(key))
+    return int(raw) if raw.isdigit() and len(raw) < 9 else 0
+
+
+def post_request(
+    store: Any, namespace: str, rank: int, reason: str, world_size: int | None = None
+) -> int:
+    """Ask every rank to dump. Returns the request number.
+
+    Args:
+        world_size: the bells to ring; None reads it from the store (``flightrec trigger``).
+    """
     key = request_key(namespace)
     n = int(store.add(key, 1))
     store.set(f"{key}/{n}", f"{rank} {reason}")
+    ring(store, namespace, known_world_size(store, namespace) if world_size is None else world_size)
     return n
 
 
@@ -121,29 +175,68 @@ def read_request(store: Any, namespace: str, n: int) -> tuple[int, str]:
 
 
 class Poller:
-    """Watches the request counter and calls ``on_request(n, requester, reason)`` for new ones."""
+    """Waits on this rank's doorbell and calls ``on_request(n, requester, reason)`` for new
+    requests, on a thread of its own."""
 
     def __init__(
-        self, store: Any, namespace: str, on_request: Callable[[int, int, str], None]
+        self,
+        store: Any,
+        namespace: str,
+        on_request: Callable[[int, int, str], None],
+        *,
+        rank: int = -1,
+        world_size: int = 0,
     ) -> None:
+        """Connect (one connection of our own) and start the thread.
+
+        Args:
+            rank: this process's global rank: the doorbell it waits on.
+            world_size: the doorbells this process rings when it posts a request.
+        """
         self._store = own_connection(store)
         self._namespace = namespace
         self._on_request = on_request
+        self.rank = rank
+        self.world_size = world_size
         self.own: set[int] = set()
-        """Request numbers this process posted itself (it already dumped for them)."""
+        """Request numbers this process posted or already answered (no dump for them)."""
+        self._bell = bell_key(namespace, rank)
+        if rank == 0 and world_size > 0:
+            self._store.set(world_key(namespace), str(world_size))
         self._seen = int(self._store.add(request_key(namespace), 0))
         self.last_request_ns = 0
         """Monotonic time this process last dumped for another process's request."""
+        self.hang_ns = 0
+        """Monotonic time this process declared a hang (its own dump stands for the requests
+        other ranks post for the same hang)."""
         self._post_store: Any = None
         self._post_lock = threading.Lock()
         self._stop = threading.Event()
+        self._waiting = False
         self._thread = threading.Thread(target=self._run, name="flightrec-requests", daemon=True)
         self._thread.start()
+
+    def connection_source(self) -> Any:
+        """The store to clone further connections from (never called on by other threads)."""
+        return self._store
 
     @property
     def seen(self) -> int:
         """Requests handled so far (the counter value last acted on)."""
         return self._seen
+
+    def connection(self) -> Any:
+        """A second connection, for threads other than the waiting one (a TCPStore client is
+        not meant to be shared between threads, and the waiting one is blocked). Callers hold
+        ``post_lock``."""
+        if self._post_store is None:
+            self._post_store = own_connection(self._store)
+        return self._post_store
+
+    @property
+    def post_lock(self) -> threading.Lock:
+        """Held while using ``connection()``."""
+        return self._post_lock
 
     def post(self, rank: int, reason: str, unless_past: int | None = None) -> bool:
         """Ask every other rank to dump (this one already did).
@@ -155,64 +248,125 @@ class Poller:
         Returns:
             Whether a request was posted.
         """
-        with self._post_lock:
-            # A second connection: a TCPStore client is not meant to be shared between
-            # threads, and the poller thread owns the first one.
-            if self._post_store is None:
-                self._post_store = own_connection(self._store)
-            key = request_key(self._namespace)
-            if unless_past is not None and int(self._post_store.add(key, 0)) > unless_past:
-                return False
-            n = post_request(self._post_store, self._namespace, rank, reason)
-            self.own.add(n)
+        if unless_past is None:
+            with self._post_lock:
+                n = post_request(self.connection(), self._namespace, rank, reason, 0)
+                self.own.add(n)
+                ring(self.connection(), self._namespace, self.world_size, skip=self.rank)
             return True
+        return self.start_round(rank, reason, unless_past)[0]
+
+    def start_round(self, rank: int, reason: str, seen: int) -> tuple[bool, int]:
+        """Post a request unless one newer than ``seen`` exists, atomically.
+
+        Ranks that time out in the same collective at the same moment race here; the store's
+        ``compare_set`` lets one of them post, and the others learn its number (and take it as
+        answered: they dumped for the hang already). Two ranks can both believe they posted
+        it when another moved the counter between their two calls (microseconds apart): then
+        the same request is described and rung twice, which is harmless.
+
+        Returns:
+            (whether this process posted, the request number that stands for this event).
+        """
+        key = request_key(self._namespace)
+        with self._post_lock:
+            store = self.connection()
+            current = int(store.add(key, 0))
+            if current > seen:  # posted meanwhile: that request stands for this event
+                self.own.add(current)
+                return False, current
+            now = bytes(store.compare_set(key, str(seen), str(seen + 1)))
+            n = int(now) if now.isdigit() and len(now) < 20 else seen + 1
+            self.own.add(n)
+            if n != seen + 1:
+                return False, n
+            store.set(f"{key}/{n}", f"{rank} {reason}")
+            ring(store, self._namespace, self.world_size, skip=self.rank)
+            return True, n
 
     def stop(self, wait_s: float = 0.0) -> None:
-        """Stop polling; with ``wait_s``, wait that long for the thread to end.
+        """Stop waiting; with ``wait_s``, wait that long for the thread to end.
 
-        Waiting matters at the end of a process: a daemon thread still inside a store call when
-        the interpreter finalizes is ended from within torch's C++ frames, which aborts the
+        The thread sits in a store call, so this rings our own bell to get it out. Waiting
+        matters at the end of a process: a daemon thread still inside a store call when the
+        interpreter finalizes is ended from within torch's C++ frames, which aborts the
         process ("terminate called without an active exception") after the job finished.
         """
         self._stop.set()
+        if self._waiting:
+            # On a helper thread: connecting can take long when the store is unreachable, and
+            # exit must not wait for that longer than ``wait_s``.
+            threading.Thread(target=self._ring_self, name="flightrec-stop", daemon=True).start()
         if wait_s and self._thread is not threading.current_thread():
             self._thread.join(wait_s)
+
+    def _ring_self(self) -> None:
+        try:
+            with self._post_lock:
+                self.connection().set(self._bell, "stop")
+        except Exception:
+            pass  # the store is gone: its connection closed, and the wait returned with it
 
     def _run(self) -> None:
         failures = 0
         key = request_key(self._namespace)
-        while not self._stop.wait(POLL_S):
+        deferred = False
+        while not self._stop.is_set():
             try:
+                if not deferred:
+                    # Cleared before the counter is read: a request posted after this rings
+                    # again, one posted before is in the counter.
+                    self._store.delete_key(self._bell)
                 current = int(self._store.add(key, 0))
+                if not self._stop.is_set():
+                    deferred = self._handle(key, current)
+                if self._stop.is_set():
+                    return
+                if deferred:  # answered (as one dump) once the interval is over
+                    self._stop.wait(MIN_REQUEST_INTERVAL_NS / 1e9)
+                    continue
+                self._waiting = True
+                if not self._stop.is_set():
+                    self._store.wait([self._bell], timedelta(seconds=WAIT_S))
+                self._waiting = False
                 failures = 0
             except Exception:
+                self._waiting = False
                 # The store lives in rank 0's process (or the agent's); when it goes away
                 # the job is ending. Give up quietly after a few tries.
                 failures += 1
-                if failures >= 8:
+                if failures >= MAX_FAILURES or self._stop.wait(RETRY_S * failures):
                     return
-                continue
-            if current <= self._seen:
-                continue
-            now = time.monotonic_ns()
-            if self.last_request_ns and now - self.last_request_ns < MIN_REQUEST_INTERVAL_NS:
-                continue  # not consumed: answered (as one dump) once the interval is over
-            # Requests that arrived together (every waiting rank times out at about the
-            # same moment) get one dump, naming the first of them. The counter is untrusted:
-            # look at a bounded number of them, however far it jumped.
-            first: tuple[int, int, str] | None = None
-            for n in range(self._seen + 1, min(current, self._seen + MAX_LOOKAHEAD) + 1):
-                if n not in self.own:
-                    try:
-                        requester, reason = read_request(self._store, self._namespace, n)
-                    except Exception:
-                        requester, reason = -1, ""
-                    first = (n, requester, reason)
-                    break
-            self._seen = current
-            if first is not None:
-                self.last_request_ns = now
-                self._on_request(*first)
+
+    def _hang_is_recent(self, now: int) -> bool:
+        return bool(self.hang_ns) and now - self.hang_ns < HANG_COVERS_NS
+
+    def _handle(self, key: str, current: int) -> bool:
+        """Act on the counter's value; True when a request must wait for the interval."""
+        if current <= self._seen:
+            return False
+        now = time.monotonic_ns()
+        if self.last_request_ns and now - self.last_request_ns < MIN_REQUEST_INTERVAL_NS:
+            return True
+        # Requests that arrived together get one dump, naming the first of them. The counter
+        # is untrusted: look at a bounded number of them, however far it jumped.
+        first: tuple[int, int, str] | None = None
+        for n in range(self._seen + 1, min(current, self._seen + MAX_LOOKAHEAD) + 1):
+            if n not in self.own:
+                try:
+                    requester, reason = read_request(self._store, self._namespace, n)
+                except Exception:
+                    requester, reason = -1, ""
+                first = (n, requester, reason)
+                break
+        self._seen = current
+        if first is not None and first[2] == "WATCHDOG_TIMEOUT" and self._hang_is_recent(now):
+            self.own.add(first[0])  # this rank dumped for the hang as it declared it
+            return False
+        if first is not None:
+            self.last_request_ns = now
+            self._on_request(*first)
+        return False
 
 
 def request_dump(host: str, port: int, namespace: str = "", timeout_s: float = 5.0) -> int:
@@ -225,7 +379,9 @@ def request_dump(host: str, port: int, namespace: str = "", timeout_s: float = 5
         timeout_s: how long to try to connect.
 
     Returns:
-        The request number; every rank dumps (reason CLI_TRIGGER) within about a second.
+        The request number; every rank dumps (reason CLI_TRIGGER) within about a second (a
+        job whose rank 0 registered no world size is not rung: only pollers of older
+        versions, which read the counter, see the request).
 
     Raises:
         TorchMissingError: torch is not installed here.

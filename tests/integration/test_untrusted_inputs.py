@@ -24,7 +24,7 @@ from flightrec.format.blackbox import MAGIC as BLACKBOX_MAGIC
 from flightrec.format.read import read_dump
 from flightrec.format.schema import MAGIC_PREFIX, SUFFIX
 from flightrec.format.write import write_dump
-from flightrec.recorder.store import parse_request, post_request, request_key
+from flightrec.recorder.store import parse_request, post_request, request_key, ring
 from tests.unit.factories import Job, healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -114,6 +114,7 @@ def test_hostile_store_values_never_leave_the_dump_folder(
         for value in hostile:
             n = int(client.add(key, 1))  # type: ignore[attr-defined]
             client.set(f"{key}/{n}", value)  # type: ignore[attr-defined]
+            ring(client, "job-1", 1)
             before = len(wait_for_files(folder, 0, 0))
             assert len(wait_for_files(folder, before + 1)) == before + 1
             time.sleep(1.0)  # one request-driven dump per second
@@ -130,7 +131,7 @@ def test_a_request_of_another_job_is_not_ours(tmp_path: Path, client: object, pg
     with traced_runtime(tmp_path, buffer=16) as rt:
         listening(rt, "job-a")
         post_request(client, "job-b", 3, "WATCHDOG_TIMEOUT")
-        time.sleep(1.0)  # four polls
+        time.sleep(1.0)
         assert wait_for_files(tmp_path, 0, 0) == []
         post_request(client, "job-a", 3, "WATCHDOG_TIMEOUT")
         (path,) = wait_for_files(tmp_path, 1)
@@ -148,6 +149,7 @@ def test_a_request_flood_costs_at_most_one_dump_per_second(
         start = time.monotonic()
         while time.monotonic() - start < 1.5:
             client.add(key, 1)  # type: ignore[attr-defined]
+            ring(client, "job-flood", 1)
             time.sleep(0.01)
         time.sleep(0.3)
         files = wait_for_files(tmp_path, 0, 0)
@@ -155,6 +157,7 @@ def test_a_request_flood_costs_at_most_one_dump_per_second(
         # The poller is still alive and caught up: a later request is answered.
         time.sleep(1.0)
         client.add(key, 1)  # type: ignore[attr-defined]
+        ring(client, "job-flood", 1)
         assert len(wait_for_files(tmp_path, len(files) + 1)) == len(files) + 1
 
 

@@ -37,8 +37,8 @@ def trigger_command(
 ) -> None:
     """Make every rank of a running job write a dump now (needs torch on this machine).
 
-    Every rank polls the job's store and dumps within about a second; the files go to each
-    rank's FLIGHTREC_DIR. Exit status: 0 request posted, 2 no store answered.
+    Every rank waits on the job's store for requests and dumps within a second or two; the
+    files go to each rank's FLIGHTREC_DIR. Exit status: 0 request posted, 2 no store answered.
     """
     from flightrec.recorder.store import request_dump
 

@@ -1,0 +1,188 @@
+"""Load on the job's store from flightrec's dump-request channel, and how fast a request lands.
+
+A real TCPStore server runs in a process of its own (as it does in rank 0's process or in
+torchrun's agent); N simulated ranks run as threads of this process, each with the store
+connection and thread that a traced rank has. Two modes:
+
+  poll     what flightrec did before issue 17, kept here for the comparison: every rank reads
+           the request counter every 0.25 s on a connection of its own.
+  current  ``flightrec.recorder.store.Poller`` as the recorder runs it.
+
+Printed per mode: the server's requests per second in steady state (its read system calls
+from /proc/PID/io: one per request from a client that waits for each answer, which every
+TCPStore client does), its CPU use, and the latency from posting a request (as
+``flightrec trigger`` does) to each rank's callback, over a few requests.
+
+Run: ``python benchmarks/bench_store.py [--ranks 1024] [--seconds 10] [--mode poll current]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
+
+from torch.distributed import TCPStore  # type: ignore[attr-defined]  # noqa: E402
+
+from flightrec.recorder import store as channel  # noqa: E402
+
+NAMESPACE = "bench"
+SERVER = """
+import sys, time
+from datetime import timedelta
+from torch.distributed import TCPStore
+s = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+print(s.port, flush=True)
+sys.stdin.read()
+"""
+
+
+class Server:
+    """A TCPStore server in a child process, with its request and CPU counters."""
+
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+
+    def counters(self) -> tuple[int, float]:
+        """(read system calls, CPU seconds) of the server process so far."""
+        io = Path(f"/proc/{self.proc.pid}/io").read_text()
+        reads = int(next(line.split()[1] for line in io.splitlines() if line.startswith("syscr")))
+        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return reads, cpu
+
+    def close(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        self.proc.wait(10)
+
+
+def client(port: int) -> Any:
+    return TCPStore(
+        "127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60), wait_for_workers=False
+    )
+
+
+class OldPoller:
+    """The channel before issue 17, as it ran in every rank (see the module docstring)."""
+
+    def __init__(self, store: Any, on_request: Callable[[int, int, str], None]) -> None:
+        self._store = store.clone()
+        self._on_request = on_request
+        self._key = channel.request_key(NAMESPACE)
+        self._seen = int(self._store.add(self._key, 0))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.25):
+            current = int(self._store.add(self._key, 0))
+            if current > self._seen:
+                n, self._seen = self._seen + 1, current
+                rank, reason = channel.read_request(self._store, NAMESPACE, n)
+                self._on_request(n, rank, reason)
+
+    def stop(self, wait_s: float = 0.0) -> None:
+        self._stop.set()
+        self._thread.join(wait_s or None)
+
+
+def start_ranks(mode: str, ranks: int, port: int, answered: dict[int, list[float]]) -> list[Any]:
+    base = client(port)
+    lock = threading.Lock()
+
+    def start(r: int) -> Any:
+        def on_request(n: int, requester: int, reason: str) -> None:
+            with lock:
+                answered.setdefault(n, []).append(time.monotonic())
+
+        if mode == "poll":
+            return OldPoller(base, on_request)
+        try:
+            return channel.Poller(base, NAMESPACE, on_request, rank=r, world_size=ranks)
+        except TypeError:  # the recorder before issue 17 (for the "before" figure)
+            return channel.Poller(base, NAMESPACE, on_request)
+
+    # A TCPStore connection takes about 0.2 s to set up (ranks make theirs in parallel).
+    with ThreadPoolExecutor(128) as pool:
+        return list(pool.map(start, range(ranks)))
+
+
+def run(mode: str, ranks: int, seconds: float, requests: int) -> None:
+    server = Server()
+    answered: dict[int, list[float]] = {}
+    t0 = time.monotonic()
+    pollers = start_ranks(mode, ranks, server.port, answered)
+    start_s = time.monotonic() - t0
+    time.sleep(2.0)  # connections made, every poller in its steady state
+    reads0, cpu0 = server.counters()
+    time.sleep(seconds)
+    reads1, cpu1 = server.counters()
+    rate = (reads1 - reads0) / seconds
+    cpu = 100 * (cpu1 - cpu0) / seconds
+    latencies: list[float] = []
+    slowest: list[float] = []
+    for _ in range(requests):
+        posted = time.monotonic()
+        n = channel.request_dump("127.0.0.1", server.port, NAMESPACE)
+        deadline = posted + 10
+        while len(answered.get(n, ())) < ranks and time.monotonic() < deadline:
+            time.sleep(0.01)
+        got = [t - posted for t in answered.get(n, [])]
+        latencies += got
+        slowest.append(max(got, default=float("inf")))
+        if len(got) < ranks:
+            print(f"  request {n}: only {len(got)} of {ranks} ranks answered within 10 s")
+        time.sleep(1.2)  # a rank answers at most one request per second
+    for p in pollers:
+        p.stop()
+    for p in pollers:
+        p.stop(wait_s=5.0)
+    server.close()
+    latencies.sort()
+    p99 = latencies[int(0.99 * (len(latencies) - 1))] if latencies else float("nan")
+    print(
+        f"{mode:8s} {ranks:5d} ranks: {rate:8.0f} server requests/s in steady state "
+        f"({rate / ranks:.3f} per rank; at 16,384 ranks {rate / ranks * 16384:,.0f}/s), "
+        f"server CPU {cpu:.1f}%; request -> every rank's callback: "
+        f"median {1000 * statistics.median(latencies):.0f} ms, p99 {1000 * p99:.0f} ms, "
+        f"worst {1000 * max(slowest):.0f} ms over {requests} requests "
+        f"(start-up of all ranks {start_s:.1f} s)",
+        flush=True,
+    )
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--ranks", type=int, nargs="+", default=[1024])
+    p.add_argument("--seconds", type=float, default=10.0, help="steady-state measurement")
+    p.add_argument("--requests", type=int, default=3)
+    p.add_argument("--mode", nargs="+", default=["poll", "current"], choices=["poll", "current"])
+    args = p.parse_args()
+    _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    for ranks in args.ranks:
+        for mode in args.mode:
+            run(mode, ranks, args.seconds, args.requests)
+
+
+if __name__ == "__main__":
+    main()

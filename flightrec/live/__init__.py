@@ -1,0 +1,74 @@
+"""The verdict in the job's own log, seconds after a hang, with no shared filesystem.
+
+The recorder publishes each rank's summary through the job's store and runs ``report`` on a
+flightrec thread of the one rank that reports (``flightrec.recorder.exchange``). ``report``
+waits, time-boxed, for the other ranks' summaries, runs the analysis on them and prints the
+verdict panel to stderr (``flightrec.live.verdict``). Nothing is imported from the analysis
+or the renderer until a hang is declared (then while the summaries arrive).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from flightrec.recorder.exchange import Round
+
+log = logging.getLogger("flightrec")
+POLL_S = 0.1
+"""How often the reporter looks at who has answered (only while a round is being gathered)."""
+
+__all__ = ["REPORTER", "LiveReporter", "report"]
+
+
+class LiveReporter:
+    """What ``flightrec.enable`` hands the recorder: ``report``, and ``prepare`` to load the
+    analysis and the renderer ahead of time (seconds of imports on a busy machine)."""
+
+    def __call__(self, rnd: Round) -> None:
+        report(rnd)
+
+    def prepare(self) -> None:
+        """Import what ``report`` needs; never raises."""
+        try:
+            import flightrec.live.verdict  # noqa: F401
+        except Exception as exc:
+            log.warning("flightrec: could not load the analysis for the verdict: %s", exc)
+
+
+REPORTER = LiveReporter()
+"""The reporter ``flightrec.enable`` and the start-up hook hand to the recorder."""
+
+
+def report(rnd: Round) -> None:
+    """Gather the round's summaries until all ranks answered or the deadline, then print.
+
+    Steps aside as soon as a lower rank has answered (it reports instead). Never raises: any
+    failure is one warning line.
+    """
+    started = time.monotonic()
+    try:
+        # The analysis and the renderer load while the other ranks answer, not after.
+        from flightrec.live.verdict import render
+
+        answered = rnd.answered()
+        while len(answered) < rnd.world_size and time.monotonic() < rnd.deadline:
+            time.sleep(POLL_S)
+            if rnd.reporter() != rnd.rank:
+                return
+            answered = rnd.answered()
+        if rnd.reporter() != rnd.rank:
+            return
+        raw = rnd.summaries(answered)
+        gathered = time.monotonic() - started
+        text = render(raw, rnd.number, rnd.reason, rnd.world_size, gathered)
+    except Exception as exc:
+        why = (str(exc) or type(exc).__name__).splitlines()[0][:200]
+        log.warning("flightrec: no verdict in the log: %s", why)
+        return
+    if text:
+        sys.stderr.write(text)
+        sys.stderr.flush()

@@ -1,0 +1,266 @@
+"""The recorder's half of the verdict in the job's log: publish summaries, pick one reporter.
+
+When a hang is declared (or SIGTERM arrives), every rank answers one dump request ``n``: it
+dumps, then publishes the summary of that dump (``flightrec.format.summary``) through the
+job's store and offers to report. The lowest rank that answered reports: rank 0, or the
+lowest live rank when rank 0 cannot answer. The reporting itself (gathering, analysing,
+printing) is not the recorder's business: it is a callback handed in at enable time
+(``flightrec.live``), run here on a flightrec thread with a ``Round`` to work from.
+
+Keys, under ``flightrec/<namespace>/``:
+
+- ``summary/<rank>``: the rank's latest summary (at most ``summary.MAX_BYTES``), overwritten by
+  the next, so the store never holds more than one per rank;
+- ``round/<n>/ranks``: ``"<rank>,"`` appended by each rank that published for request ``n``;
+- ``round/<n>/reporter``: the lowest such rank (a ``compare_set`` loop).
+
+Nothing here blocks the job: store calls run on flightrec's threads, on a connection of the
+exchange's own, and any failure costs one warning for the whole process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flightrec.format.slot import ENQUEUED, STARTED
+from flightrec.format.summary import MAX_BYTES, encode, summarize
+from flightrec.recorder.store import DEFAULT_NAMESPACE, own_connection
+
+if TYPE_CHECKING:
+    from flightrec.format import flightrec_pb2 as pb
+    from flightrec.recorder.ring import Ring
+    from flightrec.recorder.store import Poller
+
+log = logging.getLogger("flightrec")
+GATHER_S = 3.0
+"""How long the reporter waits for the other ranks' summaries (less when all have answered):
+with the watchdog's tick and the dumps, the verdict is out within FLIGHTREC_TIMEOUT + 5 s."""
+REUSE_S = 30.0
+"""A SIGTERM this soon after a round this rank answered joins that round instead of a new one
+(torchrun stopping a job whose hang was just reported)."""
+MAX_CLAIM_TRIES = 16
+LOOK_EVERY_NS = 1_000_000_000
+"""How often ``tick`` looks for an operation pending long enough to load the reporter."""
+
+
+def summary_key(namespace: str, rank: int) -> str:
+    """Where rank ``rank`` publishes its summary."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/summary/{rank}"
+
+
+def round_key(namespace: str, n: int, what: str) -> str:
+    """``ranks`` or ``reporter`` of round ``n``."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/round/{n}/{what}"
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One exchange, as the reporter sees it.
+
+    Attributes:
+        number: the dump request every answering rank names.
+        reason: why it was posted (``WATCHDOG_TIMEOUT``, ``SIGNAL_TERM``).
+        rank: this process's rank, the reporter while ``reporter()`` says so.
+        world_size: ranks expected to answer.
+        namespace: the job's key namespace.
+        deadline: monotonic time by which gathering must end.
+        store: a connection of the reporter's own, for the keys above.
+    """
+
+    number: int
+    reason: str
+    rank: int
+    world_size: int
+    namespace: str
+    deadline: float
+    store: Any
+
+    def reporter(self) -> int:
+        """The lowest rank that answered so far (-1 when the key is unreadable)."""
+        raw = bytes(self.store.get(round_key(self.namespace, self.number, "reporter")))
+        return int(raw) if raw.isdigit() and len(raw) < 9 else -1
+
+    def answered(self) -> list[int]:
+        """Ranks that published for this round (in range, each once, sorted)."""
+        key = round_key(self.namespace, self.number, "ranks")
+        if not self.store.check([key]):
+            return []
+        raw = bytes(self.store.get(key))[: 10 * self.world_size + 16]
+        ranks = {int(t) for t in raw.split(b",") if t.isdigit() and len(t) < 9}
+        return sorted(r for r in ranks if r < self.world_size)
+
+    def summaries(self, ranks: list[int]) -> dict[int, bytes]:
+        """The published summaries of ``ranks`` (which all answered), as raw bytes."""
+        out: dict[int, bytes] = {}
+        for i in range(0, len(ranks), 1024):
+            chunk = ranks[i : i + 1024]
+            keys = [summary_key(self.namespace, r) for r in chunk]
+            if not self.store.check(keys):  # a rank listed by someone else: get would block
+                chunk = [r for r, k in zip(chunk, keys, strict=True) if self.store.check([k])]
+            values = self.store.multi_get([summary_key(self.namespace, r) for r in chunk])
+            out.update(zip(chunk, (bytes(v) for v in values), strict=True))
+        return out
+
+
+Reporter = Callable[[Round], None]
+"""Gathers, analyses and prints (``flightrec.live.REPORTER``); must not raise. It may have a
+``prepare()`` method, called on a thread of its own once an operation has been pending for
+half the timeout, that loads what reporting needs (the analysis takes seconds to import on a
+busy machine: not after the hang is declared)."""
+
+
+class Exchange:
+    """This process's part in every round."""
+
+    def __init__(
+        self, poller: Poller, rank: int, world_size: int, namespace: str, reporter: Reporter
+    ) -> None:
+        self._poller = poller
+        self.rank = rank
+        self.world_size = world_size
+        self.namespace = namespace
+        self._reporter = reporter
+        self._lock = threading.Lock()  # one exchange at a time, on the one connection
+        self._store: Any = None
+        self._latest: tuple[pb.Dump, Path | None] | None = None
+        self._answered: dict[int, float] = {}
+        """Rounds this process published into -> monotonic time."""
+        self._reporting: threading.Thread | None = None
+        self._warned = False
+        self._prepared = False
+        self._next_look_ns = 0
+
+    def on_dump(self, dump: pb.Dump, path: Path | None) -> None:
+        """The dumper's hook: remember the dump just built (written to ``path``, or not)."""
+        self._latest = (dump, path)
+
+    def after_hang(self, n: int) -> None:
+        """This rank declared the hang; request ``n`` stands for it (posted here or not)."""
+        self._answer(n, "WATCHDOG_TIMEOUT", wait=False)
+
+    def after_request(self, n: int, reason: str) -> None:
+        """This rank dumped for request ``n``, posted for ``reason``."""
+        if reason in ("WATCHDOG_TIMEOUT", "SIGNAL_TERM"):
+            self._answer(n, reason, wait=False)
+
+    def after_term(self, seen: int) -> None:
+        """SIGTERM was dumped: answer (or start) a round and, if reporting, finish the report
+        before returning (the process ends right after)."""
+        now = time.monotonic()
+        recent = [n for n, t in self._answered.items() if now - t < REUSE_S]
+        if recent:
+            n, reason = max(recent), ""
+        else:
+            try:
+                _, n = self._poller.start_round(self.rank, "SIGNAL_TERM", seen)
+            except Exception as exc:
+                self._warn(exc)
+                return
+            reason = "SIGNAL_TERM"
+        self._answer(n, reason, wait=True)
+
+    def close(self, wait_s: float) -> None:
+        """At exit: let a report under way finish (a daemon thread inside a store call when
+        the interpreter finalizes can abort the process), for at most ``wait_s``."""
+        running = self._reporting
+        if running is not None and running is not threading.current_thread():
+            running.join(wait_s)
+
+    def tick(self, now_ns: int, ring: Ring, timeout_s: float) -> None:
+        """From the watchdog's tick: prepare the reporter once something is half-way to a
+        hang (at most one look per second, at the first pending slots)."""
+        if self._prepared or now_ns < self._next_look_ns:
+            return
+        self._next_look_ns = now_ns + LOOK_EVERY_NS
+        for index in ring.pending_slots()[:64]:
+            slot = ring.read(index)
+            if slot.state in (ENQUEUED, STARTED) and now_ns - slot.enqueue_ns > timeout_s * 5e8:
+                self._prepared = True
+                prepare = getattr(self._reporter, "prepare", None)
+                if prepare is not None:
+                    threading.Thread(target=prepare, name="flightrec-prepare", daemon=True).start()
+                return
+
+    # -----------------------------------------------------------------------------------------
+    def _answer(self, n: int, reason: str, wait: bool) -> None:
+        self._publish(n, reason)
+        running = self._reporting
+        if wait and running is not None:
+            # The process ends when this returns (SIGTERM): a report under way, started
+            # here or by the request thread, finishes first.
+            running.join(GATHER_S + 5.0)
+
+    def _publish(self, n: int, reason: str) -> None:
+        latest, self._latest = self._latest, None
+        if latest is None:
+            return  # the dump could not be built, or another thread published it already
+        dump, path = latest
+        try:
+            data = encode(summarize(dump, n, str(path) if path else ""))
+            with self._lock:
+                store = self._connection()
+                store.set(summary_key(self.namespace, self.rank), data)
+                if n not in self._answered:
+                    store.append(round_key(self.namespace, n, "ranks"), f"{self.rank},")
+                self._answered[n] = time.monotonic()
+                holder = self._claim(store, round_key(self.namespace, n, "reporter"))
+        except Exception as exc:
+            self._warn(exc)
+            return
+        running = self._reporting
+        if holder == self.rank and reason and (running is None or not running.is_alive()):
+            self._start_report(n, reason)
+
+    def _claim(self, store: Any, key: str) -> int:
+        """Make ``key`` hold the lowest rank that offered; returns the holder."""
+        current = bytes(store.compare_set(key, "", str(self.rank)))
+        for _ in range(MAX_CLAIM_TRIES):
+            holder = int(current) if current.isdigit() and len(current) < 9 else None
+            if holder is not None and holder <= self.rank:
+                return holder
+            current = bytes(store.compare_set(key, current, str(self.rank)))
+        return -1
+
+    def _start_report(self, n: int, reason: str) -> None:
+        try:
+            store = own_connection(self._connection())
+        except Exception as exc:
+            self._warn(exc)
+            return
+        rnd = Round(
+            n, reason, self.rank, self.world_size, self.namespace,
+            time.monotonic() + GATHER_S, store,
+        )  # fmt: skip
+        t = threading.Thread(target=self._report, args=(rnd,), name="flightrec-verdict")
+        t.daemon = True
+        self._reporting = t
+        t.start()
+
+    def _report(self, rnd: Round) -> None:
+        try:
+            self._reporter(rnd)
+        except Exception as exc:  # the reporter must not raise; if it does, one line
+            log.warning("flightrec: could not print the verdict: %s", exc)
+
+    def _connection(self) -> Any:
+        if self._store is None:
+            self._store = own_connection(self._poller.connection_source())
+        return self._store
+
+    def _warn(self, exc: BaseException) -> None:
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "flightrec: no verdict in the log from this rank: the job's store does not "
+                "answer (%s)",
+                str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+            )
+
+
+__all__ = ["MAX_BYTES", "Exchange", "Reporter", "Round", "round_key", "summary_key"]

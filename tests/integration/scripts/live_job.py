@@ -1,0 +1,62 @@
+"""A 4-rank job for the verdict in the job's log (tests/integration/test_live_verdict.py).
+
+Every rank writes its dumps into a folder of its own (``$FLIGHTREC_DIR/rank<N>``), as ranks on
+hosts that share no filesystem do, so the verdict can only come through the job's store.
+
+  stall  after a few steps, ``--bad-rank`` hangs writing a checkpoint shard while the others
+         wait in the loss all_reduce.
+  crash  after a few steps, ``--bad-rank`` dies (exit status 3) while the others are in a long
+         step; under torchrun the agent then sends them SIGTERM.
+
+Progress markers on stdout: READY, WAITING, STALLING.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+
+# Before torch is imported: flightrec reads FLIGHTREC_DIR when torch.distributed loads.
+os.environ["FLIGHTREC_DIR"] = os.path.join(os.environ["FLIGHTREC_DIR"], f"rank{os.environ['RANK']}")
+
+import torch
+import torch.distributed as dist
+
+
+def save_checkpoint_shard() -> None:
+    time.sleep(3600)  # a write to a hung network filesystem
+
+
+def long_step() -> None:
+    time.sleep(120)  # a long forward and backward pass
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("scenario", choices=["stall", "crash"])
+    p.add_argument("--bad-rank", type=int, default=2)
+    args = p.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    loss = torch.ones(1)
+    for _ in range(3):
+        dist.all_reduce(loss)
+    dist.barrier()
+    print("READY", flush=True)
+    if args.scenario == "crash":
+        if rank == args.bad_rank:
+            time.sleep(0.5)
+            os._exit(3)
+        long_step()
+    elif rank == args.bad_rank:
+        print("STALLING", flush=True)
+        save_checkpoint_shard()
+    else:
+        print("WAITING", time.time(), flush=True)
+        dist.all_reduce(loss)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

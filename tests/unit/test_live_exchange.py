@@ -1,0 +1,177 @@
+"""The verdict in the job's log, without a job: summaries in, text out; the exchange over a
+store held in memory (one that works, and one that is gone)."""
+
+from __future__ import annotations
+
+import io
+import logging
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from flightrec import live
+from flightrec.errors import CONTROL
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format import summary as fs
+from flightrec.format.read import read_dump
+from flightrec.live.verdict import render
+from flightrec.recorder.exchange import Exchange, Round
+
+SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "stalled_rank"
+
+
+def hang_dumps() -> dict[int, tuple[str, pb.Dump]]:
+    out: dict[int, tuple[str, pb.Dump]] = {}
+    for f in sorted(SAMPLE.glob("*.frdump")):
+        d = read_dump(f)
+        out.setdefault(d.header.rank, (str(f), d))
+    return out
+
+
+def published(n: int = 7) -> dict[int, bytes]:
+    return {r: fs.encode(fs.summarize(d, n, p)) for r, (p, d) in hang_dumps().items()}
+
+
+def test_the_panel_names_the_culprit_and_where_every_dump_went() -> None:
+    text = render(published(), 7, "WATCHDOG_TIMEOUT", 4, 0.4)
+    lines = text.splitlines()
+    assert lines[0].startswith("flightrec verdict: hang declared; from 4 of 4 ranks' summaries")
+    assert "Verdict: not_arrived" in text
+    assert "Rank 2 (vm, pid 12474, cpu) never entered all_reduce #4" in text
+    assert "save_checkpoint_shard at samples/train_job.py:52" in text
+    assert "Dumps (on each rank's host)" in lines
+    assert any(line.startswith("  rank 2 on vm: ") and line.endswith(".frdump") for line in lines)
+
+
+def test_a_hostile_or_stale_summary_costs_its_rank_and_one_line() -> None:
+    raw = published()
+    raw[1] = b"\x1b[2J" + b"A" * 5000
+    raw[3] = fs.encode(fs.summarize(hang_dumps()[3][1], 6, "old"))  # an older round
+    (p, d) = hang_dumps()[0]
+    d.header.hostname = "evil\x1b]0;pwned\x07"
+    raw[0] = fs.encode(fs.summarize(d, 7, p))
+    text = render(raw, 7, "WATCHDOG_TIMEOUT", 4, 0.1)
+    assert "from 2 of 4 ranks' summaries" in text
+    assert "flightrec verdict: rank 1's summary: 5004 bytes, more than the 2048" in text
+    assert "flightrec verdict: rank 3's summary: answers request 6, not 7" in text
+    assert "no answer from ranks 1,3" in text
+    assert not CONTROL.search(text.replace("\n", ""))
+
+
+def test_a_healthy_job_stopped_by_sigterm_gets_one_line() -> None:
+    folder = SAMPLE.parent / "healthy"
+    raw = {}
+    for f in sorted(folder.glob("*.frdump")):
+        d = read_dump(f)
+        raw.setdefault(d.header.rank, fs.encode(fs.summarize(d, 3, str(f))))
+    text = render(raw, 3, "SIGNAL_TERM", 4, 0.1)
+    assert text == "flightrec verdict: 4 of 4 ranks answered request 3 (SIGTERM); none was stuck\n"
+
+
+class MemoryStore:
+    """The TCPStore calls the exchange makes, in memory; ``broken`` makes every call fail."""
+
+    def __init__(self, broken: bool = False) -> None:
+        self.data: dict[str, bytes] = {}
+        self.lock = threading.Lock()
+        self.broken = broken
+
+    def _check(self) -> None:
+        if self.broken:
+            raise ConnectionError("Connection reset by peer")
+
+    def clone(self) -> MemoryStore:
+        self._check()
+        return self
+
+    def set(self, key: str, value: str | bytes) -> None:
+        self._check()
+        with self.lock:
+            self.data[key] = value.encode() if isinstance(value, str) else value
+
+    def append(self, key: str, value: str) -> None:
+        with self.lock:
+            self.data[key] = self.data.get(key, b"") + value.encode()
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str) -> bytes:
+        self._check()
+        expected = expected.encode() if isinstance(expected, str) else expected
+        with self.lock:
+            current = self.data.get(key)
+            if (current is None and expected == b"") or current == expected:
+                self.data[key] = desired.encode()
+            return self.data[key]
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def check(self, keys: list[str]) -> bool:
+        return all(k in self.data for k in keys)
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        return [self.data[k] for k in keys]
+
+
+class FakePoller:
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+
+    def connection_source(self) -> MemoryStore:
+        return self.store
+
+
+def test_the_lowest_rank_that_answers_reports_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    store = MemoryStore()
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    rounds: list[Round] = []
+
+    def reporter(rnd: Round) -> None:
+        rounds.append(rnd)
+        live.report(rnd)
+
+    exchanges = {r: Exchange(FakePoller(store), r, 4, "job", reporter) for r in range(4)}  # type: ignore[arg-type]
+    for r in (3, 2, 1, 0):  # rank 0 answers last: rank 3 offers first, then steps aside
+        path, dump = hang_dumps()[r]
+        exchanges[r].on_dump(dump, Path(path))
+        exchanges[r].after_request(5, "WATCHDOG_TIMEOUT")
+    deadline = time.monotonic() + 10
+    while "Dumps (on each rank's host)" not in err.getvalue() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for ex in exchanges.values():
+        if ex._reporting is not None:
+            ex._reporting.join(5)
+    text = err.getvalue()
+    assert text.count("Verdict: not_arrived") == 1, text
+    assert "from 4 of 4 ranks' summaries" in text
+    assert store.get("flightrec/job/round/5/reporter") == b"0"
+    assert sorted(int(r) for r in store.get("flightrec/job/round/5/ranks").split(b",")[:-1]) == [
+        0, 1, 2, 3,
+    ]  # fmt: skip
+    assert {rnd.rank for rnd in rounds} >= {0}
+
+
+def test_a_store_that_is_gone_costs_one_warning(caplog: pytest.LogCaptureFixture) -> None:
+    ex = Exchange(FakePoller(MemoryStore(broken=True)), 1, 4, "job", lambda rnd: None)  # type: ignore[arg-type]
+    path, dump = hang_dumps()[1]
+    with caplog.at_level(logging.WARNING, logger="flightrec"):
+        for n in (1, 2, 3):
+            ex.on_dump(dump, Path(path))
+            ex.after_request(n, "WATCHDOG_TIMEOUT")
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1, warnings
+    assert "no verdict in the log from this rank: the job's store does not answer" in warnings[0]
+    assert "Connection reset by peer" in warnings[0]
+
+
+def test_other_requests_start_no_exchange() -> None:
+    store = MemoryStore()
+    ex = Exchange(FakePoller(store), 0, 4, "job", lambda rnd: None)  # type: ignore[arg-type]
+    path, dump = hang_dumps()[0]
+    ex.on_dump(dump, Path(path))
+    ex.after_request(1, "CLI_TRIGGER")
+    ex.after_request(2, "")
+    assert store.data == {}

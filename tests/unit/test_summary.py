@@ -1,0 +1,198 @@
+"""Summaries: what a rank publishes through the store when a hang is declared.
+
+The verdict computed from summaries must be the one computed from full dumps (the same passes
+run on both); a summary is bounded in size whatever the rank's state; and a summary read from
+the store is untrusted: any damage is one ``SummaryError`` line, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from flightrec.analysis import AnalysisOptions, RankDump, View, analyze, analyze_dir
+from flightrec.analysis.loader import Run
+from flightrec.errors import CONTROL, DumpError
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.format import summary as fs
+from flightrec.format.builder import DumpBuilder, EntryValues
+from flightrec.format.read import read_dump
+from flightrec.readers.summary import summary_view
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+SCENARIOS = sorted(p.name for p in SAMPLES.iterdir() if p.is_dir() and any(p.glob("*.frdump")))
+
+
+def first_dumps(folder: Path) -> dict[int, tuple[str, pb.Dump]]:
+    """Each rank's first dump: what it built when the hang was declared."""
+    out: dict[int, tuple[str, pb.Dump]] = {}
+    for f in sorted(folder.glob("*.frdump")):
+        d = read_dump(f)
+        out.setdefault(d.header.rank, (str(f), d))
+    return out
+
+
+def from_summaries(summaries: dict[int, fs.Summary]) -> Run:
+    dumps = {r: RankDump(f"rank {r}", summary_view(s)) for r, s in summaries.items()}
+    world = max(s.world_size for s in summaries.values())
+    return Run(dumps, world, (), ())
+
+
+def verdict(findings: list[Any]) -> list[tuple[object, ...]]:
+    return [(f.kind, f.ranks, f.op, f.seq, f.field) for f in findings[:1]]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_verdict_from_summaries_is_the_verdict_from_dumps(scenario: str) -> None:
+    folder = SAMPLES / scenario
+    summaries = {
+        r: fs.decode(fs.encode(fs.summarize(d, 5, path)))
+        for r, (path, d) in first_dumps(folder).items()
+    }
+    got = verdict(analyze(from_summaries(summaries)).findings)
+    want = verdict(analyze_dir(str(folder), AnalysisOptions(View.EARLIEST, workers=1)).findings)
+    if scenario == "crashed_rank":
+        # The dead rank's black box is a file on its host; through the store it is missing.
+        assert got == [("missing_dump", (1,), "all_reduce", 4, None)]
+    else:
+        assert got == want
+
+
+def test_a_summary_round_trips_and_names_the_line() -> None:
+    (path, dump) = first_dumps(SAMPLES / "stalled_rank")[2]
+    s = fs.summarize(dump, 9, path)
+    data = fs.encode(s)
+    assert fs.decode(data) == s
+    assert s.round == 9 and s.rank == 2 and s.dump_path == path
+    assert s.stack[0].function == "save_checkpoint_shard" and "time.sleep" in s.stack[0].code
+    assert len(data) < 1200
+
+
+def monster() -> pb.Dump:
+    """A rank with everything at its largest: 40 groups, long names, deep stacks, big tensors."""
+    b = DumpBuilder()
+    b.header.rank, b.header.world_size = 3, 100_000
+    b.header.hostname = "h" * 5000
+    deep = [(f"/very/long/path/{'x' * 300}/{i}.py", "f" * 300, i + 1) for i in range(200)]
+    rid = 0
+    for g in range(40):
+        members = [(i * 7919) % 100_000 for i in range(5000)]  # neither short nor a range
+        index = b.group(f"group-{g}-{'n' * 500}", members, last_seq=10**12, p2p=[(1, 2, 3)] * 50)
+        for seq in range(30):
+            rid += 1
+            b.entry(
+                EntryValues(
+                    rid,
+                    index,
+                    "all_reduce" * 40,
+                    seq=seq + 1,
+                    state=pb.ENQUEUED,
+                    stack=deep[seq:],
+                    inputs=[((1,) * 40, "float32")] * 20,
+                )
+            )
+    b.thread(1, "MainThread", deep, is_main=True)
+    return b.build()
+
+
+def test_a_summary_is_bounded_whatever_the_rank_holds() -> None:
+    s = fs.summarize(monster(), 2**40, "/" + "d" * 10_000)
+    data = fs.encode(s)
+    assert len(data) <= fs.MAX_BYTES
+    back = fs.decode(data)
+    assert back.rank == 3 and back.world_size == 100_000
+    assert len(back.groups) <= fs.MAX_GROUPS
+    assert all(len(g.entries) <= fs.MAX_ENTRIES for g in back.groups)
+    summary_view(back)  # still makes a consistent dump
+
+
+def doc_of(data: bytes) -> dict[str, Any]:
+    return json.loads(zlib.decompress(data[len(fs.MAGIC) :]))  # type: ignore[no-any-return]
+
+
+def wire(doc: object) -> bytes:
+    return fs.MAGIC + zlib.compress(json.dumps(doc).encode())
+
+
+def sample_doc() -> dict[str, Any]:
+    (path, dump) = first_dumps(SAMPLES / "stalled_rank")[0]
+    return doc_of(fs.encode(fs.summarize(dump, 1, path)))
+
+
+@pytest.mark.parametrize(
+    ("data", "words"),
+    [
+        (b"", "wrong magic"),
+        (b"garbage", "wrong magic"),
+        (fs.MAGIC + b"\x00" * 3000, "more than"),
+        (fs.MAGIC + zlib.compress(b" " * 1_000_000, 9), "larger than any summary"),
+        (fs.MAGIC + b"not zlib at all", "unreadable"),
+        (fs.MAGIC + zlib.compress(b"{not json"), "unreadable"),
+        (fs.MAGIC + zlib.compress(b"\xff\xfe"), "unreadable"),
+        (fs.MAGIC + zlib.compress(b"[" * 20_000), "unreadable"),
+        (wire([1, 2]), "not an object"),
+        (wire({"world": 4, "rank": 7}), "integer in 0..3"),
+        (wire({"world": 2**40, "rank": 0}), "integer in"),
+    ],
+)
+def test_damaged_summaries_cost_one_line(data: bytes, words: str) -> None:
+    with pytest.raises(fs.SummaryError) as err:
+        fs.decode(data, "rank 5's summary")
+    line = str(err.value)
+    assert line.startswith("rank 5's summary: ") and words in line, line
+    assert "\n" not in line and not CONTROL.search(line)
+
+
+HOSTILE: list[object] = [
+    -1, 2**70, 1.5, "x" * 1000, "\x1b[2J\x1b]0;pwned\x07", None, [], {}, [[[[]]]], True,
+]  # fmt: skip
+
+
+def paths(doc: object, prefix: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """Every place in a JSON document that holds a value."""
+    out = [prefix] if prefix else []
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += paths(v, (*prefix, i))
+    return out
+
+
+def replaced(doc: Any, path: tuple[object, ...], value: object) -> Any:
+    doc = json.loads(json.dumps(doc))
+    target = doc
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return doc
+
+
+def test_every_hostile_value_anywhere_is_refused_or_harmless() -> None:
+    base = sample_doc()
+    healthy = {r: fs.decode(fs.encode(fs.summarize(d, 1, p))) for r, (p, d) in
+               first_dumps(SAMPLES / "stalled_rank").items()}  # fmt: skip
+    tried = refused = 0
+    for path in paths(base):
+        for value in HOSTILE:
+            tried += 1
+            try:
+                s = fs.decode(wire(replaced(base, path, value)), "rank 0's summary")
+            except fs.SummaryError as exc:
+                refused += 1
+                assert "\n" not in str(exc) and not CONTROL.search(str(exc))
+                continue
+            # Accepted: it must still make a dump the analysis runs on, or one DumpError.
+            try:
+                view = summary_view(s)
+            except DumpError:
+                continue
+            run = from_summaries({**healthy, 0: s})
+            run.dumps[0] = RankDump("rank 0", view)
+            analyze(run)
+    assert tried > 500 and refused > tried // 2
