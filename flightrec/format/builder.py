@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import set_members
 from flightrec.format.schema import new_dump
 
 # Entries.flags bits, mirrored from the EntryFlag enum for use without the protobuf types.
@@ -160,17 +161,19 @@ class DumpBuilder:
     ) -> int:
         """Add a process group; returns its index for ``EntryValues.group``.
 
-        ``p2p`` holds (peer, sends, recvs) counters.
+        ``ranks`` are the global ranks in group-rank order; a regular list is written as a
+        ``RankGrid`` (a ``range`` in O(1)), an irregular one as it is. ``p2p`` holds
+        (peer, sends, recvs) counters.
         """
         g = self._dump.groups.add(
             name=name,
             desc=desc,
-            ranks=list(ranks),
             backend=backend,
             last_seq=last_seq,
             dropped=dropped,
             members_known=members_known,
         )
+        set_members(g, ranks)
         for peer, sends, recvs in p2p:
             g.p2p.add(peer=peer, sends=sends, recvs=recvs)
         return len(self._dump.groups) - 1

@@ -9,9 +9,10 @@ wire format instead (a few dozen fields), and:
 * takes the entry columns whose values are all below 128 (interned indices, states, flags:
   most of them) directly from their packed bytes, which then *are* a one-byte array;
   only the other columns go through the protobuf parser;
-* keys each group's member list by its packed bytes, so a list seen before (the world group,
-  in every file) is shared, never decoded again, and an arithmetic one is held as a ``range``
-  (which pickles in 44 bytes instead of 16,384 numbers);
+* takes a group's members from its ``RankGrid`` (schema 1.2: a few bytes, read as a
+  ``range``) where it has one, and keys an explicit member list (older dumps, irregular
+  groups) by its packed bytes, so a list seen before is shared, never decoded again, and an
+  arithmetic one is held as a ``range`` (which pickles in 44 bytes instead of 16,384 numbers);
 * has the rest of the dump (header, tables, threads) parsed and validated by
   ``flightrec.format.read.parse_dump``, the one validator, and checks the entry columns as it does.
 
@@ -29,6 +30,7 @@ from google.protobuf.message import DecodeError
 
 from flightrec.errors import DumpError
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import members_of
 from flightrec.format.read import parse_dump
 from flightrec.format.schema import ENTRY_COLUMNS, MAGIC_PREFIX
 from flightrec.format.view import (
@@ -195,6 +197,8 @@ def _fit(values: list[int], signed: bool) -> array[int]:
 
 
 def _members(data: bytes, start: int, end: int, group: pb.ProcessGroup) -> Sequence[int]:
+    if group.HasField("rank_grid"):  # (validated) O(1) bytes: a range, or expanded once per grid
+        return intern_ranks(members_of(group))
     key: bytes | None = None
     for number, wire, a, b, _ in _fields(data, start, end):
         if number == _RANKS:
