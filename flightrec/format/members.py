@@ -100,11 +100,12 @@ def expand(grid: Grid) -> Sequence[int]:
     return result
 
 
-def grid_problem(grid: Grid) -> str | None:
+def grid_problem(grid: Grid, world_size: int = 0) -> str | None:
     """Why a grid read from a file cannot be a group's members; None when it can.
 
     Checked before anything is expanded: dimensions, positive strides, and a member count and
-    largest member within ``MAX_WORLD_SIZE``.
+    largest member within ``MAX_WORLD_SIZE`` and within ``world_size`` where it is known (a
+    few bytes of grid must not make the reader expand more members than the job has).
     """
     dims = len(grid.shape)
     if dims == 0 or dims != len(grid.stride):
@@ -119,6 +120,8 @@ def grid_problem(grid: Grid) -> str | None:
         last += (n - 1) * s
         if count > MAX_WORLD_SIZE or last >= MAX_WORLD_SIZE:
             return f"a member grid reaches beyond any job ({MAX_WORLD_SIZE} ranks max)"
+    if world_size > 0 and (count > world_size or last >= world_size):
+        return f"a member grid reaches rank {last}, beyond world size {world_size}"
     return None
 
 

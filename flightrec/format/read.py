@@ -134,7 +134,7 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
             raise CorruptDumpError(
                 path, f"group {group.name!r} lists its members twice (list and grid)"
             )
-        problem = grid_problem(grid)
+        problem = grid_problem(grid, dump.header.world_size)
         if problem is not None:
             raise CorruptDumpError(path, f"group {group.name!r}: {problem}")
     for thread in dump.threads:

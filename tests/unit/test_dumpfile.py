@@ -239,10 +239,12 @@ def _grid(start: int, shape: list[int], stride: list[int]) -> object:
         (_grid(1 << 31, [2], [1]), "beyond any job"),
         (_grid(0, [1 << 20, 1 << 20], [1, 1]), "beyond any job"),
         (_grid(0, [2, 2], [1 << 31, 1]), "beyond any job"),
+        (_grid(2, [2], [1]), "reaches rank 3, beyond world size 3"),
+        (_grid(0, [2, 2], [1, 1]), "beyond world size 3"),
     ],
 )
 def test_a_damaged_grid_is_corrupt_in_one_line(damage: object, words: str, tmp_path: Path) -> None:
-    dump = grid_dump(range(4), 4)
+    dump = grid_dump(range(3), 3)
     damage(dump)  # type: ignore[operator]
     path = write_dump(dump, tmp_path, "flightrec-rank00000-1-000-api_call.frdump")
     with pytest.raises(CorruptDumpError, match=words) as info:
