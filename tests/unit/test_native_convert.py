@@ -10,8 +10,8 @@ import pytest
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND
 from flightrec.format.members import members_of
-from flightrec.format.read import validate
-from flightrec.readers.native import convert_paths, parse_name, read_native, sniff
+from flightrec.format.read import read_dump, validate
+from flightrec.readers.native import convert_dir, convert_paths, parse_name, read_native, sniff
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
 FORMS = [("", "torch-native-pickle"), ("-json", "torch-native-json")]
@@ -379,3 +379,27 @@ def test_the_analyzer_view_holds_what_read_native_converts(scenario: str) -> Non
         assert direct.dump.groups == via_pb.dump.groups
         for name, column in via_pb.columns.items():
             assert list(direct.columns[name]) == list(column), name
+
+
+def test_flightrec_convert_writes_member_grids(tmp_path: Path) -> None:
+    # A 1,024-rank world and strided subgroups in pg_config: each written in a few bytes.
+    world = 1024
+    groups = {
+        "0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))},
+        "1": {"name": "1", "desc": "dp", "ranks": str(list(range(3, world, 8)))},
+        "2": {"name": "2", "desc": "odd", "ranks": "[3, 5, 900]"},
+    }
+    for rank in (3, 11):
+        trace = {"version": "2.10", "pg_config": groups, "entries": []}
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(trace))
+    result = convert_dir(tmp_path, tmp_path / "out")
+    assert not result.errors and len(result.written) == 2
+    for path in result.written:
+        d = read_dump(path)
+        by_name = {g.name: g for g in d.groups}
+        world_group, dp = by_name["0"], by_name["1"]
+        assert not world_group.ranks and members_of(world_group) == range(world)
+        assert not dp.ranks and members_of(dp) == range(3, world, 8)
+        if "2" in by_name:  # irregular: its explicit list
+            assert list(by_name["2"].ranks) == [3, 5, 900]
+        assert path.stat().st_size < 2000
