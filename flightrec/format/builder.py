@@ -84,6 +84,25 @@ class DumpBuilder:
             field.name: [] for field in pb.Entries.DESCRIPTOR.fields
         }
 
+    def fork(self) -> DumpBuilder:
+        """An independent copy of this builder as it stands: tables, groups, entries so far.
+
+        For producers of many similar dumps (the simulator interns a step program's strings,
+        stacks and tensor signatures once, then forks that builder for every rank).
+        """
+        other = DumpBuilder.__new__(DumpBuilder)
+        other._source = self._source
+        other._dump = pb.Dump()
+        other._dump.CopyFrom(self._dump)
+        other._strings = dict(self._strings)
+        other._frames = dict(self._frames)
+        other._stacks = dict(self._stacks)
+        other._specs = dict(self._specs)
+        other._raw_stacks = dict(self._raw_stacks)
+        other._raw_specs = dict(self._raw_specs)
+        other._cols = {name: list(column) for name, column in self._cols.items()}
+        return other
+
     @property
     def header(self) -> pb.Header:
         """The dump's header, to be filled in place."""

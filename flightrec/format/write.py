@@ -11,16 +11,11 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.schema import SUFFIX
 
 
-def write_dump(dump: pb.Dump, directory: str | Path, filename: str, *, sync: bool = True) -> Path:
+def write_dump(dump: pb.Dump, directory: str | Path, filename: str) -> Path:
     """Serialize ``dump`` into ``directory/filename`` atomically.
 
     The bytes go to a temporary file in the same directory, are flushed to disk, and the file
     is renamed into place, so a reader (or a kill -9 mid-write) sees the whole dump or none.
-
-    Args:
-        sync: fsync before the rename (a power loss then cannot leave an empty file under the
-            final name). ``flightrec simulate`` turns it off: it writes 131,072 test files, and
-            fsync alone was a tenth of its time.
 
     Returns:
         The final path.
@@ -36,8 +31,7 @@ def write_dump(dump: pb.Dump, directory: str | Path, filename: str, *, sync: boo
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            if sync:
-                os.fsync(f.fileno())
+            os.fsync(f.fileno())
         final = directory / filename
         os.replace(tmp, final)
     except BaseException:
