@@ -2,13 +2,16 @@
 
 Usage (from the repository root):
     python benchmarks/bench_scale.py [--ranks 1024 4096 16384] [--entries 2000]
-        [--fault stall] [--cache /tmp/flightrec-bench]
+        [--fault stall] [--layout tp=8,pp=4] [--cache /tmp/flightrec-bench] [--simulate-only]
 
-Each job is written once by `flightrec simulate` into the cache folder (reused on later runs),
-then analysed by `flightrec analyze --json` in a subprocess. Printed per size: wall time, peak
-resident memory of the analysing process tree (the parent plus its loader workers, sampled
-every 20 ms from /proc, and the largest single process as the kernel counts it), dump size
-per rank, and whether the first finding matches the simulator's expected.json.
+Each job is written once by `flightrec simulate` into the cache folder (reused on later runs;
+the time it took is kept beside the dumps), then analysed by `flightrec analyze --json` in a
+subprocess. Printed per size: the simulation's wall time and disk, dump size per rank (which
+must not grow with the job: group members are written as grids), then the analysis's wall
+time, peak resident memory of the analysing process tree (the parent plus its loader
+workers, sampled every 20 ms from /proc, and the largest single process as the kernel counts
+it), and whether the first finding matches the simulator's expected.json. ``--simulate-only``
+stops after the first three (131,072 ranks: see the README's figures).
 Never run two large analyses at once on a shared machine.
 
 With ``--profile``, each size is also analysed once in this process, serially (one loader
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import threading
@@ -32,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 TARGET_S = 60.0
 TARGET_GB = 6.0
+SIMULATE_TIME = ".simulate_s"
 
 
 def child_env() -> dict[str, str]:
@@ -147,10 +152,13 @@ def generate(
     """The simulated job's folder, written by `flightrec simulate` unless already cached."""
     shape = layout.replace("=", "").replace(",", "-")
     folder = cache / f"{form}-{ranks}x{entries}-{shape}-{fault}-{fault_rank}"
-    if (folder / "expected.json").exists():
+    if (folder / "expected.json").exists() and (folder / SIMULATE_TIME).exists():
         return folder
     folder.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
+    # CPU of the simulate process and its writer processes (reaped children): the figure a
+    # busy shared machine does not inflate.
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(
         [
             sys.executable,
@@ -178,7 +186,12 @@ def generate(
         env=child_env(),
         stdout=subprocess.DEVNULL,
     )
-    print(f"  generated {folder} in {time.perf_counter() - start:.1f} s", flush=True)
+    took = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    took_text = f"{took:.1f} s wall, {cpu:.1f} s CPU"
+    (folder / SIMULATE_TIME).write_text(took_text + "\n")  # hidden: analyze skips it
+    print(f"  generated {folder} in {took_text}", flush=True)
     return folder
 
 
@@ -197,7 +210,11 @@ def verdict_matches(report: dict[str, Any], expected: dict[str, Any]) -> tuple[b
 
 def folder_bytes(folder: Path) -> tuple[int, int]:
     """(total bytes of dump files, number of dump files)."""
-    sizes = [p.stat().st_size for p in folder.iterdir() if p.name != "expected.json"]
+    sizes = [
+        p.stat().st_size
+        for p in folder.iterdir()
+        if p.name != "expected.json" and not p.name.startswith(".")
+    ]
     return sum(sizes), len(sizes)
 
 
@@ -219,6 +236,57 @@ def profile(folder: Path, top: int = 25) -> None:
     stats.sort_stats("cumulative").print_stats(r"flightrec/analysis", top)
 
 
+def compare_readers(
+    files: list[Path], fast: Any, slow: Any, label: tuple[str, str], limit: int = 1024
+) -> None:
+    """CPU time per file of two readers of the same files, in this process, interleaved.
+
+    Each file is read by both, in alternating order (so neither always finds the page cache
+    or the interned member lists warm); ``time.process_time`` counts this process's CPU only,
+    which neighbours on a shared machine do not inflate the way they do wall time.
+
+    Args:
+        files: the files.
+        fast / slow: path -> whatever the reader returns.
+        label: their names.
+        limit: files read at most.
+    """
+    spent = [0.0, 0.0]
+    readers = (fast, slow)
+    for i, path in enumerate(files[:limit]):
+        for which in (0, 1) if i % 2 == 0 else (1, 0):
+            start = time.process_time()
+            readers[which](path)
+            spent[which] += time.process_time() - start
+    n = min(limit, len(files))
+    print(
+        f"  {label[0]}: {spent[0] / n * 1e3:.2f} ms/file; {label[1]}: {spent[1] / n * 1e3:.2f} "
+        f"ms/file ({n} files, CPU); {spent[1] / max(spent[0], 1e-9):.2f}x",
+        flush=True,
+    )
+
+
+def compare_flightrec_readers(folder: Path) -> None:
+    """``format.wire.read_compact`` against ``DumpView.of(read_dump(...))`` on one folder."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
+    from flightrec.format.read import read_dump
+    from flightrec.format.view import DumpView
+    from flightrec.format.wire import read_compact
+
+    def wire(path: Path) -> object:
+        view = read_compact(path.read_bytes(), str(path))
+        assert view is not None, path
+        return view
+
+    files = sorted(p for p in folder.iterdir() if p.suffix == ".frdump")
+    compare_readers(
+        files,
+        wire,
+        lambda path: DumpView.of(read_dump(path)),
+        ("wire.read_compact", "DumpView.of(read_dump)"),
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[1024, 4096, 16384])
@@ -230,6 +298,16 @@ def main() -> int:
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flightrec-bench"))
     parser.add_argument(
         "--profile", action="store_true", help="also profile a serial in-process analysis"
+    )
+    parser.add_argument(
+        "--readers",
+        action="store_true",
+        help="compare the two flightrec dump readers on each size (serial, CPU per file)",
+    )
+    parser.add_argument(
+        "--simulate-only",
+        action="store_true",
+        help="only simulate (time, disk, bytes per rank); do not analyze",
     )
     args = parser.parse_args()
     print(
@@ -243,6 +321,16 @@ def main() -> int:
         )
         expected = json.loads((folder / "expected.json").read_text())
         total, files = folder_bytes(folder)
+        simulated = (folder / SIMULATE_TIME).read_text().strip()
+        print(
+            f"{ranks:>6} ranks: simulate {simulated}, {total / 2**30:.2f} GB on disk, "
+            f"{total / files / 1024:.1f} KB/rank ({files} dumps)",
+            flush=True,
+        )
+        if args.readers:
+            compare_flightrec_readers(folder)
+        if args.simulate_only:
+            continue
         m = measure(
             [sys.executable, "-m", "flightrec_cli", "analyze", "--json", str(folder)],
             cpus=args.cpus,

@@ -19,7 +19,7 @@ import re
 import sys
 from pathlib import Path
 
-from bench_scale import generate, measure, verdict_matches
+from bench_scale import ROOT, compare_readers, generate, measure, verdict_matches
 
 TARGET_SPEEDUP = 20.0
 TARGET_MEMORY_SHARE = 0.25
@@ -50,6 +50,24 @@ def fr_trace_verdict(output: str) -> str:
     )
 
 
+def compare_native_readers(folder: Path) -> None:
+    """``read_native_view`` against ``DumpView.of`` over ``read_any`` (``read_native``)."""
+    sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
+    from flightrec.format.view import DumpView
+    from flightrec.readers import read_any
+    from flightrec.readers.native.view import read_native_view
+
+    def via_pb(path: Path) -> object:
+        result = read_any(path)
+        return [DumpView.of(d) for d in (result if isinstance(result, list) else [result])]
+
+    files = sorted(p for p in folder.iterdir() if p.name.startswith("nccl_trace_rank_"))
+    via_pb(files[0])  # both share the folder's job (built once, from every sibling): warm it
+    compare_readers(
+        files, read_native_view, via_pb, ("read_native_view", "DumpView.of(read_native)")
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=1024)
@@ -63,6 +81,11 @@ def main() -> int:
     parser.add_argument("--cpus", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800.0, help="seconds per analyzer")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flightrec-bench"))
+    parser.add_argument(
+        "--readers",
+        action="store_true",
+        help="only compare the native reader's two outputs (view vs pb.Dump then view)",
+    )
     args = parser.parse_args()
     folder = generate(
         args.cache,
@@ -75,6 +98,9 @@ def main() -> int:
     )
     expected = json.loads((folder / "expected.json").read_text())
     print(f"{args.ranks} ranks x {args.entries} entries, native pickles in {folder}", flush=True)
+    if args.readers:
+        compare_native_readers(folder)
+        return 0
 
     ours = measure(
         [sys.executable, "-m", "flightrec_cli", "analyze", "--json", str(folder)],

@@ -3,7 +3,8 @@
     python benchmarks/fuzz_readers.py --iterations 2000 [--seed 1]
 
 Each iteration takes one of the seed files of tests/unit/test_fuzz_readers.py (a flightrec
-dump, a black-box ring, a native pickle, a native JSON dump), damages it at random (truncate,
+dump, one whose groups are schema 1.2 member grids, a black-box ring, a native pickle, a
+native JSON dump), damages it at random (truncate,
 overwrite, insert, replace) and reads and analyzes it beside its job's other dumps. A reader
 must accept the bytes or refuse them with one DumpError line; anything else is printed as a
 failure with the mutation that caused it, and the exit status is 1.

@@ -12,6 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import set_members
 from flightrec.format.schema import new_dump
 
 # Entries.flags bits, mirrored from the EntryFlag enum for use without the protobuf types.
@@ -82,6 +83,25 @@ class DumpBuilder:
         self._cols: dict[str, list[int]] = {
             field.name: [] for field in pb.Entries.DESCRIPTOR.fields
         }
+
+    def fork(self) -> DumpBuilder:
+        """An independent copy of this builder as it stands: tables, groups, entries so far.
+
+        For producers of many similar dumps (the simulator interns a step program's strings,
+        stacks and tensor signatures once, then forks that builder for every rank).
+        """
+        other = DumpBuilder.__new__(DumpBuilder)
+        other._source = self._source
+        other._dump = pb.Dump()
+        other._dump.CopyFrom(self._dump)
+        other._strings = dict(self._strings)
+        other._frames = dict(self._frames)
+        other._stacks = dict(self._stacks)
+        other._specs = dict(self._specs)
+        other._raw_stacks = dict(self._raw_stacks)
+        other._raw_specs = dict(self._raw_specs)
+        other._cols = {name: list(column) for name, column in self._cols.items()}
+        return other
 
     @property
     def header(self) -> pb.Header:
@@ -160,17 +180,19 @@ class DumpBuilder:
     ) -> int:
         """Add a process group; returns its index for ``EntryValues.group``.
 
-        ``p2p`` holds (peer, sends, recvs) counters.
+        ``ranks`` are the global ranks in group-rank order; a regular list is written as a
+        ``RankGrid`` (a ``range`` in O(1)), an irregular one as it is. ``p2p`` holds
+        (peer, sends, recvs) counters.
         """
         g = self._dump.groups.add(
             name=name,
             desc=desc,
-            ranks=list(ranks),
             backend=backend,
             last_seq=last_seq,
             dropped=dropped,
             members_known=members_known,
         )
+        set_members(g, ranks)
         for peer, sends, recvs in p2p:
             g.p2p.add(peer=peer, sends=sends, recvs=recvs)
         return len(self._dump.groups) - 1

@@ -13,6 +13,7 @@ from google.protobuf.message import DecodeError
 
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import grid_field, grid_problem
 from flightrec.format.schema import (
     ENTRY_COLUMNS,
     MAGIC_PREFIX,
@@ -124,6 +125,18 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
         if len(spec.ndim) != len(spec.dtype) or sum(spec.ndim) != len(spec.dims):
             raise CorruptDumpError(path, "a tensor signature's dims do not add up")
         _check_index(path, "a tensor dtype", spec.dtype, ns)
+    for group in dump.groups:
+        # (A DumpView's groups, which the native reader validates, hold members, not grids.)
+        grid = grid_field(group) if isinstance(group, pb.ProcessGroup) else None
+        if grid is None:
+            continue
+        if group.ranks:
+            raise CorruptDumpError(
+                path, f"group {group.name!r} lists its members twice (list and grid)"
+            )
+        problem = grid_problem(grid, dump.header.world_size)
+        if problem is not None:
+            raise CorruptDumpError(path, f"group {group.name!r}: {problem}")
     for thread in dump.threads:
         if thread.stack >= len(dump.stacks):
             raise CorruptDumpError(path, f"thread {thread.name!r} points at a missing stack")

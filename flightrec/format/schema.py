@@ -12,7 +12,7 @@ from flightrec.format import flightrec_pb2 as pb
 MAGIC = "flightrec.dump"
 MAGIC_PREFIX = b"\x0a" + bytes([len(MAGIC)]) + MAGIC.encode()
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 1
+SCHEMA_MINOR = 2
 SUFFIX = ".frdump"
 # A 16,384-entry ring with deep stacks is a few MB; anything past this is not a dump we wrote,
 # and reading it whole could exhaust the analysis machine's memory.

@@ -19,6 +19,7 @@ from google.protobuf.internal.containers import (
 )
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import members_of
 from flightrec.format.schema import ENTRY_COLUMNS
 
 
@@ -182,7 +183,7 @@ class GroupView:
         return cls(
             g.name,
             g.desc,
-            intern_ranks(g.ranks[:] if members is None else members),
+            intern_ranks(members_of(g) if members is None else members),
             g.backend,
             g.last_seq,
             g.dropped,

@@ -8,11 +8,14 @@ The expected verdict is derived from the fault, not from any analysis.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import multiprocessing
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from itertools import chain, repeat
+from operator import add, mul, rshift, sub
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +23,8 @@ from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND, DumpBuilder
 from flightrec.format.schema import dump_filename
-from flightrec.format.write import write_dump
 from flightrec.simulate.faults import Fault, Outcome, mismatched, op_keys, play_out
-from flightrec.simulate.layout import GroupKind, Layout
+from flightrec.simulate.layout import GroupKind, Layout, SimGroup
 from flightrec.simulate.native import write_native
 from flightrec.simulate.schedule import MS, OpTemplate, step_length, step_template
 
@@ -43,6 +45,10 @@ class SimConfig:
     straggler_delay_ms: tuple[float, float] = (30.0, 50.0)
 
 
+_Interned = tuple[int, int, int, int, int, int]
+"""Per template op: op string, reduce-op string, stack, inputs, flags, outputs."""
+
+
 @dataclass
 class _Plan:
     """Everything the dump writers share: programs, play-out, expected verdict."""
@@ -55,6 +61,8 @@ class _Plan:
     dead: set[int]
     history: int
     expected: dict[str, Any] = field(default_factory=dict)
+    prototypes: dict[int, tuple[DumpBuilder, list[_Interned]]] = field(default_factory=dict)
+    """Per step program (by identity): its interned builder, to fork per rank."""
 
     def program(self, rank: int) -> list[OpTemplate]:
         if self.culprit_program is not None and rank == self.config.fault_rank:
@@ -166,6 +174,34 @@ def plan(config: SimConfig) -> _Plan:
     )
 
 
+def _prototype(
+    p: _Plan, program: list[OpTemplate], groups: list[SimGroup]
+) -> tuple[DumpBuilder, list[_Interned]]:
+    """A fresh builder holding ``program``'s interned tables, and per op its indices.
+
+    Interned once per program (one per pipeline stage, plus the culprit's) and forked for
+    every rank: interning the same stacks and signatures again cost a fifth of a rank's dump.
+    Group sizes, which output shapes depend on, are the same for every rank of a layout.
+    """
+    known = p.prototypes.get(id(program))
+    if known is None:
+        b = DumpBuilder()
+        size = {g.kind: len(g.ranks) for g in groups}
+        interned = [
+            (
+                b.string(op.op),
+                b.string(op.reduce_op),
+                b.stack(op.stack),
+                b.tensors([(op.shape, op.dtype)]),
+                (IS_P2P | (SEND if op.send else 0)) if op.is_p2p else 0,
+                b.tensors([(_output_shape(op.op, op.shape, size[op.kind]), op.dtype)]),
+            )
+            for op in program
+        ]
+        known = p.prototypes[id(program)] = (b, interned)
+    return known[0].fork(), known[1]
+
+
 def _host_clock(seed: int, host: int) -> tuple[int, int]:
     """(monotonic origin, wall-clock skew) of a host, both in ns."""
     rng = random.Random(f"{seed}/host/{host}")
@@ -187,10 +223,10 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     t0 = 10**12  # true time of the first step, ns
     straggler = cfg.fault_rank if cfg.fault is Fault.STRAGGLER else -1
 
-    b = DumpBuilder()
     groups = layout.groups_of(rank)
     gindex = {g.kind: i for i, g in enumerate(groups)}
     keys = op_keys(program)
+    b, k_interned = _prototype(p, program, groups)
     per_step: dict[tuple[GroupKind, int, bool], int] = {}
     for kind, _, delta, send in keys:
         per_step[(kind, delta, send)] = per_step.get((kind, delta, send), 0) + 1
@@ -200,17 +236,6 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     k_per_step = [per_step[(kind, delta, send)] for kind, _, delta, send in keys]
     k_peer = [rank + delta * layout.tp if delta else -1 for _, _, delta, _ in keys]
     k_p2p = [bool(delta) for _, _, delta, _ in keys]
-    k_interned = [
-        (
-            b.string(op.op),
-            b.string(op.reduce_op),
-            b.stack(op.stack),
-            b.tensors([(op.shape, op.dtype)]),
-            (IS_P2P | (SEND if op.send else 0)) if op.is_p2p else 0,
-            b.tensors([(_output_shape(op.op, op.shape, len(groups[g].ranks)), op.dtype)]),
-        )
-        for op, g in zip(program, k_group, strict=True)
-    ]
     # Whether the straggler takes part in op k (its group holds it, or it is the P2P peer).
     k_waits_for_straggler = [
         straggler >= 0
@@ -218,53 +243,66 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
         and (peer == straggler if p2p else straggler in groups[g].ranks)
         for g, peer, p2p in zip(k_group, k_peer, k_p2p, strict=True)
     ]
-    index = range(start, total)
-    ks = [i % step_ops for i in index]
-    steps = [i // step_ops for i in index]
-    counts = [s * k_per_step[k] + keys[k][1] + 1 for s, k in zip(steps, ks, strict=True)]
-    complete = [
-        t0 + s * period + program[k].complete_off - boot for s, k in zip(steps, ks, strict=True)
-    ]
-    lo, hi = cfg.straggler_delay_ms
-    waits = []
-    for s, k in zip(steps, ks, strict=True):
-        if rank == straggler:
-            wait = rng.randrange(0, MS // 20)
-        else:
-            wait = rng.randrange(MS // 20, MS)
+    # The ring holds entries start..total-1 of a program that repeats every step: per-op
+    # columns are the step's values tiled, and the rest is arithmetic over the step number,
+    # done by map() over whole columns (a 131,072-rank job builds 262 million entries).
+    n = total - start
+    first_step, k0 = divmod(start, step_ops)
+    reps = -(-total // step_ops) - first_step  # steps the ring touches
+
+    def tile(per_op: Sequence[int]) -> list[int]:
+        return (list(per_op) * reps)[k0 : k0 + n]
+
+    steps = list(
+        chain.from_iterable(repeat(s, step_ops) for s in range(first_step, first_step + reps))
+    )[k0 : k0 + n]
+    counts = list(map(add, tile([o + 1 for _, o, _, _ in keys]), map(mul, tile(k_per_step), steps)))
+    complete = list(
+        map(
+            add,
+            tile([t0 + op.complete_off - boot for op in program]),
+            map(mul, steps, repeat(period)),
+        )
+    )
+    # Jitter: how long before the last participant each rank arrived, one random byte per
+    # entry (drawing a number per entry cost more than everything else together).
+    low, span = (0, MS // 20) if rank == straggler else (MS // 20, MS - MS // 20)
+    noise = rng.randbytes(n)
+    waits = list(map(add, repeat(low), map(rshift, map(mul, noise, repeat(span)), repeat(8))))
+    if straggler >= 0 and rank != straggler:
+        lo, hi = cfg.straggler_delay_ms
+        for i in range(n):
+            k = (k0 + i) % step_ops
             if k_waits_for_straggler[k]:
-                wait += int(random.Random(f"{cfg.seed}/delay/{s}/{k}").uniform(lo, hi) * MS)
-        waits.append(wait)
-    n = len(ks)
+                waits[i] += _straggler_delay(cfg.seed, steps[i], k, lo, hi)
     done: list[int] = [int(pb.COMPLETED)] * n
     if outcome.blocked and n:
         done[-1] = int(pb.STARTED)
+    group_col = tile(k_group)
     cols: dict[str, list[int]] = {
-        "record_id": list(index),
-        "group": [k_group[k] for k in ks],
-        "seq": [0 if k_p2p[k] else c for k, c in zip(ks, counts, strict=True)],
-        "p2p_seq": [c if k_p2p[k] else 0 for k, c in zip(ks, counts, strict=True)],
-        "op": [k_interned[k][0] for k in ks],
-        "reduce_op": [k_interned[k][1] for k in ks],
-        "peer": [k_peer[k] for k in ks],
+        "record_id": list(range(start, total)),
+        "group": group_col,
+        "seq": list(map(mul, counts, tile([0 if p2p else 1 for p2p in k_p2p]))),
+        "p2p_seq": list(map(mul, counts, tile([1 if p2p else 0 for p2p in k_p2p]))),
+        "op": tile([ki[0] for ki in k_interned]),
+        "reduce_op": tile([ki[1] for ki in k_interned]),
+        "peer": tile(k_peer),
         "state": done,
-        "enqueue_ns": [
-            c - program[k].duration - w for c, k, w in zip(complete, ks, waits, strict=True)
-        ],
+        "enqueue_ns": list(
+            map(sub, map(sub, complete, tile([op.duration for op in program])), waits)
+        ),
         "start_ns": [0] * n,
         "complete_ns": complete,
         "thread": [b.string("MainThread")] * n,
-        "stack": [k_interned[k][2] for k in ks],
-        "inputs": [k_interned[k][3] for k in ks],
-        "outputs": [k_interned[k][5] for k in ks],
-        "flags": [k_interned[k][4] for k in ks],
+        "stack": tile([ki[2] for ki in k_interned]),
+        "inputs": tile([ki[3] for ki in k_interned]),
+        "outputs": tile([ki[5] for ki in k_interned]),
+        "flags": tile([ki[4] for ki in k_interned]),
         "device": [b.string(f"cuda:{rank % 8}")] * n,
     }
     if outcome.blocked and n:
         complete[-1] = 0
-    in_ring = [0] * len(groups)
-    for k in ks:
-        in_ring[k_group[k]] += 1
+    in_ring = [group_col.count(i) for i in range(len(groups))]
 
     entered_keys = keys[:entered]
     for i, grp in enumerate(groups):
@@ -352,6 +390,12 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     return b.build()
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _straggler_delay(seed: int, step: int, k: int, lo: float, hi: float) -> int:
+    """How long everyone waited for the straggler in operation ``k`` of ``step`` (same on every rank)."""
+    return int(random.Random(f"{seed}/delay/{step}/{k}").uniform(lo, hi) * MS)
+
+
 def _output_shape(op: str, shape: tuple[int, ...], group_size: int) -> tuple[int, ...]:
     """The output tensor's shape: a reduce-scatter returns one shard, an all-gather all of them."""
     if not shape:
@@ -384,7 +428,10 @@ def _write_range(args: tuple[str, int, int, str]) -> None:
             write_native(dump, out)
             continue
         reason = pb.DumpReason.Name(dump.header.reason)
-        write_dump(dump, out, dump_filename(rank, 0, reason, dump.header.pid))
+        # Straight to the final name: these are test files in a fresh folder, and the atomic
+        # write's temporary file, fsync and rename were a fifth of a rank's time.
+        name = dump_filename(rank, 0, reason, dump.header.pid)
+        (Path(out) / name).write_bytes(dump.SerializeToString())
 
 
 def _init(p: _Plan) -> None:

@@ -7,6 +7,7 @@ group in the same order, so group names (torch's creation counter) agree across 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -30,7 +31,9 @@ class SimGroup:
 
     name: str
     kind: GroupKind
-    ranks: tuple[int, ...]
+    ranks: Sequence[int]
+    """Global ranks in group-rank order: a ``range`` (every group of this layout is strided),
+    so a rank's groups cost O(1) to build however large the world."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,17 +83,17 @@ class Layout:
         """The group of ``kind`` that ``rank`` belongs to."""
         t, s, d = self.coords(rank)
         if kind is GroupKind.WORLD:
-            return SimGroup("0", kind, tuple(range(self.world)))
+            return SimGroup("0", kind, range(self.world))
         if kind is GroupKind.TP:
             first = 1
-            ranks = tuple(self.rank_of(i, s, d) for i in range(self.tp))
+            ranks = range(self.rank_of(0, s, d), self.rank_of(0, s, d) + self.tp)
             return SimGroup(str(first + self._tp_index(rank)), kind, ranks)
         if kind is GroupKind.PP:
             first = 1 + self.world // self.tp
-            ranks = tuple(self.rank_of(t, i, d) for i in range(self.pp))
+            ranks = range(self.rank_of(t, 0, d), self.rank_of(t, 0, d + 1), self.tp)
             return SimGroup(str(first + self._pp_index(rank)), kind, ranks)
         first = 1 + self.world // self.tp + self.world // self.pp
-        ranks = tuple(self.rank_of(t, s, i) for i in range(self.dp))
+        ranks = range(self.rank_of(t, s, 0), self.world, self.tp * self.pp)
         return SimGroup(str(first + self._dp_index(rank)), kind, ranks)
 
     def groups_of(self, rank: int) -> list[SimGroup]:

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import members_of
 
 NATIVE_VERSION = "2.10"
 PREFIX = "nccl_trace_rank_"
@@ -65,7 +66,10 @@ def native_trace(d: pb.Dump) -> dict[str, Any]:
             pos += nd
         specs.append((sizes, [_SCALAR_TYPES.get(s[t], s[t]) for t in spec.dtype]))
     groups = list(d.groups)
-    local = [{r: i for i, r in enumerate(sorted(g.ranks))} for g in groups]
+    # Native dumps name P2P peers by group-local rank: the index in the sorted member list
+    # (torch sorts it). A range is its own sorted list, and its index() is O(1).
+    members = [members_of(g) for g in groups]
+    local = [m if isinstance(m, range) else sorted(m) for m in members]
     e = d.entries
     entries: list[dict[str, Any]] = []
     for i in range(len(e.record_id)):
@@ -75,7 +79,7 @@ def native_trace(d: pb.Dump) -> dict[str, Any]:
         op = _NCCL_NAMES.get(op, op)
         is_p2p = bool(e.flags[i] & pb.IS_P2P)
         if is_p2p:
-            me, peer = local[gi][h.rank], local[gi][e.peer[i]]
+            me, peer = local[gi].index(h.rank), local[gi].index(e.peer[i])
             op = f"send {me}->{peer}" if e.flags[i] & pb.SEND else f"recv {me}<-{peer}"
         state = _STATES.get(e.state[i], "scheduled")
         ins, outs = specs[e.inputs[i]], specs[e.outputs[i]]
@@ -109,7 +113,8 @@ def native_trace(d: pb.Dump) -> dict[str, Any]:
             }
         )
     pg_config = {
-        g.name: {"name": g.name, "desc": g.desc, "ranks": str(list(g.ranks))} for g in groups
+        g.name: {"name": g.name, "desc": g.desc, "ranks": str(list(m))}
+        for g, m in zip(groups, members, strict=True)
     }
     pg_status: dict[str, dict[str, int]] = {}
     for gi, g in enumerate(groups):

@@ -17,6 +17,7 @@ import pytest
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import ASYNC_OP, COALESCED, IS_P2P, SEND
+from flightrec.format.members import members_of
 from tests.integration.jobs import child_env, start_job
 
 pytestmark = pytest.mark.integration
@@ -80,7 +81,7 @@ def test_healthy_job_records_every_kind_of_call(tmp_path: Path) -> None:
     per_rank = {rank: collectives_by_group(d) for rank, d in exit_dumps.items()}
     for d in exit_dumps.values():
         for g in d.groups:
-            members = list(g.ranks)
+            members = list(members_of(g))
             views = [per_rank[r][g.name] for r in members]
             assert all(v == views[0] for v in views), g.name
             assert [seq for seq, _ in views[0]] == list(range(1, g.last_seq + 1))
@@ -102,14 +103,18 @@ def test_healthy_job_records_every_kind_of_call(tmp_path: Path) -> None:
     # Subgroups: same name and global ranks on both members; the root is a global rank.
     for rank, d in exit_dumps.items():
         members = [0, 1] if rank < 2 else [2, 3]
-        sub = [g for g in d.groups if list(g.ranks) == members]
+        sub = [g for g in d.groups if list(members_of(g)) == members]
         assert len(sub) == 1 and sub[0].last_seq == 2
+        # Written as a member grid (schema 1.2), not a list: start, one size, one stride.
+        assert not sub[0].ranks and sub[0].HasField("rank_grid")
+        grid = sub[0].rank_grid
+        assert (grid.start, list(grid.shape), list(grid.stride)) == (members[0], [2], [1])
         idx = list(d.groups).index(sub[0])
         sub_ops = [
             (op, d.entries.peer[i]) for i, op in enumerate(ops(d)) if d.entries.group[i] == idx
         ]
         assert sub_ops == [("all_reduce", -1), ("broadcast", members[0])]
-    names = {r: {tuple(g.ranks): g.name for g in d.groups} for r, d in exit_dumps.items()}
+    names = {r: {tuple(members_of(g)): g.name for g in d.groups} for r, d in exit_dumps.items()}
     assert names[0][(0, 1)] == names[1][(0, 1)] and names[2][(2, 3)] == names[3][(2, 3)]
 
     # P2P: send #k from r to r+1 matches recv #k on r+1 from r, with the same shape.

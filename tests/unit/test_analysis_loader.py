@@ -10,6 +10,7 @@ from flightrec.analysis import analyze_dir
 from flightrec.analysis.loader import View, load_dir
 from flightrec.errors import NoDumpsError, UsageError
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import members_of
 from flightrec.format.write import write_dump
 from tests.unit.factories import Job, healthy
 
@@ -112,6 +113,11 @@ def test_dumps_of_one_process_are_one_rank_of_one_job(tmp_path: Path) -> None:
     for rank in range(4):
         late = job.build(rank, dump_index=1, reason=pb.PROCESS_EXIT, wall_offset_s=5)
         late.header.rank, late.header.world_size, late.header.job_id = 0, 1, ""
+        late.schema_minor = 1  # as that flightrec wrote them: member lists, no grids
+        for g in late.groups:
+            members = list(members_of(g))
+            g.ClearField("rank_grid")
+            g.ranks[:] = members
         write_dump(late, tmp_path, f"flightrec-rank00000-{1000 + rank}-001-process_exit.frdump")
     run = load_dir(tmp_path, View.LATEST)
     assert run.ranks_with_dump == (0, 1, 2, 3) and run.world_size == 4

@@ -19,7 +19,7 @@ from flightrec.analysis.model import RankDump
 from flightrec.errors import DumpError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.read import parse_dump
-from flightrec.format.view import compact_members, intern_ranks, narrow
+from flightrec.format.view import DumpView, compact_members, intern_ranks, narrow
 from flightrec.format.wire import read_compact
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 
@@ -114,3 +114,17 @@ def test_indices_beyond_their_tables_are_declined(job: list[Path]) -> None:
         with pytest.raises(DumpError):
             parse_dump(data, "x")
         assert fast_read(data, "x") is None
+
+
+def test_member_grids_are_expanded_once_per_distinct_group_by_both_readers(
+    job: list[Path],
+) -> None:
+    # Schema 1.2: the simulated groups are grids; neither reader expands one per rank.
+    slow = [DumpView.of(parse_dump(p.read_bytes(), p)) for p in job[:3]]
+    fast = [read_compact(p.read_bytes(), str(p)) for p in job[:3]]
+    for views in (slow, [v for v in fast if v is not None]):
+        assert len(views) == 3
+        world = views[0].groups[0].ranks
+        assert all(v.groups[0].ranks is world for v in views)  # one shared copy
+        assert list(world) == list(range(512))
+    assert fast[0] is not None and slow[0].groups[0].ranks is fast[0].groups[0].ranks

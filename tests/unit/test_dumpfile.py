@@ -15,9 +15,13 @@ from flightrec.errors import (
 )
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder, EntryValues
+from flightrec.format.members import Grid, expand, grid_of, members_of, set_members
 from flightrec.format.read import has_magic, parse_dump, read_dump
 from flightrec.format.schema import MAGIC_PREFIX, dump_filename
+from flightrec.format.view import DumpView
+from flightrec.format.wire import read_compact
 from flightrec.format.write import write_dump
+from flightrec.readers import read_views
 
 
 def small_dump(rank: int = 1, entries: int = 3) -> pb.Dump:
@@ -140,3 +144,113 @@ def test_oversized_file_is_refused_without_reading(tmp_path: Path) -> None:
     path.write_bytes(MAGIC_PREFIX + b"\0" * 4096)
     with pytest.raises(CorruptDumpError, match="larger than any dump"):
         read_dump(path, max_bytes=1024)
+
+
+# Group membership in a size that does not grow with the job (schema 1.2, RankGrid).
+
+SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+
+
+def grid_dump(ranks: range | list[int], world: int) -> pb.Dump:
+    b = DumpBuilder()
+    b.header.rank, b.header.world_size = 0, world
+    b.group("0", ranks, desc="default_pg")
+    return b.build()
+
+
+def test_regular_groups_are_written_as_a_grid_of_constant_size() -> None:
+    sizes = {}
+    for world in (1024, 131_072):
+        dump = grid_dump(range(world), world)
+        (g,) = dump.groups
+        assert g.HasField("rank_grid") and not g.ranks
+        assert members_of(g) == range(world)
+        sizes[world] = dump.ByteSize()
+    assert sizes[131_072] - sizes[1024] <= 4  # a few bytes of varint, not 130,048 ranks
+
+
+@pytest.mark.parametrize(
+    ("ranks", "grid"),
+    [
+        (range(4), Grid(0, (4,), (1,))),  # a contiguous block
+        ([3, 11, 19, 27], Grid(3, (4,), (8,))),  # a strided slice (a mesh dimension)
+        ([0, 1, 2, 3, 16, 17, 18, 19], Grid(0, (2, 4), (16, 1))),  # two mesh dims flattened
+        ([0, 2, 1, 3], Grid(0, (2, 2), (1, 2))),  # a transposed 2x2 mesh
+    ],
+)
+def test_grids_round_trip_in_group_rank_order(ranks: range | list[int], grid: Grid) -> None:
+    assert grid_of(ranks) == grid
+    (g,) = parse_dump(grid_dump(ranks, 64).SerializeToString()).groups
+    assert not g.ranks and list(expand(grid)) == list(ranks) == list(members_of(g))
+
+
+@pytest.mark.parametrize("ranks", [[2], [0, 1, 5], [3, 2, 1], [0, 1, 0, 1], []])
+def test_irregular_groups_keep_their_explicit_list(ranks: list[int]) -> None:
+    (g,) = grid_dump(ranks, 8).groups
+    assert not g.HasField("rank_grid") and list(g.ranks) == ranks == list(members_of(g))
+
+
+@pytest.mark.parametrize("scenario", ["stalled_rank", "subgroup_hang"])
+def test_schema_1_1_dumps_are_read_unchanged(scenario: str) -> None:
+    for path in sorted((SAMPLES / scenario).glob("*.frdump")):
+        data = path.read_bytes()
+        old = parse_dump(data, path)
+        assert (old.schema_major, old.schema_minor) == (1, 1)
+        assert all(g.ranks and not g.HasField("rank_grid") for g in old.groups)
+        # Both readers see the explicit lists as they are...
+        fast = read_compact(data, str(path))
+        assert fast is not None
+        for g, slow, quick in zip(old.groups, DumpView.of(old).groups, fast.groups, strict=True):
+            assert list(slow.ranks) == list(quick.ranks) == list(g.ranks)
+        # ...and as the same members when the groups are rewritten as grids (1.2).
+        new = pb.Dump()
+        new.CopyFrom(old)
+        new.schema_minor = 2
+        for g in new.groups:
+            ranks = list(g.ranks)
+            g.ClearField("ranks")
+            set_members(g, ranks)
+        assert all(g.HasField("rank_grid") for g in new.groups)
+        newer = read_compact(new.SerializeToString(), str(path))
+        assert newer is not None
+        assert [list(g.ranks) for g in newer.groups] == [list(g.ranks) for g in fast.groups]
+
+
+def _grid(start: int, shape: list[int], stride: list[int]) -> object:
+    def damage(d: pb.Dump) -> None:
+        grid = d.groups[0].rank_grid
+        grid.Clear()
+        grid.start = start
+        grid.shape.extend(shape)
+        grid.stride.extend(stride)
+
+    return damage
+
+
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (lambda d: d.groups[0].ranks.append(1), "lists its members twice"),
+        (lambda d: d.groups[0].rank_grid.Clear(), "grid has 0 sizes"),
+        (_grid(0, [4, 2], [1]), "grid has 2 sizes and 1 strides"),
+        (_grid(0, [4], [0]), "zero size or stride"),
+        (_grid(0, [0], [1]), "zero size or stride"),
+        (_grid(0, [2] * 9, [1] * 9), "9 dimensions"),
+        (_grid(1 << 31, [2], [1]), "beyond any job"),
+        (_grid(0, [1 << 20, 1 << 20], [1, 1]), "beyond any job"),
+        (_grid(0, [2, 2], [1 << 31, 1]), "beyond any job"),
+        (_grid(2, [2], [1]), "reaches rank 3, beyond world size 3"),
+        (_grid(0, [2, 2], [1, 1]), "beyond world size 3"),
+    ],
+)
+def test_a_damaged_grid_is_corrupt_in_one_line(damage: object, words: str, tmp_path: Path) -> None:
+    dump = grid_dump(range(3), 3)
+    damage(dump)  # type: ignore[operator]
+    path = write_dump(dump, tmp_path, "flightrec-rank00000-1-000-api_call.frdump")
+    with pytest.raises(CorruptDumpError, match=words) as info:
+        read_dump(path)
+    assert "\n" not in str(info.value) and str(path) in str(info.value)
+    # The wire reader declines it (never builds members from it), and read_views says why.
+    assert read_compact(path.read_bytes(), str(path)) is None
+    with pytest.raises(CorruptDumpError, match=words):
+        read_views(path)

@@ -1,7 +1,8 @@
 """Fuzzing the dump readers: damaged bytes get one clear DumpError line, never a crash.
 
-Each seed is a real file from the shipped samples (a flightrec dump, a black-box ring and its
-tables journal, a native pickle, a native JSON dump). Hypothesis truncates it, overwrites bytes, splices in
+Each seed is a real file from the shipped samples (a flightrec dump, the same job's dumps with
+their groups as schema 1.2 member grids, a black-box ring and its tables journal, a native
+pickle, a native JSON dump). Hypothesis truncates it, overwrites bytes, splices in
 random bytes, or replaces it whole, and the damaged file is read the way ``flightrec
 analyze`` reads any file. A reader may accept the bytes (a flipped byte in a timestamp is
 still a dump) or refuse them with a ``DumpError`` naming the file in one line; anything else
@@ -11,8 +12,10 @@ not crash either. ``benchmarks/fuzz_readers.py`` runs the same check far longer.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,8 @@ from hypothesis import strategies as st
 
 from flightrec.analysis import analyze_dir
 from flightrec.errors import DumpError, FlightrecError
+from flightrec.format.members import set_members
+from flightrec.format.read import read_dump
 from flightrec.readers import read_any
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples"
@@ -30,8 +35,28 @@ def _seed(folder: str, pattern: str) -> Path:
     return sorted((SAMPLES / folder).glob(pattern))[0]
 
 
+def _grid_seed() -> Path:
+    """A schema 1.2 dump whose groups are ``RankGrid``s: subgroup_hang's dumps, rewritten.
+
+    Written once per process into a temporary folder (removed at exit) with its peers, so
+    the damaged file is analyzed beside them like the other seeds.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="flightrec-fuzz-grid-"))
+    atexit.register(shutil.rmtree, folder, True)
+    for path in sorted((SAMPLES / "subgroup_hang").glob("*-000-*.frdump")):
+        dump = read_dump(path)
+        dump.schema_minor = 2
+        for g in dump.groups:
+            ranks = list(g.ranks)
+            g.ClearField("ranks")
+            set_members(g, ranks)
+        (folder / path.name).write_bytes(dump.SerializeToString())
+    return sorted(folder.glob("flightrec-rank00003-*.frdump"))[0]
+
+
 SEEDS = {
     "flightrec": _seed("stalled_rank", "flightrec-rank00002-*-000-*.frdump"),
+    "flightrec-grid": _grid_seed(),
     "blackbox": _seed("crashed_rank", "flightrec-rank00001-*.ring"),
     "blackbox-tables": _seed("crashed_rank", "flightrec-rank00001-*.ring.tables"),
     "native-pickle": _seed("native/hang", "nccl_trace_rank_2"),

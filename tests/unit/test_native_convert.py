@@ -9,8 +9,9 @@ import pytest
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND
-from flightrec.format.read import validate
-from flightrec.readers.native import convert_paths, parse_name, read_native, sniff
+from flightrec.format.members import members_of
+from flightrec.format.read import read_dump, validate
+from flightrec.readers.native import convert_dir, convert_paths, parse_name, read_native, sniff
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
 FORMS = [("", "torch-native-pickle"), ("-json", "torch-native-json")]
@@ -43,7 +44,7 @@ def test_hang_sample(suffix: str, source: str) -> None:
         assert d.header.source == source and d.header.reason == pb.CONVERTED
         assert d.header.world_size == 4 and d.header.backend == "gloo"
         (g,) = d.groups
-        assert (g.name, g.desc, list(g.ranks), g.members_known) == (
+        assert (g.name, g.desc, list(members_of(g)), g.members_known) == (
             "0",
             "default_pg",
             [0, 1, 2, 3],
@@ -89,10 +90,10 @@ def test_subgroup_membership_is_rebuilt_from_other_ranks(suffix: str) -> None:
         groups = {g.name: g for g in d.groups}
         sub = "1" if rank < 2 else "2"
         assert set(groups) == {"0", sub}
-        assert list(groups[sub].ranks) == ([0, 1] if rank < 2 else [2, 3])
+        assert list(members_of(groups[sub])) == ([0, 1] if rank < 2 else [2, 3])
         assert not groups[sub].members_known
         # torch 2.13 gloo leaves no complete world list when every rank is in a subgroup.
-        assert list(groups["0"].ranks) == [0, 1, 2, 3] and not groups["0"].members_known
+        assert list(members_of(groups["0"])) == [0, 1, 2, 3] and not groups["0"].members_known
         assert f"group '{sub}'" in d.header.reason_detail
     assert {g.name: g.last_seq for g in dumps[2].groups} == {"0": 4, "2": 3}
     assert {g.name: g.last_seq for g in dumps[3].groups} == {"0": 4, "2": 2}
@@ -101,7 +102,7 @@ def test_subgroup_membership_is_rebuilt_from_other_ranks(suffix: str) -> None:
 def test_one_file_read_alone_uses_its_siblings() -> None:
     d = read_native(SAMPLES / "subgroup_hang" / "nccl_trace_rank_3")
     assert not isinstance(d, list)
-    assert {g.name: list(g.ranks) for g in d.groups} == {"0": [0, 1, 2, 3], "2": [2, 3]}
+    assert {g.name: list(members_of(g)) for g in d.groups} == {"0": [0, 1, 2, 3], "2": [2, 3]}
 
 
 def test_pickle_and_json_forms_agree() -> None:
@@ -110,8 +111,8 @@ def test_pickle_and_json_forms_agree() -> None:
         for rank in range(4):
             assert [_last(a[rank])] == [_last(b[rank])]
             assert list(a[rank].entries.seq) == list(b[rank].entries.seq)
-            assert [(g.name, list(g.ranks)) for g in a[rank].groups] == [
-                (g.name, list(g.ranks)) for g in b[rank].groups
+            assert [(g.name, list(members_of(g))) for g in a[rank].groups] == [
+                (g.name, list(members_of(g))) for g in b[rank].groups
             ]
 
 
@@ -160,7 +161,7 @@ def test_nccl_p2p_peers_become_global_ranks(tmp_path: Path) -> None:
     assert not errors
     assert d.header.hostname == "host7" and d.header.rank == 3
     (g,) = d.groups
-    assert (g.name, list(g.ranks), g.members_known) == ("5", [2, 3], True)
+    assert (g.name, list(members_of(g)), g.members_known) == ("5", [2, 3], True)
     assert [(p.peer, p.sends, p.recvs) for p in g.p2p] == [(2, 2, 1)]
     e = d.entries
     assert list(e.peer) == [2, 2, 2]
@@ -270,7 +271,7 @@ def test_format_1x_groups_are_named_by_members(tmp_path: Path) -> None:
     dumps = read_native(tmp_path)
     assert isinstance(dumps, list)
     by_rank = {d.header.rank: d for d in dumps}
-    g1 = {g.name: (list(g.ranks), g.desc, g.members_known) for g in by_rank[1].groups}
+    g1 = {g.name: (list(members_of(g)), g.desc, g.members_known) for g in by_rank[1].groups}
     assert g1 == {"[0,1,2,3]": ([0, 1, 2, 3], "default_pg", True), "[0,1]": ([0, 1], "", True)}
     g2 = {g.name for g in by_rank[2].groups}
     assert g2 == {"[0,1,2,3]", "[2,3]"}
@@ -287,12 +288,12 @@ def test_folder_cache_follows_changes(tmp_path: Path) -> None:
         shutil.copy(f, tmp_path / f.name)
     first = read_native(tmp_path / "nccl_trace_rank_3")
     assert not isinstance(first, list)
-    assert {g.name: list(g.ranks) for g in first.groups}["2"] == [2, 3]
+    assert {g.name: list(members_of(g)) for g in first.groups}["2"] == [2, 3]
     (tmp_path / "nccl_trace_rank_2").unlink()
     again = read_native(tmp_path / "nccl_trace_rank_3")
     assert not isinstance(again, list)
     # Without rank 2's dump nothing shows that rank 2 belongs to group "2".
-    assert {g.name: list(g.ranks) for g in again.groups}["2"] == [3]
+    assert {g.name: list(members_of(g)) for g in again.groups}["2"] == [3]
 
 
 def _nccl_job(tmp_path: Path, shared: bool) -> Path:
@@ -358,7 +359,7 @@ def test_a_dump_that_lists_its_groups_converts_without_its_siblings(tmp_path: Pa
     d = read_native(folder / "nccl_trace_rank_1")
     assert isinstance(d, pb.Dump)
     assert d.header.world_size == 2
-    assert [(g.name, list(g.ranks), g.members_known, g.backend) for g in d.groups] == [
+    assert [(g.name, list(members_of(g)), g.members_known, g.backend) for g in d.groups] == [
         ("0", [0, 1], True, "nccl")
     ]
     assert "disagree" not in d.header.reason_detail
@@ -378,3 +379,27 @@ def test_the_analyzer_view_holds_what_read_native_converts(scenario: str) -> Non
         assert direct.dump.groups == via_pb.dump.groups
         for name, column in via_pb.columns.items():
             assert list(direct.columns[name]) == list(column), name
+
+
+def test_flightrec_convert_writes_member_grids(tmp_path: Path) -> None:
+    # A 1,024-rank world and strided subgroups in pg_config: each written in a few bytes.
+    world = 1024
+    groups = {
+        "0": {"name": "0", "desc": "default_pg", "ranks": str(list(range(world)))},
+        "1": {"name": "1", "desc": "dp", "ranks": str(list(range(3, world, 8)))},
+        "2": {"name": "2", "desc": "odd", "ranks": "[3, 5, 900]"},
+    }
+    for rank in (3, 11):
+        trace = {"version": "2.10", "pg_config": groups, "entries": []}
+        (tmp_path / f"nccl_trace_rank_{rank}").write_bytes(pickle.dumps(trace))
+    result = convert_dir(tmp_path, tmp_path / "out")
+    assert not result.errors and len(result.written) == 2
+    for path in result.written:
+        d = read_dump(path)
+        by_name = {g.name: g for g in d.groups}
+        world_group, dp = by_name["0"], by_name["1"]
+        assert not world_group.ranks and members_of(world_group) == range(world)
+        assert not dp.ranks and members_of(dp) == range(3, world, 8)
+        if "2" in by_name:  # irregular: its explicit list
+            assert list(by_name["2"].ranks) == [3, 5, 900]
+        assert path.stat().st_size < 2000

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import members_of
 from flightrec.format.read import read_dump
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 from flightrec.simulate.job import build_rank_dump, plan
@@ -73,7 +74,9 @@ def test_healthy_dumps_are_consistent_across_ranks(tmp_path: Path) -> None:
         assert len(dump.entries.record_id) == 300
         assert set(dump.entries.state) == {pb.COMPLETED}
         for g in dump.groups:
-            assert rank in g.ranks
+            # Every group of a tp/pp/dp layout is strided: written as a grid, never listed.
+            assert g.HasField("rank_grid") and not g.ranks
+            assert rank in members_of(g)
             if not g.p2p:
                 last_seq.setdefault(g.name, set()).add(g.last_seq)
             for c in g.p2p:
