@@ -264,10 +264,19 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
     leading = [f for f in rest if roots and set(f.ranks) & set(roots[0].ranks)]
     # A rank that left no dump, or exited, while its peers disagree about the very collective
     # they wait in most likely died of that disagreement (gloo aborts on some mismatches):
-    # the mismatch is the cause, the death its consequence.
+    # the mismatch is the cause, the death its consequence. So is one earlier on that group:
+    # the peers went on past it, and the rank it killed never came.
     if roots and roots[0].kind in (FindingKind.MISSING_DUMP, FindingKind.DEAD_RANK):
-        at = (roots[0].process_group, roots[0].seq)
-        leading += [f for f in rest if (f.process_group, f.seq) == at and f not in leading]
+        group, seq = roots[0].process_group, roots[0].seq
+        leading += [
+            f
+            for f in rest
+            if f.process_group == group
+            and f.seq is not None
+            and seq is not None
+            and f.seq <= seq
+            and f not in leading
+        ]
     trailing = [f for f in rest if f not in leading]
     return RootCauses(leading + roots + trailing, explained)
 

@@ -52,12 +52,16 @@ def _current_incomplete(m: Matched, rank: int) -> list[int]:
 
     In-flight entries (enqueued, started) always count. A failed entry counts only when
     nothing completed after it: a rank whose collective raised and then went on is not blocked.
+    Without completion tracking (PyTorch's gloo recorder) every entry reads ``ENQUEUED``: only
+    the newest can hold the rank, since it issued every other one after returning from it.
     """
     d = m.dump(rank)
     states = d.columns["state"]
     positions = m.incomplete[rank]
     if not positions:
         return []
+    if not d.tracks_completion:
+        return [max(positions)]
     if all(states[p] != pb.FAILED for p in positions):
         return list(positions)
     last_completed = next(

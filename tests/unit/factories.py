@@ -249,3 +249,15 @@ def late_arrivals(job: Job, rank: int, steps: int, late_ms: float = 40.0) -> Job
 
 def _fields(e: EntryValues) -> dict[str, object]:
     return {name: getattr(e, name) for name in EntryValues.__dataclass_fields__}
+
+
+def as_native(job: Job) -> Job:
+    """The job as PyTorch's gloo recorder keeps it: enqueue times only, every entry ENQUEUED,
+    and each dump's reason CONVERTED."""
+    for r, st in job.ranks.items():
+        st.entries = [
+            EntryValues(**{**_fields(e), "state": pb.ENQUEUED, "complete_ns": 0})
+            for e in st.entries
+        ]
+        job.reason[r] = pb.CONVERTED
+    return job
