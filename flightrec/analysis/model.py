@@ -398,6 +398,18 @@ class CallShift:
 
 
 @dataclass(frozen=True, slots=True)
+class BelowTimeout:
+    """A finding built on waits that a requested snapshot caught before the hang timeout."""
+
+    confidence: Literal["low"]
+    """Always ``low``: the job may still be progressing."""
+    longest_wait_s: float
+    """The longest wait behind the finding."""
+    timeout_s: float
+    """The job's hang timeout, which none of those waits reached."""
+
+
+@dataclass(frozen=True, slots=True)
 class Finding:
     """One diagnosis with the evidence a person needs.
 
@@ -417,6 +429,8 @@ class Finding:
     evidence: Evidence | None = None
     call_shift: CallShift | None = None
     """The skipped or extra call behind it, where ``skips.annotate_shifts`` found one."""
+    below_timeout: BelowTimeout | None = None
+    """Set where every wait behind it is shorter than the job's timeout (``waits``)."""
 
 
 @dataclass(frozen=True, slots=True)

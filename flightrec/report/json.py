@@ -80,6 +80,8 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
     evidence: dict[str, Any] = to_json(f.evidence) if f.evidence is not None else {}
     if f.call_shift is not None:
         evidence["call_shift"] = to_json(f.call_shift)
+    if f.below_timeout is not None:
+        evidence.update(to_json(f.below_timeout))
     if evidence:
         out["evidence"] = evidence
     return out
