@@ -39,7 +39,8 @@ class FindingKind(enum.StrEnum):
     P2P_UNMATCHED = "p2p_unmatched"
     """Sends without the matching receive (or the reverse), nobody blocked in a cycle."""
     STUCK = "stuck"
-    """Every member entered a collective and none completed it, with no disagreement seen."""
+    """Every member entered a collective and none completed it, with no disagreement seen;
+    where some members' own call failed at once (a local error), those members alone."""
     STRAGGLER = "straggler"
     """A rank arrives last at collective after collective; nothing hangs, everyone waits."""
     DESYNC = "desync"

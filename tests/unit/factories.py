@@ -74,6 +74,7 @@ class Job:
         ranks: Iterable[int] | None = None,
         complete: Iterable[int] | bool = True,
         shape: tuple[int, ...] = (4, 4),
+        out_shape: tuple[int, ...] | None = None,
         dtype: str = "float32",
         reduce_op: str = "SUM",
         root: int = -1,
@@ -84,8 +85,8 @@ class Job:
         """Issue one collective on ``ranks`` (default: every member).
 
         ``complete`` is True (all), False (none) or the ranks that complete. ``override`` maps a
-        rank to fields that differ on it: ``op``, ``shape``, ``dtype``, ``reduce_op``, ``root``,
-        ``line``.
+        rank to fields that differ on it: ``op``, ``shape``, ``out_shape``, ``dtype``,
+        ``reduce_op``, ``root``, ``line``. ``out_shape`` is the output's (default: ``shape``).
         """
         members = self.groups[group][0]
         takers = list(members if ranks is None else ranks)
@@ -111,7 +112,9 @@ class Job:
                     thread="MainThread",
                     stack=user_stack(str(o.get("function", function)), int(o.get("line", line))),  # type: ignore[call-overload]
                     inputs=[(shp, dt)] if shp is not None else [],
-                    outputs=[(shp, dt)] if shp is not None else [],
+                    outputs=[(tuple(o.get("out_shape", out_shape or shp)), dt)]  # type: ignore[call-overload]
+                    if shp is not None
+                    else [],
                     device="cpu",
                 )
             )
