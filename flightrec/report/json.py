@@ -98,7 +98,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "findings": [finding_to_dict(f) for f in report.findings],
         "dumps": {str(r): d.path for r, d in sorted(run.dumps.items())},
         "problems": [{"path": p.path, "reason": p.reason} for p in run.problems],
-        "notes": list(run.notes),
+        "notes": list(report.notes),
     }
 
 

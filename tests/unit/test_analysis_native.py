@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -9,7 +10,10 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze, analyze_dir
+from flightrec.analysis.loader import Run
 from flightrec.analysis.model import FindingKind
+from flightrec.format.builder import EntryValues
+from flightrec.report.json import JsonRenderer
 from tests.unit.factories import Job, as_native, healthy
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
@@ -64,3 +68,66 @@ def test_waits_are_measured_to_the_dump_not_to_the_analysis(tmp_path: Path, scen
     assert waits and all(0 < w <= 3.5 for w in waits)  # the samples' gloo timeout is 3 s
     detail = report.run.dumps[0].header.reason_detail
     assert "dump time taken as its newest entry + the 3 s timeout" in detail
+
+
+def _native_straggler(rank: int, steps: int = 8, late_ms: float = 40.0) -> Job:
+    """``steps`` all_reduces at which ``rank`` enqueues ``late_ms`` after the others, on one
+    wall clock shared by every rank (as ranks on one host read it)."""
+    job = as_native(healthy(Job(), steps=steps))
+    for r, st in job.ranks.items():
+        lag = int(late_ms * 1e6) if r == rank else r * 100_000  # others: 0.1 ms apart
+        st.entries = [
+            EntryValues(**{**_fields(e), "enqueue_ns": 1_000_000_000 + k * 100_000_000 + lag})
+            for k, e in enumerate(st.entries)
+        ]
+        st.clock = st.entries[-1].enqueue_ns
+    return job
+
+
+def _fields(e: EntryValues) -> dict[str, object]:
+    return {k: getattr(e, k) for k in e.__dataclass_fields__}
+
+
+def _one_host(run: Run, host: str = "vm") -> Run:
+    for d in run.dumps.values():
+        d.header.hostname = host
+    return run
+
+
+def test_straggler_from_enqueue_times_alone_on_one_host() -> None:
+    findings = analyze(_one_host(_native_straggler(2).run())).findings
+    assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (2,))]
+    evidence = findings[0].evidence
+    assert evidence.last_arrivals == 8
+    assumption = "assumes ranks 0-3 on host vm share one clock"
+    assert assumption in evidence.clock_assumption
+    assert assumption in findings[0].summary
+    assert "enqueue times alone" in findings[0].summary
+
+
+def test_enqueue_times_of_different_hosts_are_never_compared() -> None:
+    # The factory puts ranks 0-1 on node0 and 2-3 on node1: rank 2 is late only against
+    # rank 3, on its own host.
+    findings = analyze(_native_straggler(2).run()).findings
+    assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (2,))]
+    assert "ranks 2-3 on host node1" in findings[0].summary
+
+
+def test_unnamed_hosts_are_assumed_one_and_said_so() -> None:
+    first = analyze(_one_host(_native_straggler(1).run(), host="")).findings[0]
+    assert "on one host (their dumps do not name it)" in first.summary
+
+
+def test_small_jitter_in_enqueue_times_is_not_a_straggler() -> None:
+    assert analyze(_one_host(_native_straggler(1, late_ms=1.0).run())).findings == []
+
+
+def test_report_says_when_timing_is_missing_altogether() -> None:
+    job = as_native(healthy(Job()))
+    for st in job.ranks.values():
+        st.entries = [EntryValues(**{**_fields(e), "enqueue_ns": 0}) for e in st.entries]
+    report = analyze(job.run())
+    assert report.findings == []
+    assert any("timing is missing altogether" in n for n in report.notes)
+    assert any("timing is missing" in n for n in json.loads(JsonRenderer().render(report))["notes"])
+    assert analyze(healthy(Job()).run()).notes == ()
