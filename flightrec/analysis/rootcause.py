@@ -141,7 +141,7 @@ def _failed_alone(m: Matched, group: str, seq: int, members: tuple[int, ...]) ->
     A collective that fails on one member alone, at once, failed there before any exchange:
     a local validation error (wrong output size, wrong device), not the transport. One that
     failed after half the timeout or more timed out first, which says nothing about who is
-    wrong. Empty when none failed that way, or every member did.
+    wrong. Empty when none failed that way, or when they are not a strict minority.
     """
     failed: list[int] = []
     for rank in members:
@@ -157,7 +157,9 @@ def _failed_alone(m: Matched, group: str, seq: int, members: tuple[int, ...]) ->
         if not e.complete_ns[pos] or took_s >= max(1.0, 0.5 * d.header.timeout_s):
             return []
         failed.append(rank)
-    return failed if len(failed) < len(members) else []
+    # Only a minority: where most members failed, the peers of the first one to fail were
+    # cut off by it (connection closed) before their own dumps were taken.
+    return failed if len(failed) * 2 < len(members) else []
 
 
 def _stuck_finding(

@@ -130,3 +130,12 @@ def test_uneven_all_to_all_splits_that_add_up_are_healthy() -> None:
         override={0: {"out_shape": (4,)}, 1: {"out_shape": (12,)}},
     )
     assert analyze(job.run()).findings == []
+
+
+def test_most_members_failing_at_once_is_not_a_local_error() -> None:
+    job = healthy(Job())
+    job.collective(complete=False)
+    for r in (0, 1, 3):
+        _fail(job, r)
+    first = analyze(job.run()).findings[0]
+    assert (first.kind, first.ranks) == (FindingKind.STUCK, (0, 1, 2, 3))
