@@ -209,8 +209,8 @@ def _collective_mismatch(
 
 
 RELATION = {
-    "gather": "all-gather output = world size x input",
-    "scatter": "reduce-scatter input = world size x output",
+    "gather": "gathered output = world size x input",
+    "scatter": "scattered input = world size x output",
     "same": "output = input",
 }
 """How each kind of op sizes its output from its input, in words."""
@@ -219,9 +219,9 @@ RELATION = {
 def _relation_kind(op: str) -> str | None:
     if "object" in op:
         return None
-    if "all_gather" in op or op.startswith("allgather"):
+    if "gather" in op:  # all-gather, and a gather's root (only the root passes the list)
         return "gather"
-    if "reduce_scatter" in op:
+    if "scatter" in op:  # reduce-scatter, and a scatter's root (only it passes the list)
         return "scatter"
     if op in ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce"):
         return "same"
@@ -244,6 +244,56 @@ def relation_holds(rec: CollectiveRecord, info: ProcessGroupInfo) -> bool:
     if kind == "scatter":
         return i == world * o
     return o == i
+
+
+def relation_mismatch(m: Matched, info: ProcessGroupInfo, seq: int) -> Finding | None:
+    """Members whose output at (group, seq) does not fit their input for the group's size.
+
+    Where a hang sits and nothing recorded differs between members, a buffer can still be
+    wrong on its own terms: a gather root's list one tensor short, an all-gather output sized
+    for another world size on every rank but one. A strict minority of such members is
+    blamed (field ``output_shape``); None otherwise.
+    """
+    records = {
+        r: rec for r in info.ranks if r in m.run.dumps and (rec := m.record(r, info.key, seq))
+    }
+    if len(records) < 2:
+        return None
+    broken = tuple(r for r, rec in sorted(records.items()) if not relation_holds(rec, info))
+    if not broken or len(broken) * 2 >= len(records):
+        return None
+    first = records[broken[0]]
+    kind = _relation_kind(first.op) or ""
+    frame = user_frame(first.stack)
+    at = f" at {frame.where()}" if frame and len(broken) == 1 else ""
+    who = ranks_phrase(broken)
+    if len(broken) == 1:
+        who = f"{who} ({m.dump(broken[0]).describe()})"
+    groups = _value_groups(
+        "output_shape", {r: tuple(t.shape for t in rec.outputs) for r, rec in records.items()}
+    )
+    summary = (
+        f"{who[0].upper()}{who[1:]} passed an output of "
+        f"{_show('output_shape', tuple(t.shape for t in first.outputs))} to {first.op} #{seq} on "
+        f"group {info.key} [ranks {compress(info.ranks)}]{at} that does not fit its input for "
+        f"{len(info.ranks)} ranks ({RELATION.get(kind, '')}) (output_shape mismatch)"
+    )
+    return Finding(
+        kind=FindingKind.MISMATCH,
+        ranks=broken,
+        summary=summary,
+        process_group=info.key,
+        pg_ranks=info.ranks,
+        seq=seq,
+        op=first.op,
+        field="output_shape",
+        evidence=MismatchEvidence(
+            values=groups,
+            majority=True,
+            numel={r: sum(t.numel for t in rec.outputs) for r, rec in sorted(records.items())},
+            states={r: rec.state_name for r, rec in sorted(records.items())},
+        ),
+    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, NamedTuple
 import networkx as nx
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.mismatch import exchange_mismatch
+from flightrec.analysis.mismatch import exchange_mismatch, relation_mismatch
 from flightrec.analysis.model import (
     Consequence,
     Evidence,
@@ -316,8 +316,10 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
         at = (str(graph.nodes[node]["group"]), int(graph.nodes[node]["seq"]))
         mismatch = mismatch_at.get(at)
         if mismatch is None and at[0] in m.groups:
-            # Sizes an all-to-all may differ in rank by rank, as long as the totals add up.
-            mismatch = exchange_mismatch(m, m.groups[at[0]], at[1])
+            # Sizes an all-to-all may differ in rank by rank, as long as the totals add up;
+            # and a buffer can be wrong on its own terms (a gather root's list one short).
+            info = m.groups[at[0]]
+            mismatch = exchange_mismatch(m, info, at[1]) or relation_mismatch(m, info, at[1])
         if mismatch is not None:
             used_mismatches.add(id(mismatch))
             scored.append((weight, Tie.MISMATCH, _with_consequences(mismatch, consequences)))

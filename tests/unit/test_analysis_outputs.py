@@ -105,7 +105,7 @@ def test_two_ranks_without_a_majority_are_told_apart_by_the_op_s_rule() -> None:
     first = analyze(job.run()).findings[0]
     assert (first.kind, first.ranks, first.field) == (FindingKind.MISMATCH, (1,), "output_shape")
     assert "no majority" in first.summary
-    assert "all-gather output = world size x input" in first.summary
+    assert "gathered output = world size x input" in first.summary
 
 
 def test_all_to_all_whose_totals_cannot_add_up_blames_the_odd_rank() -> None:
@@ -139,3 +139,22 @@ def test_most_members_failing_at_once_is_not_a_local_error() -> None:
         _fail(job, r)
     first = analyze(job.run()).findings[0]
     assert (first.kind, first.ranks) == (FindingKind.STUCK, (0, 1, 2, 3))
+
+
+def test_a_gather_root_whose_list_does_not_fit_the_group_is_blamed() -> None:
+    # Only the root passes a list, so nothing is compared rank to rank; but 3 tensors cannot
+    # receive from 4 ranks. gloo rejects it on the root, the others wait.
+    job = healthy(Job())
+    job.collective("gather", shape=(8,), root=0, complete=False)
+    for r, st in job.ranks.items():
+        e = st.entries[-1]
+        st.entries[-1] = EntryValues(
+            **{
+                **{k: getattr(e, k) for k in EntryValues.__dataclass_fields__},
+                "outputs": [((8,), "float32")] * 3 if r == 0 else [],
+            }
+        )
+    first = analyze(job.run()).findings[0]
+    assert (first.kind, first.ranks, first.field) == (FindingKind.MISMATCH, (0,), "output_shape")
+    assert "passed an output of [8], [8], [8] to gather #4" in first.summary
+    assert "does not fit its input for 4 ranks" in first.summary
