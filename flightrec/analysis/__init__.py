@@ -83,6 +83,11 @@ class Report:
         return self.matched.run
 
     @property
+    def notes(self) -> tuple[str, ...]:
+        """The loader's notes about choices made, then what the analysis could not measure."""
+        return self.matched.run.notes + self.context.notes
+
+    @property
     def world_size(self) -> int:
         """World size from the dumps' headers."""
         return self.matched.run.world_size

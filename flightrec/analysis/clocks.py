@@ -389,6 +389,91 @@ def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals |
 
 
 @dataclass(frozen=True, slots=True)
+class HostArrivals:
+    """Arrivals of a group's members on one host, from enqueue times alone."""
+
+    host: str
+    """The members' host name ("" when the dumps do not record it)."""
+    arrivals: GroupArrivals
+    """Their arrivals, as recorded: one host's ranks share one clock, so none is shifted."""
+
+
+def enqueue_arrivals(m: Matched, group: str, recent: int = 256) -> list[HostArrivals]:
+    """Arrivals of a group's members that record no completion, per host, as recorded.
+
+    PyTorch's gloo recorder keeps only when each collective was issued (``time_created_ns``,
+    the wall clock): no completion aligns clocks. Ranks on one host read one clock, so their
+    enqueue times compare as they are; ranks of different hosts are never compared. A dump
+    without a host name is taken as on the same host as the others without one.
+
+    Args:
+        m: the lined-up histories.
+        group: group key.
+        recent: newest collectives per member looked at.
+
+    Returns:
+        One entry per host with at least two such members sharing ``MIN_LINK_SAMPLES``
+        collectives with enqueue times; members that track completion are left out (see
+        ``group_arrivals``).
+    """
+    by_host: dict[str, list[int]] = {}
+    for r in m.groups[group].ranks:
+        d = m.run.dumps.get(r)
+        gi = m.index.get(r, {}).get(group)
+        if d is None or gi is None or not gi.seqs or d.tracks_completion:
+            continue
+        by_host.setdefault(d.header.hostname, []).append(r)
+    out: list[HostArrivals] = []
+    for host, ranks in sorted(by_host.items()):
+        if len(ranks) < 2:
+            continue
+        tables: dict[int, dict[int, int]] = {}
+        for r in ranks:
+            gi = m.index[r][group]
+            enq = m.dump(r).dump.entries.enqueue_ns
+            tables[r] = {
+                s: p
+                for s, p in zip(gi.seqs[-recent:], gi.positions[-recent:], strict=True)
+                if s and enq[p]
+            }
+        common = set(tables[ranks[0]])
+        for t in tables.values():
+            common &= t.keys()
+        seqs = tuple(sorted(common))
+        if len(seqs) < MIN_LINK_SAMPLES:
+            continue
+        positions = {r: [tables[r][q] for q in seqs] for r in ranks}
+        arrivals = {r: [m.dump(r).dump.entries.enqueue_ns[p] for p in positions[r]] for r in ranks}
+        ga = GroupArrivals(
+            group, ranks[0], tuple(ranks), seqs, arrivals, {}, dict.fromkeys(ranks, 0.0), positions
+        )
+        out.append(HostArrivals(host, ga))
+    return out
+
+
+def timing_notes(m: Matched) -> tuple[str, ...]:
+    """What the dumps cannot say about time, in words, for the report.
+
+    Returns:
+        One note when no dump records when its operations were issued (nothing is timed:
+        no wait, lateness or straggler can be measured), one naming the ranks whose dumps
+        lack it when only some do; else none.
+    """
+    untimed = [
+        r for r, d in sorted(m.run.dumps.items()) if len(d) and not any(d.dump.entries.enqueue_ns)
+    ]
+    if not untimed:
+        return ()
+    if len(untimed) == len(m.run.dumps):
+        return (
+            "timing is missing altogether: no dump records when its operations were issued, "
+            "so waits, late arrivals and stragglers cannot be measured",
+        )
+    listed = ", ".join(map(str, untimed))
+    return (f"no operation times in the dumps of ranks {listed}: they are left out of timing",)
+
+
+@dataclass(frozen=True, slots=True)
 class _Link:
     offset_ns: float
     stderr_ns: float

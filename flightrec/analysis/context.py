@@ -15,7 +15,13 @@ from typing import NamedTuple
 import networkx as nx
 
 from flightrec.analysis import mismatch, rootcause
-from flightrec.analysis.clocks import ClockAlignment, TimelineClock, estimate_offsets, timeline
+from flightrec.analysis.clocks import (
+    ClockAlignment,
+    TimelineClock,
+    estimate_offsets,
+    timeline,
+    timing_notes,
+)
 from flightrec.analysis.loader import Run
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding
@@ -104,3 +110,8 @@ class AnalysisContext:
     def timeline_clock(self) -> TimelineClock:
         """Each rank's shift from its monotonic clock to the aligned one, for timelines."""
         return timeline(self.matched, self.clock_alignment(TIMELINE_RECENT))
+
+    @cached_property
+    def notes(self) -> tuple[str, ...]:
+        """What the dumps cannot say that the report should (timing missing, for one)."""
+        return timing_notes(self.matched)

@@ -15,10 +15,12 @@ from typing import TYPE_CHECKING
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
+    CollectiveRecord,
     Evidence,
     Finding,
     FindingKind,
     ProcessGroupInfo,
+    TensorInfo,
     user_frame,
 )
 from flightrec.analysis.signature import (
@@ -65,13 +67,17 @@ class MismatchEvidence(Evidence):
 
 
 def _show(field: str, value: Hashable) -> str:
-    if field == "shape" and isinstance(value, tuple):
+    if field in ("shape", "output_shape") and isinstance(value, tuple):
         return ", ".join("[" + "x".join(map(str, s)) + "]" for s in value) or "no tensor"
-    if field == "dtype" and isinstance(value, tuple):
+    if field in ("dtype", "output_dtype") and isinstance(value, tuple):
         return ", ".join(map(str, value)) or "no tensor"
     if field == "root":
         return f"root {value}"
     return str(value) if value not in ("", None) else "none"
+
+
+def _numel_of(field: str, rec: CollectiveRecord) -> tuple[TensorInfo, ...]:
+    return rec.outputs if field.startswith("output") else compared_tensors(rec)
 
 
 def _signatures(
@@ -127,6 +133,15 @@ def _collective_mismatch(
             field, values = name, vals
             break
     majority, blamed = _vote(values)
+    broken: tuple[int, ...] = ()
+    if majority is None and field in ("shape", "output_shape"):
+        # No majority (two ranks, an even split): the op's own rule between input and output
+        # sizes may still say which side is wrong.
+        broken = tuple(r for r, rec in sorted(records.items()) if not relation_holds(rec, info))
+        if broken and len(broken) < len(records):
+            blamed = broken
+        else:
+            broken = ()
     if not blamed:
         return None
     groups = _value_groups(field, values)
@@ -136,7 +151,13 @@ def _collective_mismatch(
     first = records[blamed[0]]
     frame = user_frame(first.stack)
     at = f" at {frame.where()}" if frame else ""
-    verb = {"op": "called", "reduce_op": "reduced with", "root": "named"}.get(field, "passed")
+    verb = {
+        "op": "called",
+        "reduce_op": "reduced with",
+        "root": "named",
+        "output_shape": "passed an output of",
+        "output_dtype": "passed an output of",
+    }.get(field, "passed")
     if majority is not None:
         who = ranks_phrase(blamed)
         if len(blamed) == 1:
@@ -146,6 +167,14 @@ def _collective_mismatch(
         summary = (
             f"{who[0].upper()}{who[1:]} {verb} {odd} {target}{at}, where "
             f"{ranks_phrase(groups[0].ranks)} {verb} {groups[0].value} ({field} mismatch)"
+        )
+    elif broken:
+        split = " vs ".join(f"{ranks_phrase(g.ranks)}: {g.value}" for g in groups)
+        who = ranks_phrase(broken)
+        summary = (
+            f"{field} mismatch in {op} {where} with no majority ({split}); {who}"
+            f"{at if len(broken) == 1 else ''} passed an output that does not fit its input for "
+            f"{len(info.ranks)} ranks ({RELATION.get(_relation_kind(op) or '', '')})"
         )
     else:
         split = " vs ".join(f"{ranks_phrase(g.ranks)}: {g.value}" for g in groups)
@@ -171,11 +200,161 @@ def _collective_mismatch(
             callsites=dict(sorted(callsites.items())),
             later_mismatches=later,
             numel={
-                r: sum(t.numel for t in compared_tensors(rec)) for r, rec in sorted(records.items())
+                r: sum(t.numel for t in _numel_of(field, rec)) for r, rec in sorted(records.items())
             },
             states={r: rec.state_name for r, rec in sorted(records.items())},
             first_mismatch_seq=first_seq,
         ),
+    )
+
+
+RELATION = {
+    "gather": "gathered output = world size x input",
+    "scatter": "scattered input = world size x output",
+    "same": "output = input",
+}
+"""How each kind of op sizes its output from its input, in words."""
+
+
+def _relation_kind(op: str) -> str | None:
+    if "object" in op:
+        return None
+    if "gather" in op:  # all-gather, and a gather's root (only the root passes the list)
+        return "gather"
+    if "scatter" in op:  # reduce-scatter, and a scatter's root (only it passes the list)
+        return "scatter"
+    if op in ("all_reduce", "all_reduce_coalesced", "broadcast", "reduce"):
+        return "same"
+    return None
+
+
+def relation_holds(rec: CollectiveRecord, info: ProcessGroupInfo) -> bool:
+    """Whether ``rec``'s output size is what its op makes of its input for the group's size.
+
+    True where the op defines no such rule, or the entry records no tensors.
+    """
+    kind = _relation_kind(rec.op)
+    if kind is None or not rec.inputs or not rec.outputs:
+        return True
+    i = sum(t.numel for t in rec.inputs)
+    o = sum(t.numel for t in rec.outputs)
+    world = len(info.ranks)
+    if kind == "gather":
+        return o == world * i
+    if kind == "scatter":
+        return i == world * o
+    return o == i
+
+
+def relation_mismatch(m: Matched, info: ProcessGroupInfo, seq: int) -> Finding | None:
+    """Members whose output at (group, seq) does not fit their input for the group's size.
+
+    Where a hang sits and nothing recorded differs between members, a buffer can still be
+    wrong on its own terms: a gather root's list one tensor short, an all-gather output sized
+    for another world size on every rank but one. A strict minority of such members is
+    blamed (field ``output_shape``); None otherwise.
+    """
+    records = {
+        r: rec for r in info.ranks if r in m.run.dumps and (rec := m.record(r, info.key, seq))
+    }
+    if len(records) < 2:
+        return None
+    broken = tuple(r for r, rec in sorted(records.items()) if not relation_holds(rec, info))
+    if not broken or len(broken) * 2 >= len(records):
+        return None
+    first = records[broken[0]]
+    kind = _relation_kind(first.op) or ""
+    frame = user_frame(first.stack)
+    at = f" at {frame.where()}" if frame and len(broken) == 1 else ""
+    who = ranks_phrase(broken)
+    if len(broken) == 1:
+        who = f"{who} ({m.dump(broken[0]).describe()})"
+    groups = _value_groups(
+        "output_shape", {r: tuple(t.shape for t in rec.outputs) for r, rec in records.items()}
+    )
+    summary = (
+        f"{who[0].upper()}{who[1:]} passed an output of "
+        f"{_show('output_shape', tuple(t.shape for t in first.outputs))} to {first.op} #{seq} on "
+        f"group {info.key} [ranks {compress(info.ranks)}]{at} that does not fit its input for "
+        f"{len(info.ranks)} ranks ({RELATION.get(kind, '')}) (output_shape mismatch)"
+    )
+    return Finding(
+        kind=FindingKind.MISMATCH,
+        ranks=broken,
+        summary=summary,
+        process_group=info.key,
+        pg_ranks=info.ranks,
+        seq=seq,
+        op=first.op,
+        field="output_shape",
+        evidence=MismatchEvidence(
+            values=groups,
+            majority=True,
+            numel={r: sum(t.numel for t in rec.outputs) for r, rec in sorted(records.items())},
+            states={r: rec.state_name for r, rec in sorted(records.items())},
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ExchangeEvidence(Evidence):
+    """Evidence of an all-to-all whose members' sizes cannot add up."""
+
+    sent: Mapping[int, int]
+    """Per rank, the elements it sends (its input)."""
+    received: Mapping[int, int]
+    """Per rank, the elements it receives into (its output)."""
+
+
+def exchange_mismatch(m: Matched, info: ProcessGroupInfo, seq: int) -> Finding | None:
+    """An all-to-all at (group, seq) whose outputs cannot hold what the inputs send.
+
+    Split sizes differ between ranks by design, so an all-to-all's sizes are not compared
+    rank to rank; but what all members send is what all members receive. When the totals
+    differ, the members whose output differs from their input are blamed where they are a
+    strict minority (even splits make input = output on every rank); else every member.
+
+    Returns:
+        A ``mismatch`` finding (field ``output_total``), or None when the totals agree or a
+        member's entry is not in the dumps.
+    """
+    records = {}
+    for r in info.ranks:
+        rec = m.record(r, info.key, seq) if r in m.run.dumps else None
+        if rec is None or "all_to_all" not in rec.op or rec.flags & pb.OBJECT_API:
+            return None
+        records[r] = rec
+    sent = {r: sum(t.numel for t in rec.inputs) for r, rec in records.items()}
+    received = {r: sum(t.numel for t in rec.outputs) for r, rec in records.items()}
+    if sum(sent.values()) == sum(received.values()):
+        return None
+    odd = tuple(r for r in sorted(records) if sent[r] != received[r])
+    blamed = odd if odd and len(odd) * 2 < len(records) else tuple(sorted(records))
+    op = records[blamed[0]].op
+    who = ranks_phrase(blamed)
+    frame = user_frame(records[blamed[0]].stack)
+    at = f" at {frame.where()}" if frame and len(blamed) == 1 else ""
+    totals = f"{sum(sent.values())} elements sent, {sum(received.values())} received"
+    summary = (
+        f"{op} #{seq} on group {info.key} [ranks {compress(info.ranks)}] cannot add up "
+        f"({totals}): {who}{at} "
+        + (
+            "passed an output sized unlike its input, where every other member's match"
+            if len(blamed) < len(records)
+            else "passed split sizes that do not match (cannot tell which side is wrong)"
+        )
+        + " (output_total mismatch)"
+    )
+    return Finding(
+        kind=FindingKind.MISMATCH,
+        ranks=blamed,
+        summary=summary,
+        process_group=info.key,
+        pg_ranks=info.ranks,
+        seq=seq,
+        op=op,
+        field="output_total",
+        evidence=ExchangeEvidence(dict(sent), dict(received)),
     )
 
 

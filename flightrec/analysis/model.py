@@ -39,7 +39,8 @@ class FindingKind(enum.StrEnum):
     P2P_UNMATCHED = "p2p_unmatched"
     """Sends without the matching receive (or the reverse), nobody blocked in a cycle."""
     STUCK = "stuck"
-    """Every member entered a collective and none completed it, with no disagreement seen."""
+    """Every member entered a collective and none completed it, with no disagreement seen;
+    where some members' own call failed at once (a local error), those members alone."""
     STRAGGLER = "straggler"
     """A rank arrives last at collective after collective; nothing hangs, everyone waits."""
     DESYNC = "desync"
@@ -452,6 +453,18 @@ class ExceptionEvidence:
 
 
 @dataclass(frozen=True, slots=True)
+class BelowTimeout:
+    """A finding built on waits that a requested snapshot caught before the hang timeout."""
+
+    confidence: Literal["low"]
+    """Always ``low``: the job may still be progressing."""
+    longest_wait_s: float
+    """The longest wait behind the finding."""
+    timeout_s: float
+    """The job's hang timeout, which none of those waits reached."""
+
+
+@dataclass(frozen=True, slots=True)
 class Finding:
     """One diagnosis with the evidence a person needs.
 
@@ -475,6 +488,8 @@ class Finding:
     thread_exceptions: tuple[ExceptionEvidence, ...] = ()
     """Other threads of a blamed rank that died of an exception (a data loader, say)."""
     """The skipped or extra call behind it, where ``skips.annotate_shifts`` found one."""
+    below_timeout: BelowTimeout | None = None
+    """Set where every wait behind it is shorter than the job's timeout (``waits``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ from flightrec.analysis.p2p import find_unmatched
 from flightrec.analysis.rootcause import find_root_causes
 from flightrec.analysis.skips import annotate_shifts
 from flightrec.analysis.straggler import find_stragglers
+from flightrec.analysis.waits import mark_below_timeout
 
 Pass = Callable[[AnalysisContext], list[Finding]]
 Refinement = Callable[[AnalysisContext, list[Finding]], list[Finding]]
@@ -53,6 +54,8 @@ REFINEMENTS: tuple[Refinement, ...] = (
     place_crashes,
     # The skipped or extra call behind a finding about one rank on one group.
     annotate_shifts,
+    # Findings whose every wait a requested snapshot caught before the hang timeout.
+    mark_below_timeout,
 )
 """Run over the ordered findings after every pass."""
 

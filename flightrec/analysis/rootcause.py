@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Iterable
-from dataclasses import replace
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
 import networkx as nx
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Consequence, Finding, FindingKind, Status, user_frame
+from flightrec.analysis.mismatch import exchange_mismatch, relation_mismatch
+from flightrec.analysis.model import (
+    Consequence,
+    Evidence,
+    Finding,
+    FindingKind,
+    Status,
+    user_frame,
+)
 from flightrec.analysis.not_arrived import (
     LateArrivalEvidence,
     RankEvidence,
@@ -28,6 +36,7 @@ from flightrec.analysis.not_arrived import (
 from flightrec.analysis.p2p import CycleEvidence, cycle_finding
 from flightrec.analysis.routine import Departure, routine
 from flightrec.analysis.waits import Node, Wait
+from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:
@@ -114,12 +123,77 @@ def _late_arrivals(m: Matched, group: str, seq: int) -> tuple[list[int], float] 
     return sorted(r for _, r in arrivals[at + 1 :]), gap / 1e9
 
 
+@dataclass(frozen=True, slots=True)
+class FailedAloneEvidence(Evidence):
+    """Evidence of a ``stuck`` finding where only some members' entries failed (raised)."""
+
+    failed_ranks: tuple[int, ...]
+    """The members whose entry failed: their own call raised."""
+    waiting_ranks: tuple[int, ...]
+    """The members still inside the collective."""
+    errors: Mapping[int, str]
+    """Per failed rank with an error dump (reason COLLECTIVE_ERROR), what it says."""
+
+
+def _failed_alone(m: Matched, group: str, seq: int, members: tuple[int, ...]) -> list[int]:
+    """Members whose entry at (group, seq) FAILED while the other members' are in flight.
+
+    A collective that fails on one member alone, at once, failed there before any exchange:
+    a local validation error (wrong output size, wrong device), not the transport. One that
+    failed after half the timeout or more timed out first, which says nothing about who is
+    wrong. Empty when none failed that way, or when they are not a strict minority.
+    """
+    failed: list[int] = []
+    for rank in members:
+        d = m.run.dumps.get(rank)
+        gi = m.index.get(rank, {}).get(group)
+        pos = gi.position_of(seq) if gi else None
+        if d is None or pos is None or not d.tracks_completion:
+            return []
+        if d.columns["state"][pos] != pb.FAILED:
+            continue
+        e = d.dump.entries
+        took_s = (e.complete_ns[pos] - e.enqueue_ns[pos]) / 1e9
+        if not e.complete_ns[pos] or took_s >= max(1.0, 0.5 * d.header.timeout_s):
+            return []
+        failed.append(rank)
+    # Only a minority: where most members failed, the peers of the first one to fail were
+    # cut off by it (connection closed) before their own dumps were taken.
+    return failed if len(failed) * 2 < len(members) else []
+
+
 def _stuck_finding(
     m: Matched, graph: nx.DiGraph, node: Node, consequences: list[Consequence]
 ) -> Finding:
     attrs = graph.nodes[node]
     members = tuple(attrs["pg_ranks"])
     group, seq, op = str(attrs["group"]), int(attrs["seq"]), str(attrs["op"])
+    failed = _failed_alone(m, group, seq, members)
+    if failed:
+        staying = tuple(r for r in members if r not in failed)
+        who = ranks_phrase(failed)
+        ident = f" ({m.dump(failed[0]).describe()})" if len(failed) == 1 else ""
+        errors = {
+            r: h.reason_detail
+            for r in failed
+            if (h := m.dump(r).header).reason == pb.COLLECTIVE_ERROR and h.reason_detail
+        }
+        said = f": {next(iter(errors.values()))}" if len(errors) == 1 else ""
+        return Finding(
+            kind=FindingKind.STUCK,
+            ranks=tuple(failed),
+            summary=(
+                f"{who[0].upper()}{who[1:]}{ident} failed {op} #{seq} on group {group} "
+                f"[ranks {compress(members)}] on its own while {ranks_phrase(staying)} entered "
+                f"it and wait: a local error on {who}, not the transport{said}"
+            ),
+            process_group=group,
+            pg_ranks=members,
+            seq=seq,
+            op=op,
+            consequences=tuple(consequences),
+            evidence=FailedAloneEvidence(tuple(failed), staying, errors),
+        )
     late = _late_arrivals(m, group, seq)
     if late is not None:
         # Everyone is in the collective now, but some arrived long after the others: in a
@@ -239,7 +313,13 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
             primary = max(preds, key=directness) if preds else None
             rank_roots[(culprit_state(m, rank), primary)].append(rank)
             continue
-        mismatch = mismatch_at.get((str(graph.nodes[node]["group"]), int(graph.nodes[node]["seq"])))
+        at = (str(graph.nodes[node]["group"]), int(graph.nodes[node]["seq"]))
+        mismatch = mismatch_at.get(at)
+        if mismatch is None and at[0] in m.groups:
+            # Sizes an all-to-all may differ in rank by rank, as long as the totals add up;
+            # and a buffer can be wrong on its own terms (a gather root's list one short).
+            info = m.groups[at[0]]
+            mismatch = exchange_mismatch(m, info, at[1]) or relation_mismatch(m, info, at[1])
         if mismatch is not None:
             used_mismatches.add(id(mismatch))
             scored.append((weight, Tie.MISMATCH, _with_consequences(mismatch, consequences)))
@@ -264,10 +344,19 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
     leading = [f for f in rest if roots and set(f.ranks) & set(roots[0].ranks)]
     # A rank that left no dump, or exited, while its peers disagree about the very collective
     # they wait in most likely died of that disagreement (gloo aborts on some mismatches):
-    # the mismatch is the cause, the death its consequence.
+    # the mismatch is the cause, the death its consequence. So is one earlier on that group:
+    # the peers went on past it, and the rank it killed never came.
     if roots and roots[0].kind in (FindingKind.MISSING_DUMP, FindingKind.DEAD_RANK):
-        at = (roots[0].process_group, roots[0].seq)
-        leading += [f for f in rest if (f.process_group, f.seq) == at and f not in leading]
+        group, seq = roots[0].process_group, roots[0].seq
+        leading += [
+            f
+            for f in rest
+            if f.process_group == group
+            and f.seq is not None
+            and seq is not None
+            and f.seq <= seq
+            and f not in leading
+        ]
     trailing = [f for f in rest if f not in leading]
     return RootCauses(leading + roots + trailing, explained)
 

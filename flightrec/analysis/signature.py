@@ -32,6 +32,33 @@ def _shape(r: CollectiveRecord) -> Hashable:
     return tuple(t.shape for t in compared_tensors(r))
 
 
+def compared_outputs(r: CollectiveRecord) -> tuple[TensorInfo, ...] | None:
+    """The output buffers every member must pass alike; None where they may differ.
+
+    All-gather and reduce-scatter go wrong through their outputs (an ``all_gather_into_tensor``
+    output sized for the wrong world size, a ``reduce_scatter_tensor`` output of the wrong
+    chunk): on every member the output is the same shape. They legitimately differ for a
+    gather (only the root passes a list), all-to-all (split sizes), the object API and P2P.
+    A scatter's outputs are its compared tensors already.
+    """
+    op = r.op
+    if r.flags & (pb.OBJECT_API | pb.IS_P2P) or any(k in op for k in _SIZES_MAY_DIFFER):
+        return None
+    if ("gather" in op and "all" not in op) or ("scatter" in op and "reduce" not in op):
+        return None
+    return r.outputs
+
+
+def _output_dtype(r: CollectiveRecord) -> Hashable:
+    outs = compared_outputs(r)
+    return None if outs is None else tuple(t.dtype for t in outs)
+
+
+def _output_shape(r: CollectiveRecord) -> Hashable:
+    outs = compared_outputs(r)
+    return None if outs is None else tuple(t.shape for t in outs)
+
+
 # Checked in this order; the first field that differs is the one reported.
 FIELDS: tuple[tuple[str, Callable[[CollectiveRecord], Hashable]], ...] = (
     ("op", lambda r: r.op),
@@ -40,6 +67,9 @@ FIELDS: tuple[tuple[str, Callable[[CollectiveRecord], Hashable]], ...] = (
     ("dtype", lambda r: tuple(t.dtype for t in compared_tensors(r))),
     # Element count and shape are one field for people ("size mismatch"); numel is evidence.
     ("shape", _shape),
+    # What each member receives into, where the op fixes it (``compared_outputs``).
+    ("output_dtype", _output_dtype),
+    ("output_shape", _output_shape),
 )
 
 

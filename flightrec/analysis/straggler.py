@@ -22,10 +22,13 @@ from typing import TYPE_CHECKING, ClassVar
 from flightrec.analysis.clocks import (
     ClockAlignment,
     GroupArrivals,
+    HostArrivals,
+    enqueue_arrivals,
     group_arrivals,
 )
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
+from flightrec.text import compress
 
 if TYPE_CHECKING:
     from flightrec.analysis.context import AnalysisContext
@@ -118,6 +121,9 @@ class StragglerEvidence(Evidence):
     """The latest ranks, and every straggler, latest first."""
     clock: ClockSummary
     likely_cause: str | None = None
+    clock_assumption: str | None = None
+    """Where only enqueue times were compared (no completion to align clocks): the
+    assumption that made them comparable."""
 
 
 @dataclass(slots=True)
@@ -287,12 +293,19 @@ def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = Non
     opt = options or StragglerOptions()
     tallies: dict[int, _Tally] = defaultdict(_Tally)
     pending: list[_Pending] = []
+    assumed: dict[int, str] = {}
     for key, info in m.groups.items():
         if len(info.ranks) < 2:
             continue
         ga = group_arrivals(m, key, opt.recent)
         if ga is not None:
             pending.append(_tally_group(m, ga, opt, tallies))
+            continue
+        # No completion times (PyTorch's gloo recorder): enqueue times, one host at a time.
+        for ha in enqueue_arrivals(m, key, opt.recent):
+            pending.append(_tally_group(m, ha.arrivals, opt, tallies))
+            for r in ha.arrivals.ranks:
+                assumed[r] = _assumption(ha)
     blamed: list[tuple[float, int]] = []
     for r, tr in tallies.items():
         if tr.taken < opt.min_samples or len(tr.late) / tr.taken < opt.min_fraction:
@@ -310,7 +323,16 @@ def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = Non
     alignment = ctx.clock_alignment(opt.recent)
     table = lateness_table(tallies, [r for _, r in blamed], alignment)
     clock = clock_summary(alignment)
-    return [_finding(m, r, tallies[r], table, clock) for _, r in blamed]
+    return [_finding(m, r, tallies[r], table, clock, assumed.get(r)) for _, r in blamed]
+
+
+def _assumption(ha: HostArrivals) -> str:
+    ranks = compress(ha.arrivals.ranks)
+    where = f"on host {ha.host}" if ha.host else "on one host (their dumps do not name it)"
+    return (
+        f"compared by enqueue times alone (the dumps record no completion): assumes ranks "
+        f"{ranks} {where} share one clock"
+    )
 
 
 def clock_summary(a: ClockAlignment) -> ClockSummary:
@@ -332,6 +354,7 @@ def _finding(
     tr: _Tally,
     table: tuple[LatenessRow, ...],
     clock: ClockSummary,
+    assumption: str | None = None,
 ) -> Finding:
     n, total = len(tr.late), tr.taken
     typical, p90 = median(tr.late), percentile(tr.late, 0.9)
@@ -358,6 +381,13 @@ def _finding(
         lateness_by_rank=table,
         clock=clock,
     )
+    if assumption is not None:
+        summary += f"; {assumption}"
+        evidence = replace(
+            evidence,
+            clock=replace(clock, method="none: enqueue times as recorded, on one host's clock"),
+            clock_assumption=assumption,
+        )
     if r == 0:
         # The coordinating rank logs, evaluates and writes checkpoints while the others go on:
         # lateness there is often by design, so it is reported as such, not as a fault.

@@ -13,18 +13,25 @@ completed (mismatch, or stuck). Cycles are deadlocks.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import networkx as nx
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import ProcessGroupInfo
+from flightrec.analysis.model import BelowTimeout, Finding, FindingKind, ProcessGroupInfo
 from flightrec.format import flightrec_pb2 as pb
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
 
 Node = tuple[object, ...]
 
 # Dumps asked for by a person or by code, not by a hang.
 _SNAPSHOTS = frozenset({pb.API_CALL, pb.SIGNAL_USR1, pb.CLI_TRIGGER})
+SNAPSHOT_MIN_WAIT_S = 5.0
+"""In a requested snapshot, an operation in flight for less than this is ordinary work in
+progress, not a wait: a healthy running job is caught mid-collective all the time."""
 
 
 def rank_node(rank: int) -> Node:
@@ -45,6 +52,9 @@ class Wait:
     """How long the entry had been outstanding when the rank dumped."""
     since_wall_ns: int
     """When the rank entered it, on the wall clock (its dump's anchor applied)."""
+    below_timeout_s: float = 0.0
+    """The job's hang timeout where this wait, seen in a requested snapshot, is shorter than
+    it (the job may still be progressing); 0.0 for a wait the timeout already judged a hang."""
 
 
 def _current_incomplete(m: Matched, rank: int) -> list[int]:
@@ -52,12 +62,16 @@ def _current_incomplete(m: Matched, rank: int) -> list[int]:
 
     In-flight entries (enqueued, started) always count. A failed entry counts only when
     nothing completed after it: a rank whose collective raised and then went on is not blocked.
+    Without completion tracking (PyTorch's gloo recorder) every entry reads ``ENQUEUED``: only
+    the newest can hold the rank, since it issued every other one after returning from it.
     """
     d = m.dump(rank)
     states = d.columns["state"]
     positions = m.incomplete[rank]
     if not positions:
         return []
+    if not d.tracks_completion:
+        return [max(positions)]
     if all(states[p] != pb.FAILED for p in positions):
         return list(positions)
     last_completed = next(
@@ -99,10 +113,14 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
             op = d.string(cols["op"][pos])
             enq = d.dump.entries.enqueue_ns[pos]
             waited = d.age_s(enq)
+            below = 0.0
             if d.header.reason in _SNAPSHOTS and waited < d.header.timeout_s:
                 # A dump taken on request from a running job catches operations in flight;
-                # one younger than the job's own hang timeout is not a hang.
-                continue
+                # one younger than the job's own hang timeout may not be a hang yet. A short
+                # one is work in progress; a long one is still reported, as below the timeout.
+                if waited < SNAPSHOT_MIN_WAIT_S:
+                    continue
+                below = d.header.timeout_s
             if cols["flags"][pos] & pb.IS_P2P:
                 peer, n = cols["peer"][pos], cols["p2p_seq"][pos]
                 sending = bool(cols["flags"][pos] & pb.SEND)
@@ -135,5 +153,58 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
                         if q not in present or last is None or last < seq:
                             graph.add_edge(node, rank_node(q))
                 graph.add_edge(rank_node(rank), node)
-            waits.append(Wait(rank, pos, node, waited, d.wall_ns(enq)))
+            waits.append(Wait(rank, pos, node, waited, d.wall_ns(enq), below))
     return graph, waits
+
+
+def _key(node: Node) -> tuple[str, int]:
+    """(group, seq) of an operation node; a P2P node's per-pair ordinal stands for its seq."""
+    return (str(node[1]), int(node[2] if node[0] == "coll" else node[4]))  # type: ignore[call-overload]
+
+
+def mark_below_timeout(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
+    """Say so where every wait behind a finding is shorter than the job's hang timeout.
+
+    A snapshot requested from a running job (``flightrec trigger``, SIGUSR1, the API) before
+    the timeout fired may show a hang in the making or a slow step: who waits for whom is
+    still reported, with low confidence and both durations in the summary. A mismatch stays
+    as it is: ranks that disagree are wrong however long they have waited.
+
+    Args:
+        ctx: the analysis context (its wait-for graph's waits are read).
+        findings: the ordered findings.
+
+    Returns:
+        The findings, those built on such waits rewritten.
+    """
+    by_key: dict[tuple[str, int], list[Wait]] = {}
+    for w in ctx.wait_graph.waits:
+        by_key.setdefault(_key(w.node), []).append(w)
+    if not any(w.below_timeout_s for w in ctx.wait_graph.waits):
+        return findings
+    out: list[Finding] = []
+    for f in findings:
+        keys = {(c.process_group, c.seq) for c in f.consequences}
+        if f.process_group is not None and f.seq is not None:
+            keys.add((f.process_group, f.seq))
+        behind = [w for k in keys for w in by_key.get(k, ())]
+        if (
+            f.kind is FindingKind.MISMATCH
+            or not behind
+            or not all(w.below_timeout_s for w in behind)
+        ):
+            out.append(f)
+            continue
+        longest = max(w.waited_s for w in behind)
+        timeout = min(w.below_timeout_s for w in behind)
+        out.append(
+            replace(
+                f,
+                summary=(
+                    f"{f.summary}; the longest wait ({longest:.1f} s) is shorter than the "
+                    f"{timeout:g} s timeout: the job may still be progressing (low confidence)"
+                ),
+                below_timeout=BelowTimeout("low", round(longest, 3), timeout),
+            )
+        )
+    return out

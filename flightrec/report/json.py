@@ -84,6 +84,8 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
         evidence["exception"] = to_json(f.exception)
     if f.thread_exceptions:
         evidence["thread_exceptions"] = to_json(f.thread_exceptions)
+    if f.below_timeout is not None:
+        evidence.update(to_json(f.below_timeout))
     if evidence:
         out["evidence"] = evidence
     return out
@@ -100,7 +102,7 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "findings": [finding_to_dict(f) for f in report.findings],
         "dumps": {str(r): d.path for r, d in sorted(run.dumps.items())},
         "problems": [{"path": p.path, "reason": p.reason} for p in run.problems],
-        "notes": list(run.notes),
+        "notes": list(report.notes),
     }
 
 

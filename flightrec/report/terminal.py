@@ -64,7 +64,7 @@ class TerminalRenderer:
         self._desc = {k: g.desc for k, g in report.matched.groups.items()}
         self._members = {k: tuple(g.ranks) for k, g in report.matched.groups.items()}
         c.print(self._verdict(report))
-        for line in report.run.notes:
+        for line in report.notes:
             c.print(hanging("note: ", line, style="dim"))
         if report.findings:
             others = report.findings[1:]

@@ -43,3 +43,31 @@ def test_live_gloo_hang_is_recorded_and_diagnosed(tmp_path: Path) -> None:
             "0",
             "all_reduce",
         )
+
+
+STRAGGLER = Path(__file__).resolve().parent / "native_scripts" / "fr_straggler.py"
+
+
+def test_live_gloo_straggler_is_found_from_enqueue_times(tmp_path: Path) -> None:
+    pytest.importorskip("torch.distributed")
+    analysis = pytest.importorskip("flightrec.analysis")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{ROOT / 'cli'}"
+    env.pop("FLIGHTREC", None)  # PyTorch's recorder only, not ours
+    pdir, jdir = tmp_path / "pickle", tmp_path / "json"
+    subprocess.run(
+        [sys.executable, str(STRAGGLER), str(pdir), str(jdir), "2", "20"],
+        env=env,
+        timeout=120,
+        check=True,
+        capture_output=True,
+    )
+    for folder, where in ((pdir, "their dumps do not name it"), (jdir, "on host ")):
+        report = analysis.analyze_dir(str(folder))
+        assert [(f.kind, f.ranks) for f in report.findings] == [("straggler", (2,))], [
+            f.summary for f in report.findings
+        ]
+        first = report.findings[0]
+        assert first.evidence.clock_assumption is not None
+        assert where in first.evidence.clock_assumption
+        assert "enqueue times alone" in first.summary

@@ -74,6 +74,7 @@ class Job:
         ranks: Iterable[int] | None = None,
         complete: Iterable[int] | bool = True,
         shape: tuple[int, ...] = (4, 4),
+        out_shape: tuple[int, ...] | None = None,
         dtype: str = "float32",
         reduce_op: str = "SUM",
         root: int = -1,
@@ -84,8 +85,8 @@ class Job:
         """Issue one collective on ``ranks`` (default: every member).
 
         ``complete`` is True (all), False (none) or the ranks that complete. ``override`` maps a
-        rank to fields that differ on it: ``op``, ``shape``, ``dtype``, ``reduce_op``, ``root``,
-        ``line``.
+        rank to fields that differ on it: ``op``, ``shape``, ``out_shape``, ``dtype``,
+        ``reduce_op``, ``root``, ``line``. ``out_shape`` is the output's (default: ``shape``).
         """
         members = self.groups[group][0]
         takers = list(members if ranks is None else ranks)
@@ -111,7 +112,9 @@ class Job:
                     thread="MainThread",
                     stack=user_stack(str(o.get("function", function)), int(o.get("line", line))),  # type: ignore[call-overload]
                     inputs=[(shp, dt)] if shp is not None else [],
-                    outputs=[(shp, dt)] if shp is not None else [],
+                    outputs=[(tuple(o.get("out_shape", out_shape or shp)), dt)]  # type: ignore[call-overload]
+                    if shp is not None
+                    else [],
                     device="cpu",
                 )
             )
@@ -249,3 +252,15 @@ def late_arrivals(job: Job, rank: int, steps: int, late_ms: float = 40.0) -> Job
 
 def _fields(e: EntryValues) -> dict[str, object]:
     return {name: getattr(e, name) for name in EntryValues.__dataclass_fields__}
+
+
+def as_native(job: Job) -> Job:
+    """The job as PyTorch's gloo recorder keeps it: enqueue times only, every entry ENQUEUED,
+    and each dump's reason CONVERTED."""
+    for r, st in job.ranks.items():
+        st.entries = [
+            EntryValues(**{**_fields(e), "state": pb.ENQUEUED, "complete_ns": 0})
+            for e in st.entries
+        ]
+        job.reason[r] = pb.CONVERTED
+    return job

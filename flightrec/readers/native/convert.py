@@ -48,6 +48,34 @@ def _gaps(d: NativeDump, backend: str) -> list[str]:
     return out
 
 
+def _dump_time_ns(d: NativeDump, timeout_s: float) -> tuple[int, str]:
+    """When the dump was written, as far as it can tell, and a note when that is a bound.
+
+    A native dump holds no time of its own; the file's modification time stands in for it,
+    but a copied or checked-out file has the time of the copy (days after the job). A live
+    rank cannot wait longer than its timeout (gloo raises, the NCCL watchdog aborts), so a
+    file time beyond the newest entry plus the timeout is not the dump's: the dump time is
+    taken as that bound instead, and waits are measured to it, never to the time of analysis.
+    """
+    es = d.entries
+    newest = max(
+        max(es.created_ns, default=0),
+        max(es.started_ns, default=0),
+        max(es.completed_ns, default=0),
+    )
+    if not newest or not d.mtime_ns:
+        return d.mtime_ns, ""
+    bound = newest + int(max(timeout_s, 0.0) * 1e9)
+    if d.mtime_ns <= bound:
+        return max(d.mtime_ns, newest), ""
+    late = (d.mtime_ns - newest) / 1e9
+    limit = f"newest entry + the {timeout_s:g} s timeout" if timeout_s > 0 else "newest entry"
+    return bound, (
+        f"file written {late:.0f} s after its newest entry (a copy?): dump time taken as its "
+        f"{limit}"
+    )
+
+
 class _P2P:
     """Peers, per-peer ordinals and batch flags of the point-to-point entries of one ring."""
 
@@ -217,8 +245,6 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     h.device = "cpu" if backend == "gloo" else ""
     h.reason = pb.CONVERTED
     h.source = SOURCES[d.form]
-    h.wall_time_ns = d.mtime_ns
-    h.mono_time_ns = d.mtime_ns  # entry times are wall clock; equal clocks keep them so
     h.entries_recorded = (es.record_id[-1] + 1) if n else 0
     h.buffer_capacity = n if wrapped else 0
     h.stack_depth = max(map(len, es.stacks))
@@ -226,6 +252,11 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     timeouts = compress(es.timeout_ms, [name == default_name for name in names])
     h.timeout_s = max(timeouts, default=0) / 1000.0
     detail = [f"converted from PyTorch Flight Recorder dump format {d.version or '?'} ({d.form})"]
+    dumped_ns, clamped = _dump_time_ns(d, h.timeout_s)
+    h.wall_time_ns = dumped_ns
+    h.mono_time_ns = dumped_ns  # entry times are wall clock; equal clocks keep them so
+    if clamped:
+        detail.append(clamped)
     if d.comm_lib_version:
         detail.append(f"comm library {d.comm_lib_version}")
     detail.extend(_gaps(d, backend))
