@@ -89,7 +89,7 @@ def _check_room(directory: Path, needed: int) -> None:
         raise OSError(errno.ENOSPC, f"{free} bytes free, the black box needs {needed}")
 
 
-def _reserve(path: Path) -> None:
+def _reserve(fd: int) -> None:
     """Allocate every block of the black box now.
 
     The file is created sparse and written through a memory map: a page first touched when the
@@ -102,14 +102,11 @@ def _reserve(path: Path) -> None:
     fallocate = getattr(os, "posix_fallocate", None)
     if fallocate is None:  # not on this platform: the file stays sparse
         return
-    fd = os.open(path, os.O_RDWR)
     try:
         fallocate(fd, 0, os.fstat(fd).st_size)
     except OSError as exc:
         if exc.errno in _NO_SPACE:
             raise
-    finally:
-        os.close(fd)
 
 
 def _open_blackbox(config: Config) -> tuple[BlackBox | None, OSError | None]:
@@ -122,7 +119,7 @@ def _open_blackbox(config: Config) -> tuple[BlackBox | None, OSError | None]:
             config.directory, config.buffer, SLOT_SIZE, config.stack_depth, config.timeout_s
         )
         try:
-            _reserve(bb.path)
+            _reserve(bb.fd)
         except OSError:
             bb.close(healthy=True)  # deletes its files
             raise
