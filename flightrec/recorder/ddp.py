@@ -26,9 +26,13 @@ DDP_BUCKET = 32
 which end at SEND = 16): entries recorded through this module's hook carry it."""
 
 
-_flagged: Callable[[], Any] = lambda: None
-"""Returns the recorded all_reduce that flags its entry as a DDP bucket (``Hooks.ddp_all_reduce``),
-None when tracing is off; set by ``DDPHooks.install``."""
+def _no_flagged() -> Any:
+    return None
+
+
+_flagged: Callable[[], Any] = _no_flagged
+"""Returns the recorded all_reduce that flags its entry as a DDP bucket
+(``Hooks.ddp_all_reduce``), None when tracing is off; set by ``DDPHooks.install``."""
 
 
 def _all_reduce() -> Any:
@@ -93,7 +97,7 @@ class DDPHooks:
         return bool(self._saved)
 
     def install(
-        self, enabled: Callable[[], bool], flagged: Callable[[], Any] = lambda: None
+        self, enabled: Callable[[], bool], flagged: Callable[[], Any] = _no_flagged
     ) -> None:
         """Wrap DDP's constructor and hook registration (no-op when DDP is unavailable).
 
