@@ -1176,6 +1176,20 @@ PyInit__fast(void)
         Py_DECREF(m);
         return NULL;
     }
+    /* The offsets this file writes at, for the test that checks them against
+     * flightrec.format.slot.SLOT (the layout's one definition). */
+    PyObject *layout = Py_BuildValue(
+        "{sisisisisisisisisisisisisisisisisisisi}", "record_id", OFF_RID, "enqueue_ns", OFF_ENQ,
+        "complete_ns", OFF_COMPLETE, "state", OFF_STATE, "seq", OFF_SEQ, "p2p_seq", OFF_P2P,
+        "group", OFF_GROUP, "op", OFF_OP, "reduce_op", OFF_RED, "peer", OFF_PEER, "thread",
+        OFF_THREAD, "stack", OFF_STACK, "inputs", OFF_IN, "outputs", OFF_OUT, "device", OFF_DEV,
+        "flags", OFF_FLAGS, "record_id_again", OFF_RID2, "ENQUEUED", ENQUEUED, "COMPLETED",
+        COMPLETED);
+    if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
+        Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
     Py_INCREF(&FastPathType);
     if (PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType) < 0) {
         Py_DECREF(&FastPathType);

@@ -4,6 +4,7 @@ from collections.abc import Callable
 from typing import Any
 
 SLOT_SIZE: int
+LAYOUT: dict[str, int]
 
 class FastPath:
     enabled: int
