@@ -217,13 +217,19 @@ class BlackBox:
             if self._made_dir:  # a healthy run leaves the folder as it found it
                 with contextlib.suppress(OSError):
                     self.directory.rmdir()  # only if empty: dumps stay
+        # Under the journal's lock, and marked closed: a thread still interning (a dump in
+        # flight at exit) must not write to the number once the next open() reuses it.
+        with self._lock:
+            tables_fd, self._tables_fd = self._tables_fd, -1
         with contextlib.suppress(OSError):
-            os.close(self._tables_fd)
+            os.close(tables_fd)
         with contextlib.suppress(OSError):
             os.close(self.fd)  # the maps keep the file; a nameless one goes with them
 
     # -- the tables journal (called under the tables' own locks, on first sight only) ------
     def _append(self, records: list[list[Any]]) -> None:
+        if self._tables_fd < 0:  # closed at exit: nothing more is journaled
+            return
         data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
         try:
             os.write(self._tables_fd, data)
