@@ -3,8 +3,8 @@ hot path ``flightrec.recorder._fast``.
 
 Everything else lives in pyproject.toml. The extension is optional: where it cannot be built
 (no compiler, a big-endian host) the install goes on and the recorder runs its pure-Python hot
-path, which records exactly the same entries, more slowly. For tests run from the source tree,
-build it in place with ``python setup.py build_ext --inplace``. The .pth file is how ``FLIGHTREC=1`` traces a
+path, which records exactly the same entries, more slowly. Tests run from the source tree build it in
+place themselves (tests/conftest.py). The .pth file is how ``FLIGHTREC=1`` traces a
 training script that never imports flightrec (plain python, spawn children, torchrun workers):
 Python executes its single line at interpreter start-up, and that line does nothing but read
 one environment variable unless tracing is asked for.

@@ -1,22 +1,21 @@
-"""Cost of the flightrec recorder on the hot path, and of one dump.
+"""Cost of the flightrec recorder, measured as a user measures it, and of one dump.
 
-Per-call time of a 1-element ``all_reduce`` on a 1-rank gloo group, called from 18 frames
-deep (a realistic training-loop depth), in four modes:
+The per-call figure is the user's harness of issue 15 (``user_loop.py``: a 1-element
+``all_reduce`` on a 1-rank gloo group, called as ``step(t)`` from a training loop 16 frames
+deep), each run a fresh process with the package as installed (the interpreter running this
+script: run it with the virtual environment's python) and tracing turned on the way users turn
+it on, ``FLIGHTREC=1`` in the environment. Modes, interleaved round by round so that load on a
+shared machine hits them alike; each mode's figure is the median over its processes:
 
-  a  PyTorch's C++ flight recorder off (TORCH_FR_BUFFER_SIZE=0), flightrec off
-  b  PyTorch's recorder at its default (on),                      flightrec off
-  c  flightrec on, 16-frame stacks,                               PyTorch's recorder off
-  d  flightrec on, no stacks (FLIGHTREC_STACK_DEPTH=0),           PyTorch's recorder off
-  e  as c, with the black box off (FLIGHTREC_BLACKBOX=0: the ring in memory, not in a
-     memory-mapped file): c against e is what the black box costs
+  a  untraced: PyTorch's recorder off (TORCH_FR_BUFFER_SIZE=0), flightrec off
+  b  PyTorch's recorder at its default (on)
+  c  flightrec, 16-frame stacks (PyTorch's recorder off)
+  d  flightrec, no stacks (FLIGHTREC_STACK_DEPTH=0)
+  e  as c, without the black box (FLIGHTREC_BLACKBOX=0)
+  p  as c, on the pure-Python hot path (the C extension not used): what the extension saves
 
-Then the black box alone, in one process: the recording work of two recorders, one writing
-into the memory-mapped file and one into memory, in interleaved batches.
-
-Each measurement is a separate process; processes of the four modes are interleaved so that
-drift on a shared machine hits every mode alike. Each process reports the median of its
-batches; the figure per mode is the median over its processes. flightrec is turned on the way
-users turn it on, with FLIGHTREC=1 in the child's environment.
+``--ddp``: steps per second of a small DDP model on 4 gloo ranks (``ddp_steps.py``), with and
+without FLIGHTREC=1, interleaved, median and range.
 
 Then the dump: a full 2,000-entry ring with 16-frame stacks from several call sites, dumped
 several times; median wall time and file size.
@@ -24,7 +23,9 @@ several times; median wall time and file size.
 With ``--instructions`` (needs valgrind), instead: instructions per call counted by callgrind
 for torch's call alone and with each hot path, a figure other processes cannot disturb.
 
-Run: ``python benchmarks/bench_recorder.py [--rounds N] [--calls N] [--instructions]``.
+``--source`` puts this checkout first on the path instead of the installed package.
+
+Run: ``python benchmarks/bench_recorder.py [--rounds N] [--ddp] [--instructions]``.
 """
 
 from __future__ import annotations
@@ -42,16 +43,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 DEPTH = 18
+SOURCE = False
+"""--source: children import this checkout instead of the installed package."""
+HERE = Path(__file__).resolve().parent
+PURE_PYTHON = (
+    "import runpy, sys; import flightrec.recorder.codegen as c; c.USE_FAST = False; "
+    "runpy.run_path(sys.argv[1], run_name='__main__')"
+)
+"""Runs a script with the pure-Python hot path: set before torch.distributed is imported, when
+the start-up hook generates the wrappers."""
+_FR = {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1"}
 MODES = {
-    "a": ("torch FR off, flightrec off", {"TORCH_FR_BUFFER_SIZE": "0"}),
-    "b": ("torch FR on (default), flightrec off", {}),
-    "c": ("flightrec on (16-frame stacks), torch FR off",
-          {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "16"}),
-    "d": ("flightrec on (no stacks), torch FR off",
-          {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "0"}),
-    "e": ("flightrec on (16-frame stacks), no black box",
-          {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "16",
-           "FLIGHTREC_BLACKBOX": "0"}),
+    "a": ("untraced (TORCH_FR_BUFFER_SIZE=0)", {"TORCH_FR_BUFFER_SIZE": "0"}),
+    "b": ("PyTorch's recorder on (its default)", {}),
+    "c": ("flightrec, 16-frame stacks", {**_FR, "FLIGHTREC_STACK_DEPTH": "16"}),
+    "d": ("flightrec, FLIGHTREC_STACK_DEPTH=0", {**_FR, "FLIGHTREC_STACK_DEPTH": "0"}),
+    "e": ("flightrec, 16-frame stacks, no black box", {**_FR, "FLIGHTREC_BLACKBOX": "0"}),
+    "p": ("flightrec, 16-frame stacks, pure Python", {**_FR, "FLIGHTREC_STACK_DEPTH": "16"}),
 }  # fmt: skip
 
 
@@ -100,113 +108,6 @@ def _python_path(fn):  # type: ignore[no-untyped-def]
         codegen.USE_FAST = saved
 
 
-def _fast_built() -> bool:
-    from flightrec.recorder import codegen
-
-    return codegen.USE_FAST
-
-
-def _calls(n: int, batches: int) -> dict[str, list[float]]:
-    """Per-call µs of batches through ``dist.all_reduce``; with flightrec on, each batch is
-    paired with one through torch's original function (and, where the C hot path is built,
-    one through a pure-Python-path wrapper), so the difference of a pair is flightrec's cost
-    under the same machine load (the machine may be shared)."""
-    import torch
-    import torch.distributed as dist
-
-    original = getattr(dist.all_reduce, "__flightrec_original__", None)
-    t = torch.ones(1)
-    fns = {"traced": dist.all_reduce}
-    if original is not None:
-        fns["original"] = original
-        if _fast_built():
-            fns["python"] = _python_path(original)
-    out: dict[str, list[float]] = {name: [] for name in fns}
-    out.update({f"{name}_cpu": [] for name in fns})
-    for _ in range(batches):
-        for name, fn in fns.items():
-            cpu = time.thread_time_ns()
-            start = time.perf_counter_ns()
-            for _ in range(n):
-                fn(t)
-            out[name].append((time.perf_counter_ns() - start) / n / 1000)
-            # The calling thread's CPU time: what recording adds there, without the time
-            # this thread spent preempted by other processes on a shared machine.
-            out[f"{name}_cpu"].append((time.thread_time_ns() - cpu) / n / 1000)
-    return out
-
-
-def _noop(tensor, op=None, group=None, async_op=False):  # type: ignore[no-untyped-def]
-    """A collective that does nothing, with all_reduce's signature (``op``'s default is set
-    to torch's ReduceOp.SUM below: with None, every call would intern a new reduce-op name
-    and time the recorder's slow path instead of its hot path)."""
-    return None
-
-
-def _with_torch_defaults() -> None:
-    import torch.distributed as dist
-
-    _noop.__defaults__ = (dist.ReduceOp.SUM, None, False)
-
-
-def _recording_cost(wrapped, t, calls: int = 2000) -> float:  # type: ignore[no-untyped-def]
-    """µs per call of ``wrapped`` (generated around ``_noop``) minus ``_noop`` itself: the
-    recording work alone. The two loops run back to back, so they share the machine's load."""
-    start = time.perf_counter_ns()
-    for _ in range(calls):
-        wrapped(t)
-    mid = time.perf_counter_ns()
-    for _ in range(calls):
-        _noop(t)
-    return ((mid - start) - (time.perf_counter_ns() - mid)) / calls / 1000
-
-
-def _noop_cost(batches: int, python_path: bool = False) -> float:
-    """µs the recording itself takes: a wrapper generated for a no-op with all_reduce's
-    signature, minus the no-op. Nothing else runs between calls, so caches stay warm."""
-    import torch
-
-    from flightrec.recorder import runtime
-    from flightrec.recorder.codegen import generate
-    from flightrec.recorder.specs import spec_for
-
-    rt = runtime.current()
-    assert rt is not None
-
-    if python_path:
-        wrapped = _python_path(_noop)
-    else:
-        spec = spec_for("all_reduce", rt.hooks.originals["all_reduce"])
-        wrapped = generate(spec, _noop, rt.recorder)
-    t = torch.ones(1)
-    return statistics.median(_recording_cost(wrapped, t) for _ in range(batches))
-
-
-def child_calls(calls: int) -> None:
-    _init()
-    _with_torch_defaults()
-    # Frames: this one + _at_depth chain + _calls = DEPTH frames under the module level.
-    _at_depth(DEPTH - 3, _calls, 500, 2)  # warm-up
-    got = _at_depth(DEPTH - 3, _calls, 500, max(1, calls // 500))
-    med = {name: statistics.median(v) for name, v in got.items()}
-    result = {"us": med["traced"]}
-    if "original" in med:
-        pairs = list(zip(got["traced"], got["original"], strict=True))
-        result["paired_us"] = statistics.median(a - b for a, b in pairs)
-        pairs = list(zip(got["traced_cpu"], got["original_cpu"], strict=True))
-        result["paired_cpu_us"] = statistics.median(a - b for a, b in pairs)
-        result["noop_us"] = _at_depth(DEPTH - 3, _noop_cost, 10)
-        result["fast"] = _fast_built()
-        if "python" in got:
-            pairs = list(zip(got["python"], got["original"], strict=True))
-            result["paired_py_us"] = statistics.median(a - b for a, b in pairs)
-            pairs = list(zip(got["python_cpu"], got["original_cpu"], strict=True))
-            result["paired_py_cpu_us"] = statistics.median(a - b for a, b in pairs)
-            result["noop_py_us"] = _at_depth(DEPTH - 3, _noop_cost, 10, True)
-    print(json.dumps(result), flush=True)
-    _finish()
-
-
 def _site_a(t):  # type: ignore[no-untyped-def]
     import torch.distributed as dist
 
@@ -246,42 +147,12 @@ def child_dump(entries: int) -> None:
     _finish()
 
 
-def child_blackbox(batches: int) -> None:
-    """Same process, interleaved batches: the recording work (no-op collective) of a recorder
-    whose ring is the black box's memory-mapped file against one whose ring is in memory."""
-    import torch
-    import torch.distributed as dist
-
-    from flightrec.recorder.codegen import generate
-    from flightrec.recorder.config import Config
-    from flightrec.recorder.recorder import Recorder
-    from flightrec.recorder.specs import spec_for
-
-    _init()
-    _with_torch_defaults()
-
-    spec = spec_for("all_reduce", dist.distributed_c10d.all_reduce)
-    wrapped = {}
-    for name, on in (("mmap", True), ("memory", False)):
-        cfg = Config(enabled=True, directory=os.environ["FLIGHTREC_DIR"], blackbox=on)
-        rec = Recorder(cfg)
-        assert (rec.blackbox is not None) == on
-        wrapped[name] = generate(spec, _noop, rec)
-    t = torch.ones(1)
-    costs: dict[str, list[float]] = {name: [] for name in wrapped}
-
-    for _ in range(batches):
-        for name, fn in wrapped.items():
-            costs[name].append(_at_depth(DEPTH - 3, _recording_cost, fn, t))
-    print(json.dumps({name: statistics.median(v) for name, v in costs.items()}), flush=True)
-    _finish()
-
-
 def _run_child(args: list[str], env_extra: dict[str, str], tmp: str) -> dict[str, float]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTREC", "TORCH_FR"))}
     env.update(env_extra)
     env["FLIGHTREC_DIR"] = tmp
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli"), env.get("PYTHONPATH", "")])
+    if SOURCE:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli")])
     for _ in range(3):
         out = subprocess.run(
             [sys.executable, __file__, *args], env=env, capture_output=True, text=True
@@ -319,9 +190,12 @@ def child_instructions(mode: str, calls: int) -> None:
     for _ in range(200):  # caches filled, as in a training loop
         fn(t)
 
+    def step(t):  # type: ignore[no-untyped-def]
+        fn(t)  # a new caller frame at every call, as in the user's harness
+
     def loop() -> None:
         for _ in range(calls):
-            fn(t)
+            step(t)
 
     ctypes.CFUNCTYPE(None)(lambda: _at_depth(DEPTH - 3, loop))()
     _finish()
@@ -342,7 +216,8 @@ def instructions(calls: int) -> None:
                 k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTREC", "TORCH_FR"))
             }
             env.update(extra, TORCH_FR_BUFFER_SIZE="0", FLIGHTREC_DIR=tmp)
-            env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli")])
+            if SOURCE:
+                env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli")])
             out = subprocess.run(
                 ["valgrind", "--tool=callgrind", "--collect-atstart=no",
                  "--toggle-collect=_ctypes_callproc", f"--callgrind-out-file={tmp}/cg.{mode}",
@@ -360,96 +235,114 @@ def instructions(calls: int) -> None:
               f"({(counts[mode] - base) / base:.0%} of torch's call)")  # fmt: skip
 
 
+def _script(script: str, env_extra: dict[str, str], tmp: str, pure: bool = False) -> float:
+    """The number a fresh process running ``script`` prints (retried: torch 2.13's gloo
+    teardown occasionally aborts at exit, after the figure was printed)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLIGHTREC", "TORCH_FR"))}
+    env.update(env_extra, FLIGHTREC_DIR=tmp, PORT=str(_free_port()))
+    if SOURCE:
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "cli")])
+    cmd = [sys.executable, "-c", PURE_PYTHON] if pure else [sys.executable]
+    for _ in range(3):
+        out = subprocess.run(
+            [*cmd, str(HERE / script), env["PORT"]], env=env, capture_output=True, text=True
+        )
+        lines = [ln for ln in out.stdout.splitlines() if ln.strip()]
+        try:
+            return float(lines[-1])
+        except (IndexError, ValueError):
+            env["PORT"] = str(_free_port())
+    raise RuntimeError(f"{script} failed ({out.returncode}): {out.stderr[-2000:]}")
+
+
+def _hot_path() -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", "from flightrec.recorder import codegen; print(codegen.USE_FAST)"],
+        capture_output=True, text=True,
+        env={**os.environ, **({"PYTHONPATH": str(ROOT)} if SOURCE else {})},
+    )  # fmt: skip
+    built = out.stdout.strip() == "True"
+    return "C extension built" if built else "C extension NOT built (c-e are pure Python too)"
+
+
+def harness(rounds: int, tmp: str) -> dict[str, float]:
+    """Per-call µs of the user's harness in every mode, printed; returns the medians."""
+    results: dict[str, list[float]] = {m: [] for m in MODES}
+    for _ in range(rounds):
+        for mode, (_, env) in MODES.items():
+            results[mode].append(_script("user_loop.py", env, tmp, pure=mode == "p"))
+    med = {m: statistics.median(v) for m, v in results.items()}
+    best = {m: min(v) for m, v in results.items()}
+    print(f"user harness (benchmarks/user_loop.py): all_reduce(1 element), 1-rank gloo, "
+          f"16 frames deep; median of {rounds} interleaved fresh processes per mode; "
+          f"{'this checkout' if SOURCE else 'installed package'}, {_hot_path()}")  # fmt: skip
+    # Load from other processes only ever adds time: the fastest process of each mode is the
+    # figure least distorted on a busy machine, shown beside the median.
+    print(f"  {'mode':<44} {'us/call':>8} {'added':>7}   {'fastest':>7} {'added':>7}   processes")
+    for mode, (label, _) in MODES.items():
+        spread = ", ".join(f"{x:.1f}" for x in results[mode])
+        added = "" if mode == "a" else f"{med[mode] - med['a']:+7.2f}"
+        added_best = "" if mode == "a" else f"{best[mode] - best['a']:+7.2f}"
+        print(f"  ({mode}) {label:<40} {med[mode]:8.2f} {added:>7}   {best[mode]:7.2f} "
+              f"{added_best:>7}   [{spread}]")  # fmt: skip
+    torch_cost, fr_cost = med["b"] - med["a"], med["c"] - med["a"]
+    print(f"  flightrec with stacks adds {fr_cost:.2f} us/call (target <= 1.00), PyTorch's "
+          f"recorder {torch_cost:.2f} us/call: "
+          f"{'less' if fr_cost < torch_cost else 'NOT less'} than PyTorch's recorder")  # fmt: skip
+    print(f"  C hot path against pure Python (p - c): {med['p'] - med['c']:+.2f} us/call")
+    return med
+
+
+def ddp(rounds: int, tmp: str) -> None:
+    """Steps/s of a small 4-rank gloo DDP model, with and without FLIGHTREC=1, printed."""
+    rates: dict[str, list[float]] = {"off": [], "on": []}
+    for _ in range(rounds):
+        rates["off"].append(_script("ddp_steps.py", {}, tmp))
+        rates["on"].append(_script("ddp_steps.py", {"FLIGHTREC": "1"}, tmp))
+    print(f"DDP, 4 gloo ranks on this machine, small MLP, {rounds} interleaved runs each "
+          "(slowest rank's steps/s)")  # fmt: skip
+    for name, v in rates.items():
+        print(f"  FLIGHTREC {name:<3}: median {statistics.median(v):7.1f} steps/s, range "
+              f"{min(v):.1f}-{max(v):.1f}  [{', '.join(f'{x:.1f}' for x in v)}]")  # fmt: skip
+    change = statistics.median(rates["on"]) / statistics.median(rates["off"]) - 1
+    print(f"  traced / untraced: {change:+.1%}")
+
+
 def main() -> None:
+    global SOURCE
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="processes per mode")
-    parser.add_argument("--calls", type=int, default=20000, help="measured calls per process")
+    parser.add_argument("--ddp", action="store_true", help="also DDP steps/s on 4 gloo ranks")
+    parser.add_argument("--ddp-rounds", type=int, default=5)
+    parser.add_argument("--source", action="store_true", help="import this checkout")
     parser.add_argument(
         "--instructions",
         action="store_true",
         help="count instructions per call with valgrind (deterministic on a busy machine)",
     )
-    children = ["calls", "dump", "blackbox", *(f"instr-{m}" for m in INSTRUCTION_MODES)]
+    parser.add_argument("--calls", type=int, default=1000, help="calls under callgrind")
+    children = ["dump", *(f"instr-{m}" for m in INSTRUCTION_MODES)]
     parser.add_argument("--child", choices=children, help=argparse.SUPPRESS)
     parser.add_argument("--entries", type=int, default=2000)
     opts = parser.parse_args()
+    SOURCE = opts.source
     if opts.child and opts.child.startswith("instr-"):
         return child_instructions(opts.child.removeprefix("instr-"), opts.calls)
-    if opts.instructions:
-        print(f"instructions per all_reduce(1 element), 1-rank gloo, {DEPTH} frames deep, "
-              f"{min(opts.calls, 1000)} calls under callgrind")  # fmt: skip
-        return instructions(min(opts.calls, 1000))
-    if opts.child == "calls":
-        return child_calls(opts.calls)
     if opts.child == "dump":
         return child_dump(opts.entries)
-    if opts.child == "blackbox":
-        return child_blackbox(60)
-
-    results: dict[str, list[float]] = {m: [] for m in MODES}
-    paired: dict[str, list[float]] = {m: [] for m in MODES}
-    noop: dict[str, list[float]] = {m: [] for m in MODES}
-    paired_py: dict[str, list[float]] = {m: [] for m in MODES}
-    paired_cpu: dict[str, list[float]] = {m: [] for m in MODES}
-    paired_py_cpu: dict[str, list[float]] = {m: [] for m in MODES}
-    noop_py: dict[str, list[float]] = {m: [] for m in MODES}
-    fast = False
+    if opts.instructions:
+        print(f"instructions per all_reduce(1 element), 1-rank gloo, {DEPTH} frames deep, "
+              f"{opts.calls} calls under callgrind")  # fmt: skip
+        return instructions(opts.calls)
     with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(opts.rounds):
-            for mode, (_, env) in MODES.items():
-                r = _run_child(["--child", "calls", "--calls", str(opts.calls)], env, tmp)
-                results[mode].append(r["us"])
-                if "paired_us" in r:
-                    paired[mode].append(r["paired_us"])
-                    paired_cpu[mode].append(r["paired_cpu_us"])
-                    noop[mode].append(r["noop_us"])
-                    fast = bool(r["fast"])
-                if "paired_py_us" in r:
-                    paired_py[mode].append(r["paired_py_us"])
-                    paired_py_cpu[mode].append(r["paired_py_cpu_us"])
-                    noop_py[mode].append(r["noop_py_us"])
+        harness(opts.rounds, tmp)
+        if opts.ddp:
+            ddp(opts.ddp_rounds, tmp)
         dump = _run_child(
             ["--child", "dump", "--entries", str(opts.entries)],
             {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_BUFFER": str(opts.entries)},
             tmp,
         )
-        blackbox = _run_child(["--child", "blackbox"], {"TORCH_FR_BUFFER_SIZE": "0"}, tmp)
-    med = {m: statistics.median(v) for m, v in results.items()}
-    print(f"per-call time of all_reduce(1 element), 1-rank gloo, {DEPTH} frames deep, "
-          f"median of {opts.rounds} interleaved processes x {opts.calls} calls")  # fmt: skip
-    for mode, (label, _) in MODES.items():
-        spread = ", ".join(f"{x:.2f}" for x in results[mode])
-        print(f"  ({mode}) {label:<46} {med[mode]:7.2f} us   [{spread}]")
-    torch_cost = med["b"] - med["a"]
-    fr_cost = med["c"] - med["a"]
-    print(f"  PyTorch recorder adds            {torch_cost:6.2f} us/call  (b - a)")
-    print(f"  flightrec with stacks adds       {fr_cost:6.2f} us/call  (c - a; target <= 3.00)")
-    print(f"  flightrec without stacks adds    {med['d'] - med['a']:6.2f} us/call  (d - a)")
-    if torch_cost > 0:
-        print(f"  ratio flightrec / PyTorch recorder: {fr_cost / torch_cost:.2f}")
-    print(
-        f"  hot path of (c)-(e): {'C extension (flightrec.recorder._fast)' if fast else 'pure Python (C extension not built)'}"
-    )
-    for mode in ("c", "d", "e"):
-        # Same process, alternating batches through the wrapper and through torch's own
-        # function: immune to load from other processes, which the cross-process figures
-        # are not on a shared machine.
-        print(f"  ({mode}) paired in-process cost of flightrec: "
-              f"{statistics.median(paired[mode]):6.2f} us/call  "
-              f"[{', '.join(f'{x:.2f}' for x in paired[mode])}]; calling thread's CPU time "
-              f"{statistics.median(paired_cpu[mode]):5.2f} us/call")  # fmt: skip
-    for mode in ("c", "d", "e"):
-        print(f"  ({mode}) recording work alone (no-op collective, warm caches): "
-              f"{statistics.median(noop[mode]):5.2f} us/call")  # fmt: skip
-    if fast:
-        for mode in ("c", "d"):
-            # The same comparisons for the pure-Python hot path (what runs where the
-            # extension is not built), in the same processes.
-            print(f"  ({mode}) pure-Python hot path: paired {statistics.median(paired_py[mode]):5.2f} "
-                  f"us/call (CPU {statistics.median(paired_py_cpu[mode]):5.2f}), recording work "
-                  f"alone {statistics.median(noop_py[mode]):5.2f} us/call")  # fmt: skip
-    print(f"black box, same process, recording work alone: ring in a memory-mapped file "
-          f"{blackbox['mmap']:.2f} us/call, ring in memory {blackbox['memory']:.2f} us/call")  # fmt: skip
     print(f"dump of a full {opts.entries}-entry ring with stacks: "
           f"{dump['ms']:.1f} ms (target <= 100), {dump['bytes'] / 1000:.0f} KB (target <= 300)")  # fmt: skip
 

@@ -49,6 +49,27 @@
 static PyObject *s_enabled, *s_specs, *s_shape, *s_dtype, *s_counter, *s_seq, *s_index,
     *s_gpu, *s_top, *s_top_lasti, *s_top_index, *s_settle, *s_ranks;
 
+/* A thread's stack cache in C. The stack of a call is its caller's (code, offset) followed by
+ * the stack of the caller's caller (``parent``); while ``parent`` is the same frame object,
+ * paused at the same instruction, that rest is the same, so the stack index is known from the
+ * caller's code and offset alone (the assumption StackTable's own cache makes at every level).
+ * The caller itself is not held: in a training loop it is a new frame at every call (``step``
+ * called from ``train``), and holding it would make CPython copy it out at every return.
+ * ``parent`` is a strong reference, so its address cannot be reused while cached; the
+ * watchdog's purge drops it once it has returned (``FastPath.purge``). */
+#define TC_THREADS 4
+#define SPEC_CACHE 4
+#define TC_HEADS 8
+typedef struct {
+    unsigned long ident; /* 0: unused */
+    PyObject *parent;    /* strong reference */
+    int parent_lasti;
+    int nheads, next_head;
+    PyCodeObject *code[TC_HEADS]; /* kept alive by the StackTable, which interned them */
+    int lasti[TC_HEADS];
+    uint32_t index[TC_HEADS];
+} TCache;
+
 typedef struct {
     PyObject_HEAD
     PyObject *rec;     /* Recorder: .enabled, .settle() */
@@ -79,6 +100,17 @@ typedef struct {
      * thread switch instead of two per call). */
     unsigned long tid_ident;
     PyObject *tid_obj;
+    /* Recorder.enabled, pushed here by its setter (reading the attribute cost a sixth of the
+     * path). */
+    int enabled;
+    /* The last few tensor specs hit: (group specs dict, shape, dtype) -> (signature, device),
+     * compared in C without building, hashing and looking up a key (see spec_of). */
+    PyObject *sc_specs[SPEC_CACHE], *sc_shape[SPEC_CACHE], *sc_dtype[SPEC_CACHE];
+    uint32_t sc_sig[SPEC_CACHE], sc_dev[SPEC_CACHE];
+    int sc_next;
+    /* Stacks of the last few threads, keyed by the caller's caller (see stack_of). */
+    TCache tc[TC_THREADS];
+    int tc_next;
 } FastPath;
 
 static inline int64_t
@@ -170,39 +202,130 @@ thread_id(FastPath *self)
     return self->tid_obj;
 }
 
-/* specs.get((tensor.shape, tensor.dtype)) -> (signature index, device index); -1 on a miss. */
-static int
-spec_of(PyObject *specs, PyObject *tensor, uint32_t *sig, uint32_t *dev)
+/* ``getattr(obj, name)`` for a data descriptor implemented in C (torch's ``Tensor.shape`` and
+ * ``.dtype``): the getter itself, without the generic lookup around it. The same call
+ * PyObject_GetAttr ends in, since a getset descriptor on the type wins over the instance
+ * dict; anything else takes the generic path. */
+static PyObject *
+c_getattr(PyObject *obj, PyObject *name)
 {
-    PyObject *shape = PyObject_GetAttr(tensor, s_shape);
+    PyTypeObject *type = Py_TYPE(obj);
+    if (type->tp_getattro == PyObject_GenericGetAttr) {
+        PyObject *descr = _PyType_Lookup(type, name); /* borrowed, from the type's cache */
+        if (descr != NULL && Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+            PyGetSetDef *gs = ((PyGetSetDescrObject *)descr)->d_getset;
+            if (gs->get != NULL) {
+                return gs->get(obj, gs->closure);
+            }
+        }
+    }
+    return PyObject_GetAttr(obj, name);
+}
+
+/* Whether two shapes (tuples of exact ints) are equal, without calling into Python. */
+static int
+same_shape(PyObject *a, PyObject *b)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(a);
+    if (PyTuple_GET_SIZE(b) != n) {
+        return 0;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(a, i), *y = PyTuple_GET_ITEM(b, i);
+        if (x == y) {
+            continue; /* small ints are shared */
+        }
+        if (!PyLong_CheckExact(x) || !PyLong_CheckExact(y)) {
+            return 0;
+        }
+        int overflow_x = 0, overflow_y = 0;
+        long long vx = PyLong_AsLongLongAndOverflow(x, &overflow_x);
+        long long vy = PyLong_AsLongLongAndOverflow(y, &overflow_y);
+        if (overflow_x || overflow_y || vx != vy) {
+            PyErr_Clear();
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* specs.get((tensor.shape, tensor.dtype)) -> (signature index, device index); -1 on a miss.
+ * The last few hits are kept in C and compared by value (the shape is read at every call:
+ * a tensor reshaped in place between two calls gets its new signature). */
+static int
+spec_of(FastPath *self, PyObject *specs, PyObject *tensor, uint32_t *sig, uint32_t *dev)
+{
+    PyObject *shape = c_getattr(tensor, s_shape);
     if (shape == NULL) {
         return -1;
     }
-    PyObject *dtype = PyObject_GetAttr(tensor, s_dtype);
-    if (dtype == NULL) {
+    PyObject *dtype = c_getattr(tensor, s_dtype);
+    if (dtype == NULL || !PyTuple_Check(shape)) {
         Py_DECREF(shape);
+        Py_XDECREF(dtype);
         return -1;
     }
+    for (int i = 0; i < SPEC_CACHE; i++) {
+        if (self->sc_specs[i] == specs && self->sc_dtype[i] == dtype &&
+            same_shape(self->sc_shape[i], shape)) {
+            *sig = self->sc_sig[i];
+            *dev = self->sc_dev[i];
+            Py_DECREF(shape);
+            Py_DECREF(dtype);
+            return 0;
+        }
+    }
+    int rc = -1;
     PyObject *key = PyTuple_Pack(2, shape, dtype);
+    PyObject *value = key == NULL ? NULL : PyDict_GetItemWithError(specs, key); /* borrowed */
+    Py_XDECREF(key);
+    if (value != NULL && PyTuple_CheckExact(value) && PyTuple_GET_SIZE(value) == 2 &&
+        as_index(PyTuple_GET_ITEM(value, 0), sig) == 0 &&
+        as_index(PyTuple_GET_ITEM(value, 1), dev) == 0) {
+        /* Keep a plain tuple copy: the cache must not hold a subclass whose items change. */
+        PyObject *copy = PyTuple_GetSlice(shape, 0, PyTuple_GET_SIZE(shape));
+        if (copy != NULL) {
+            int i = self->sc_next;
+            self->sc_next = (i + 1) % SPEC_CACHE;
+            Py_INCREF(specs);
+            Py_XSETREF(self->sc_specs[i], specs);
+            Py_XSETREF(self->sc_shape[i], copy);
+            Py_INCREF(dtype);
+            Py_XSETREF(self->sc_dtype[i], dtype);
+            self->sc_sig[i] = *sig;
+            self->sc_dev[i] = *dev;
+        }
+        rc = 0;
+    }
+    PyErr_Clear();
     Py_DECREF(shape);
     Py_DECREF(dtype);
-    if (key == NULL) {
-        return -1;
-    }
-    PyObject *value = PyDict_GetItemWithError(specs, key); /* borrowed */
-    Py_DECREF(key);
-    if (value == NULL || !PyTuple_CheckExact(value) || PyTuple_GET_SIZE(value) != 2) {
-        return -1;
-    }
-    if (as_index(PyTuple_GET_ITEM(value, 0), sig) < 0 ||
-        as_index(PyTuple_GET_ITEM(value, 1), dev) < 0) {
-        return -1;
-    }
-    return 0;
+    return rc;
 }
 
-/* The stack index of the caller ``frame`` for thread ``tid``: the thread cache's last top
- * frame at the same instruction, else StackTable.capture (which walks and refreshes it). */
+/* The thread's C stack cache, or NULL when it has none (``create``: take a slot for it). */
+static TCache *
+tcache_of(FastPath *self, unsigned long ident, int create)
+{
+    for (int i = 0; i < TC_THREADS; i++) {
+        if (self->tc[i].ident == ident) {
+            return &self->tc[i];
+        }
+    }
+    if (!create) {
+        return NULL;
+    }
+    TCache *c = &self->tc[self->tc_next];
+    self->tc_next = (self->tc_next + 1) % TC_THREADS;
+    Py_CLEAR(c->parent);
+    c->ident = ident;
+    c->nheads = c->next_head = 0;
+    return c;
+}
+
+/* The stack index of the caller ``frame``: from the C cache when the caller's caller is the
+ * cached frame at the same instruction and the caller's code and offset were seen under it,
+ * else StackTable.capture (which walks, interns and refreshes its own caches). */
 static int
 stack_of(FastPath *self, PyObject *frame, PyObject *tid, uint32_t *out)
 {
@@ -213,44 +336,46 @@ stack_of(FastPath *self, PyObject *frame, PyObject *tid, uint32_t *out)
     if (!PyFrame_Check(frame)) {
         return -1;
     }
-    PyObject *tc = PyDict_GetItemWithError(self->tcaches, tid); /* borrowed */
-    if (tc != NULL) {
-        PyObject *top = PyObject_GetAttr(tc, s_top);
-        if (top == NULL) {
-            return -1;
-        }
-        int same = top == frame;
-        Py_DECREF(top);
-        if (same) {
-            PyObject *lasti = PyObject_GetAttr(tc, s_top_lasti);
-            if (lasti == NULL) {
-                return -1;
-            }
-            long cached = PyLong_AsLong(lasti);
-            Py_DECREF(lasti);
-            if (cached == -1 && PyErr_Occurred()) {
-                return -1;
-            }
-            if (cached == PyFrame_GetLasti((PyFrameObject *)frame)) {
-                PyObject *index = PyObject_GetAttr(tc, s_top_index);
-                if (index == NULL) {
-                    return -1;
-                }
-                int rc = as_index(index, out);
-                Py_DECREF(index);
-                return rc;
+    PyFrameObject *f = (PyFrameObject *)frame;
+    unsigned long ident = self->tid_ident;
+    PyCodeObject *code = PyFrame_GetCode(f); /* new reference */
+    int lasti = PyFrame_GetLasti(f);
+    PyFrameObject *parent = self->depth > 1 ? PyFrame_GetBack(f) : NULL; /* new reference */
+    int parent_lasti = parent != NULL ? PyFrame_GetLasti(parent) : -1;
+    TCache *c = parent != NULL ? tcache_of(self, ident, 0) : NULL;
+    if (c != NULL && c->parent == (PyObject *)parent && c->parent_lasti == parent_lasti) {
+        for (int i = 0; i < c->nheads; i++) {
+            if (c->code[i] == code && c->lasti[i] == lasti) {
+                *out = c->index[i];
+                Py_DECREF(code);
+                Py_DECREF(parent);
+                return 0;
             }
         }
-    }
-    else if (PyErr_Occurred()) {
-        return -1;
     }
     PyObject *index = PyObject_CallFunctionObjArgs(self->capture, frame, tid, NULL);
-    if (index == NULL) {
-        return -1;
+    int rc = index == NULL ? -1 : as_index(index, out);
+    Py_XDECREF(index);
+    if (rc == 0 && parent != NULL) {
+        /* capture() ran Python code: look the thread's slot up again. */
+        c = tcache_of(self, ident, 1);
+        if (c->parent != (PyObject *)parent || c->parent_lasti != parent_lasti) {
+            Py_INCREF(parent);
+            Py_XSETREF(c->parent, (PyObject *)parent);
+            c->parent_lasti = parent_lasti;
+            c->nheads = c->next_head = 0;
+        }
+        int h = c->next_head;
+        c->next_head = (h + 1) % TC_HEADS;
+        if (c->nheads < TC_HEADS) {
+            c->nheads++;
+        }
+        c->code[h] = code;
+        c->lasti[h] = lasti;
+        c->index[h] = *out;
     }
-    int rc = as_index(index, out);
-    Py_DECREF(index);
+    Py_DECREF(code);
+    Py_XDECREF(parent);
     return rc;
 }
 
@@ -276,14 +401,8 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     uint32_t sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
     int32_t peer = -1;
 
-    PyObject *enabled = PyObject_GetAttr(self->rec, s_enabled);
-    if (enabled == NULL) {
-        goto fallback;
-    }
-    int on = PyObject_IsTrue(enabled);
-    Py_DECREF(enabled);
-    if (on <= 0) {
-        goto fallback; /* the Python path handles "off" and errors alike */
+    if (!self->enabled) {
+        goto fallback; /* the Python path handles "off" */
     }
     tid = thread_id(self);
     if (tid == NULL) {
@@ -312,13 +431,13 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
         uint32_t dev_out = 0;
         if (PyDict_CheckExact(specs)) {
             if (has_in) {
-                rc = spec_of(specs, tin, &sig_in, &dev);
+                rc = spec_of(self, specs, tin, &sig_in, &dev);
             }
             if (rc == 0 && has_out && tout == tin) {
                 sig_out = sig_in;
             }
             else if (rc == 0 && has_out) {
-                rc = spec_of(specs, tout, &sig_out, &dev_out);
+                rc = spec_of(self, specs, tout, &sig_out, &dev_out);
                 if (!has_in) {
                     dev = dev_out;
                 }
@@ -545,6 +664,48 @@ FastPath_leave(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
     Py_RETURN_NONE;
 }
 
+/* purge(live): drop cached frames no longer on their thread's stack (``live`` is
+ * sys._current_frames(); the watchdog calls this with StackTable.purge). */
+static PyObject *
+FastPath_purge(FastPath *self, PyObject *live)
+{
+    if (!PyDict_Check(live)) {
+        PyErr_SetString(PyExc_TypeError, "purge() takes sys._current_frames()");
+        return NULL;
+    }
+    for (int i = 0; i < TC_THREADS; i++) {
+        TCache *c = &self->tc[i];
+        if (c->parent == NULL) {
+            continue;
+        }
+        PyObject *key = PyLong_FromUnsignedLong(c->ident);
+        if (key == NULL) {
+            return NULL;
+        }
+        PyObject *top = PyDict_GetItemWithError(live, key); /* borrowed */
+        Py_DECREF(key);
+        if (top == NULL && PyErr_Occurred()) {
+            return NULL;
+        }
+        int alive = 0;
+        PyFrameObject *f = top != NULL && PyFrame_Check(top) ? (PyFrameObject *)top : NULL;
+        Py_XINCREF(f);
+        while (f != NULL && !alive) {
+            alive = (PyObject *)f == c->parent;
+            PyFrameObject *back = PyFrame_GetBack(f);
+            Py_DECREF(f);
+            f = back;
+        }
+        Py_XDECREF(f);
+        if (!alive) {
+            c->ident = 0;
+            c->nheads = c->next_head = 0;
+            Py_CLEAR(c->parent);
+        }
+    }
+    Py_RETURN_NONE;
+}
+
 static int
 FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
 {
@@ -593,6 +754,7 @@ FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->capture, capture);
     self->capacity = capacity;
     self->depth = depth;
+    self->enabled = 1;
     return 0;
 }
 
@@ -614,6 +776,14 @@ FastPath_traverse(FastPath *self, visitproc visit, void *arg)
     Py_VISIT(self->g_specs);
     Py_VISIT(self->g_counter);
     Py_VISIT(self->g_ranks);
+    for (int i = 0; i < TC_THREADS; i++) {
+        Py_VISIT(self->tc[i].parent);
+    }
+    for (int i = 0; i < SPEC_CACHE; i++) {
+        Py_VISIT(self->sc_specs[i]);
+        Py_VISIT(self->sc_shape[i]);
+        Py_VISIT(self->sc_dtype[i]);
+    }
     return 0;
 }
 
@@ -636,6 +806,15 @@ FastPath_clear(FastPath *self)
     Py_CLEAR(self->g_counter);
     Py_CLEAR(self->g_ranks);
     Py_CLEAR(self->tid_obj);
+    for (int i = 0; i < TC_THREADS; i++) {
+        Py_CLEAR(self->tc[i].parent);
+        self->tc[i].ident = 0;
+    }
+    for (int i = 0; i < SPEC_CACHE; i++) {
+        Py_CLEAR(self->sc_specs[i]);
+        Py_CLEAR(self->sc_shape[i]);
+        Py_CLEAR(self->sc_dtype[i]);
+    }
     return 0;
 }
 
@@ -656,7 +835,15 @@ static PyMethodDef FastPath_methods[] = {
      "Record the start of a call on cache hits; see the module source for the arguments."},
     {"leave", (PyCFunction)(void (*)(void))FastPath_leave, METH_FASTCALL,
      "Record that a call entered with enter() returned."},
+    {"purge", (PyCFunction)FastPath_purge, METH_O,
+     "Forget cached frames that are no longer on their thread's stack."},
     {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef FastPath_members[] = {
+    {"enabled", T_INT, offsetof(FastPath, enabled), 0,
+     "Whether calls are recorded (Recorder.enabled sets it)."},
+    {NULL, 0, 0, 0, NULL},
 };
 
 static PyTypeObject FastPathType = {
@@ -670,6 +857,7 @@ static PyTypeObject FastPathType = {
     .tp_traverse = (traverseproc)FastPath_traverse,
     .tp_clear = (inquiry)FastPath_clear,
     .tp_methods = FastPath_methods,
+    .tp_members = FastPath_members,
 };
 
 
@@ -985,6 +1173,20 @@ PyInit__fast(void)
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* The offsets this file writes at, for the test that checks them against
+     * flightrec.format.slot.SLOT (the layout's one definition). */
+    PyObject *layout = Py_BuildValue(
+        "{sisisisisisisisisisisisisisisisisisisi}", "record_id", OFF_RID, "enqueue_ns", OFF_ENQ,
+        "complete_ns", OFF_COMPLETE, "state", OFF_STATE, "seq", OFF_SEQ, "p2p_seq", OFF_P2P,
+        "group", OFF_GROUP, "op", OFF_OP, "reduce_op", OFF_RED, "peer", OFF_PEER, "thread",
+        OFF_THREAD, "stack", OFF_STACK, "inputs", OFF_IN, "outputs", OFF_OUT, "device", OFF_DEV,
+        "flags", OFF_FLAGS, "record_id_again", OFF_RID2, "ENQUEUED", ENQUEUED, "COMPLETED",
+        COMPLETED);
+    if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
+        Py_XDECREF(layout);
         Py_DECREF(m);
         return NULL;
     }

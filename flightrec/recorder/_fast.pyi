@@ -4,8 +4,10 @@ from collections.abc import Callable
 from typing import Any
 
 SLOT_SIZE: int
+LAYOUT: dict[str, int]
 
 class FastPath:
+    enabled: int
     def __init__(
         self,
         recorder: Any,
@@ -35,6 +37,7 @@ class FastPath:
         /,
     ) -> int: ...
     def leave(self, rid: int, result: Any, async_op: Any, group: Any, /) -> None: ...
+    def purge(self, live: dict[int, Any], /) -> None: ...
 
 class Site:
     """A traced function: records through ``fast``, then calls torch's own function."""

@@ -41,6 +41,20 @@ from flightrec.recorder.stacks import line_of, source_line
 log = logging.getLogger("flightrec")
 
 
+def _create(
+    path: Path, directory: Path, mode: int = os.O_RDWR, nameless: bool = True
+) -> tuple[int, bool]:
+    """Open a new file for ``path``: (fd, True) nameless in ``directory`` (O_TMPFILE) where the
+    filesystem supports it, else (fd, False) created at ``path``."""
+    tmpfile = getattr(os, "O_TMPFILE", 0) if nameless else 0
+    if tmpfile:
+        try:
+            return os.open(directory, tmpfile | mode, 0o644), True
+        except OSError:
+            pass  # not on this filesystem (EOPNOTSUPP, EISDIR on old kernels): named at once
+    return os.open(path, mode | os.O_CREAT | os.O_TRUNC, 0o644), False
+
+
 class BlackBox:
     """One process's black-box files.
 
@@ -50,13 +64,21 @@ class BlackBox:
         slot_size: bytes per slot (the recorder's ``SLOT_SIZE``).
         stack_depth: FLIGHTREC_STACK_DEPTH, stored for the reader.
         timeout_s: FLIGHTREC_TIMEOUT, stored for the reader.
+        nameless: keep the files nameless (O_TMPFILE, where the filesystem has it) until
+            ``identify``: a process that never joins a process group leaves nothing behind.
 
     Raises:
         OSError: the files cannot be created or mapped.
     """
 
     def __init__(
-        self, directory: str, capacity: int, slot_size: int, stack_depth: int, timeout_s: float
+        self,
+        directory: str,
+        capacity: int,
+        slot_size: int,
+        stack_depth: int,
+        timeout_s: float,
+        nameless: bool = True,
     ) -> None:
         self.directory = Path(directory)
         self._made_dir = not self.directory.exists()
@@ -65,16 +87,28 @@ class BlackBox:
         self.pid = os.getpid()
         self.path = self.directory / ring_name(-1, self.host, self.pid)
         size = HEADER_SIZE + capacity * slot_size
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        # Nameless until the process joins a process group (``identify``): a process that
+        # never does (torchrun's agent, a data-loading helper) leaves no file, even if killed.
+        self.fd, self.anonymous = _create(self.path, self.directory, nameless=nameless)
         try:
-            os.ftruncate(fd, size)  # sparse zeros: every slot starts empty (record id 0)
-            self.head = mmap.mmap(fd, HEADER_SIZE)
-            self.slots = mmap.mmap(fd, capacity * slot_size, offset=HEADER_SIZE)
-        finally:
-            os.close(fd)
-        self._tables_fd = os.open(
-            self._tables_path(self.path), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644
-        )
+            os.ftruncate(self.fd, size)  # sparse zeros: every slot starts empty (record id 0)
+            self.head = mmap.mmap(self.fd, HEADER_SIZE)
+            self.slots = mmap.mmap(self.fd, capacity * slot_size, offset=HEADER_SIZE)
+            tables_fd, anonymous = _create(
+                self._tables_path(self.path), self.directory, os.O_WRONLY | os.O_APPEND, nameless
+            )
+        except BaseException:
+            os.close(self.fd)
+            if not self.anonymous:
+                with contextlib.suppress(OSError):
+                    self.path.unlink()
+            raise
+        self._tables_fd = tables_fd
+        if anonymous != self.anonymous:  # both nameless or both named, never a mix
+            self._link(tables_fd, self._tables_path(self.path))
+            if self.anonymous:
+                self._link(self.fd, self.path)
+                self.anonymous = False
         self._lock = threading.Lock()  # journal lines of different tables never interleave
         self._frames: dict[tuple[str, str, int], int] = {}
         self._symbols: dict[tuple[int, int], int] = {}
@@ -98,6 +132,19 @@ class BlackBox:
         self._write_header()
 
     @staticmethod
+    def _link(fd: int, path: Path) -> None:
+        """Give a nameless (O_TMPFILE) file its name (linkat with AT_SYMLINK_FOLLOW, which
+        ``os.link`` only uses when given a directory fd)."""
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.link(
+                f"/proc/self/fd/{fd}", path.name, src_dir_fd=dfd, dst_dir_fd=dfd,
+                follow_symlinks=True,
+            )  # fmt: skip
+        finally:
+            os.close(dfd)
+
+    @staticmethod
     def _tables_path(ring: Path) -> Path:
         return ring.with_name(ring.name[: -len(".ring")] + TABLES_SUFFIX)
 
@@ -118,13 +165,20 @@ class BlackBox:
         f["beat_wall_ns"], f["beat_mono_ns"] = time.time_ns(), time.monotonic_ns()
         self._write_header()
         target = self.directory / ring_name(rank, self.host, self.pid)
-        if rank >= 0 and target != self.path and not self.closed:
-            try:
+        if self.closed:
+            return
+        try:
+            if self.anonymous:
+                self._link(self._tables_fd, self._tables_path(target))
+                self._link(self.fd, target)
+                self.anonymous = False
+                self.path = target
+            elif rank >= 0 and target != self.path:
                 os.replace(self._tables_path(self.path), self._tables_path(target))
                 os.replace(self.path, target)
                 self.path = target
-            except OSError as exc:
-                log.warning("flightrec: could not rename the black box %s: %s", self.path, exc)
+        except OSError as exc:
+            log.warning("flightrec: could not name the black box %s: %s", target, exc)
 
     def owned(self) -> bool:
         """False in a forked child: the mapping is shared with the parent, whose file it is.
@@ -155,7 +209,7 @@ class BlackBox:
         self._fields["status"] = int(status)
         STATUS.pack_into(self.head, OFF_STATUS, int(status))
         self.heartbeat()
-        if healthy:
+        if healthy and not self.anonymous:
             for p in (self._tables_path(self.path), self.path):
                 # If deleting fails, the header says CLEAN and the loader sets the file aside.
                 with contextlib.suppress(OSError):
@@ -163,11 +217,19 @@ class BlackBox:
             if self._made_dir:  # a healthy run leaves the folder as it found it
                 with contextlib.suppress(OSError):
                     self.directory.rmdir()  # only if empty: dumps stay
+        # Under the journal's lock, and marked closed: a thread still interning (a dump in
+        # flight at exit) must not write to the number once the next open() reuses it.
+        with self._lock:
+            tables_fd, self._tables_fd = self._tables_fd, -1
         with contextlib.suppress(OSError):
-            os.close(self._tables_fd)
+            os.close(tables_fd)
+        with contextlib.suppress(OSError):
+            os.close(self.fd)  # the maps keep the file; a nameless one goes with them
 
     # -- the tables journal (called under the tables' own locks, on first sight only) ------
     def _append(self, records: list[list[Any]]) -> None:
+        if self._tables_fd < 0:  # closed at exit: nothing more is journaled
+            return
         data = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records).encode()
         try:
             os.write(self._tables_fd, data)

@@ -230,19 +230,7 @@ def _site(
     roles = (spec.group, spec.inputs, spec.outputs, spec.reduce_op, spec.root, spec.group_root)
     where = [names.index(r.name) if r.name in names else -1 for r in roles]
     where.append(names.index(spec.async_op.name) if spec.async_op.name in names else -1)
-    fast = _fast.FastPath(
-        recorder=rec,
-        by_pg=rec.groups.by_pg,
-        active=rec.active,
-        threads=rec.thread_cache,
-        tcaches=rec.stacks.threads,
-        reds=rec.strings.index,
-        ids=rec.ring.ids,
-        capture=rec.stacks.capture,
-        buffer=rec.ring.buffer,
-        capacity=rec.ring.capacity,
-        depth=rec.depth,
-    )
+    fast = _fast_path(rec)
     return _fast.Site(
         fast=fast,
         orig=orig,
@@ -254,6 +242,31 @@ def _site(
         op=rec.op_index(spec.name),
         flags=spec.flags,
     )
+
+
+def _fast_path(rec: Recorder) -> Any:
+    """The recorder's one C ``FastPath`` (shared by its Sites, so that their stack caches are
+    one, purged with the StackTable's at every watchdog tick)."""
+    fast = getattr(rec, "_fast_path", None)
+    if fast is None:
+        assert _fast is not None
+        fast = _fast.FastPath(
+            recorder=rec,
+            by_pg=rec.groups.by_pg,
+            active=rec.active,
+            threads=rec.thread_cache,
+            tcaches=rec.stacks.threads,
+            reds=rec.strings.index,
+            ids=rec.ring.ids,
+            capture=rec.stacks.capture,
+            buffer=rec.ring.buffer,
+            capacity=rec.ring.capacity,
+            depth=rec.depth,
+        )
+        fast.enabled = int(rec.enabled)
+        rec._fast_path = fast
+        rec.stacks.purgers.append(fast.purge)
+    return fast
 
 
 def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[..., Any]:

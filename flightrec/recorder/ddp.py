@@ -5,8 +5,8 @@ every DDP model built while tracing is on, flightrec registers a communication h
 model's first forward that does exactly what DDP's default does (divide the bucket by the
 group size, all-reduce it, hand the result back) but through ``torch.distributed.all_reduce``,
 which the recorder wraps: each bucket becomes an ordinary ``all_reduce`` entry with the
-bucket's flat size and dtype, numbered on the DDP group's own counter like every other
-collective, with a stack that runs through autograd up to the user's ``backward()`` call.
+bucket's flat size and dtype and the ``DDP_BUCKET`` flag, numbered on the DDP group's own
+counter like every other collective, with a stack that runs through autograd up to the user's ``backward()`` call.
 
 It waits for the first forward because DDP accepts only one hook: a user who registers their
 own hook (or a built-in one) before that keeps theirs, and the model's gradient all-reduces
@@ -21,10 +21,38 @@ from collections.abc import Callable
 from typing import Any
 
 USER_HOOK = "_flightrec_user_hook"
+DDP_BUCKET = 32
+"""Entry flag bit of the all-reduce of a DDP gradient bucket (beside proto's EntryFlag bits,
+which end at SEND = 16): entries recorded through this module's hook carry it."""
 
 
-def recording_allreduce_hook(process_group: Any, bucket: Any) -> Any:
-    """DDP's default all-reduce (mean over the group), issued through ``dist.all_reduce``.
+def _no_flagged() -> Any:
+    return None
+
+
+_flagged: Callable[[], Any] = _no_flagged
+"""Returns the recorded all_reduce that flags its entry as a DDP bucket
+(``Hooks.ddp_all_reduce``), None when tracing is off; set by ``DDPHooks.install``."""
+
+
+def _all_reduce() -> Any:
+    import torch.distributed as dist
+
+    fn = _flagged()
+    return fn if fn is not None else dist.all_reduce
+
+
+def ddp_allreduce_passthrough_recorded_by_flightrec(process_group: Any, bucket: Any) -> Any:
+    """DDP's own gradient all-reduce, unchanged; flightrec only writes it down.
+
+    DDP's reducer issues its bucket all-reduces from C++, where flightrec cannot see them, so
+    flightrec registers this hook in place of DDP's default one. It does what the default does
+    (divide the bucket by the group size, all-reduce it, hand the result back) and nothing
+    else, through a recorded ``all_reduce`` whose entry is flagged as a DDP gradient bucket.
+
+    A traceback that ends in this module (for example a gloo timeout raised in DDP's
+    ``backward()``) means the gradient all-reduce itself failed or never completed, typically
+    because another rank did not reach it: run ``flightrec analyze`` on the dumps to see which.
 
     Args:
         process_group: the DDP model's group (None: the default group).
@@ -38,13 +66,23 @@ def recording_allreduce_hook(process_group: Any, bucket: Any) -> Any:
     group: Any = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())
-    work = dist.all_reduce(tensor, group=group, async_op=True)
-    return work.get_future().then(lambda fut: fut.value()[0])
+    work = _all_reduce()(tensor, group=group, async_op=True)
+    return work.get_future().then(ddp_bucket_result_passed_through_unchanged)
+
+
+def ddp_bucket_result_passed_through_unchanged(fut: Any) -> Any:
+    """Hand DDP the reduced bucket, exactly as DDP's default hook does.
+
+    An error raised here (a timeout, a closed connection) is the gradient all-reduce's own,
+    reported by torch when DDP waits for it; flightrec only recorded the call.
+    """
+    return fut.value()[0]
 
 
 # DDP checks a hook's annotations against torch's own classes; ours are strings here
 # (``from __future__ import annotations``) and would be refused, so DDP sees none.
-recording_allreduce_hook.__annotations__ = {}
+ddp_allreduce_passthrough_recorded_by_flightrec.__annotations__ = {}
+ddp_bucket_result_passed_through_unchanged.__annotations__ = {}
 
 
 class DDPHooks:
@@ -58,10 +96,17 @@ class DDPHooks:
     def installed(self) -> bool:
         return bool(self._saved)
 
-    def install(self, enabled: Callable[[], bool]) -> None:
-        """Wrap DDP's constructor and hook registration (no-op when DDP is unavailable)."""
+    def install(
+        self, enabled: Callable[[], bool], flagged: Callable[[], Any] = _no_flagged
+    ) -> None:
+        """Wrap DDP's constructor and hook registration (no-op when DDP is unavailable).
+
+        ``flagged()`` gives the recorded all_reduce the hook calls (None: plain all_reduce).
+        """
+        global _flagged
         if self.installed:
             return
+        _flagged = flagged
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except Exception:  # torch.nn is still loading (tracing starts inside `import torch`)
@@ -108,6 +153,6 @@ def _arm(model: Any, register: Callable[..., Any]) -> None:
             return
         # DDP may refuse (a hook got in some other way): then DDP is left as it is.
         with contextlib.suppress(Exception):
-            register(module, module.process_group, recording_allreduce_hook)
+            register(module, module.process_group, ddp_allreduce_passthrough_recorded_by_flightrec)
 
     handle = model.register_forward_pre_hook(first_forward)

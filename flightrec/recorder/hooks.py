@@ -9,6 +9,7 @@ before tracing began. ``uninstall`` reverses exactly what ``install`` did.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import sys
@@ -16,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from flightrec.recorder.codegen import generate
+from flightrec.recorder.ddp import DDP_BUCKET
 from flightrec.recorder.specs import BATCH, TRACED, OpSpec, spec_for
 
 ORIGINAL_ATTR = "__flightrec_original__"
@@ -71,6 +73,8 @@ class Hooks:
     def __init__(self) -> None:
         self.originals: dict[str, Callable[..., Any]] = {}
         self.wrappers: dict[str, Callable[..., Any]] = {}
+        self.ddp_all_reduce: Callable[..., Any] | None = None
+        """all_reduce recorded with the DDP_BUCKET flag, for the DDP comm hook (ddp.py)."""
 
     @property
     def installed(self) -> bool:
@@ -105,6 +109,9 @@ class Hooks:
                 self.wrappers[name] = _P2PWrapper(_generate(spec, orig, recorder), orig)
             else:
                 self.wrappers[name] = _generate(spec, orig, recorder)
+            if name == "all_reduce":
+                ddp_spec = dataclasses.replace(spec, flags=spec.flags | DDP_BUCKET)
+                self.ddp_all_reduce = _generate(ddp_spec, orig, recorder)
             self.originals[name] = orig
 
         def on_init() -> None:
@@ -133,6 +140,7 @@ class Hooks:
         if not self.installed:
             return
         _rebind({id(w): (w, self.originals[n]) for n, w in self.wrappers.items()})
+        self.ddp_all_reduce = None
         self.wrappers.clear()
         self.originals.clear()
 

@@ -89,7 +89,7 @@ def _check_room(directory: Path, needed: int) -> None:
         raise OSError(errno.ENOSPC, f"{free} bytes free, the black box needs {needed}")
 
 
-def _reserve(path: Path) -> None:
+def _reserve(fd: int) -> None:
     """Allocate every block of the black box now.
 
     The file is created sparse and written through a memory map: a page first touched when the
@@ -102,14 +102,11 @@ def _reserve(path: Path) -> None:
     fallocate = getattr(os, "posix_fallocate", None)
     if fallocate is None:  # not on this platform: the file stays sparse
         return
-    fd = os.open(path, os.O_RDWR)
     try:
         fallocate(fd, 0, os.fstat(fd).st_size)
     except OSError as exc:
         if exc.errno in _NO_SPACE:
             raise
-    finally:
-        os.close(fd)
 
 
 def _open_blackbox(config: Config) -> tuple[BlackBox | None, OSError | None]:
@@ -122,7 +119,7 @@ def _open_blackbox(config: Config) -> tuple[BlackBox | None, OSError | None]:
             config.directory, config.buffer, SLOT_SIZE, config.stack_depth, config.timeout_s
         )
         try:
-            _reserve(bb.path)
+            _reserve(bb.fd)
         except OSError:
             bb.close(healthy=True)  # deletes its files
             raise
@@ -160,19 +157,33 @@ class Recorder:
             self.stacks.on_new, self.groups.on_new = bb.on_stack, bb.on_group
         self.active: dict[int, int] = {}
         """Thread ident -> record id of the call it is inside (reentrancy guard + holds_recorder)."""
-        self.enabled = True
+        self._enabled = True
         self.depth = config.stack_depth
         self.thread_cache: dict[int, int] = {}
         """Thread ident -> string index of its name (refreshed at each dump)."""
         self._world = c10d._world
         self._non_member = c10d.GroupMember.NON_GROUP_MEMBER
         self.tracker = completion.Tracker(self)
+        self._fast_path: Any = None
+        """The C hot path's state, shared by every Site (``codegen``); None without it."""
         self.on_first_use: Callable[[], None] = lambda: None
         """Started once, at the first recorded call: the watchdog and the dump-request poller."""
         self._used = False
         self.on_error: Callable[[int, BaseException], None] = lambda rid, exc: None
         """Called (never raising) when a recorded call fails: the dumper hooks in here."""
         self._internal_warned = False
+
+    @property
+    def enabled(self) -> bool:
+        """Whether calls are recorded (set by ``flightrec.enable``/``disable``, and off in a
+        forked child)."""
+        return self._enabled
+
+    @enabled.setter
+    def enabled(self, on: bool) -> None:
+        self._enabled = bool(on)
+        if self._fast_path is not None:
+            self._fast_path.enabled = int(self._enabled)
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         """A bug in flightrec itself: the job goes on (its call already ran or runs plain);

@@ -137,7 +137,7 @@ class Runtime:
         if self.ddp.installed or not self.recorder.enabled:
             return
         try:
-            self.ddp.install(lambda: self.recorder.enabled)
+            self.ddp.install(lambda: self.recorder.enabled, lambda: self.hooks.ddp_all_reduce)
         except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
             log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
 

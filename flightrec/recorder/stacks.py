@@ -129,6 +129,8 @@ class StackTable:
         self.threads: dict[int, _ThreadCache] = {}
         """Per-thread caches; the generated wrappers read ``top``/``top_index`` directly."""
         self._lock = threading.Lock()
+        self.purgers: list[Callable[[dict[int, FrameType]], None]] = []
+        """Other frame caches purged with this one (the C hot path's)."""
 
     def capture(self, frame: FrameType | None, ident: int) -> int:
         """Intern the stack starting at ``frame`` (at most ``depth`` frames) of thread ``ident``.
@@ -245,6 +247,8 @@ class StackTable:
                     frames[level] = None
             if cache.top is not None and id(cache.top) not in alive:
                 cache.top, cache.top_lasti = None, -1
+        for purge in self.purgers:
+            purge(live)
 
     def __len__(self) -> int:
         return len(self._stacks)

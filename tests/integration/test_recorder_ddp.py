@@ -16,6 +16,7 @@ from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from flightrec.format.slot import COMPLETED, decode  # noqa: E402
+from flightrec.recorder.ddp import DDP_BUCKET  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 
@@ -48,6 +49,11 @@ def test_gradient_buckets_are_recorded_with_the_backward_line(rt: Runtime) -> No
     assert rt.recorder.tensors.values[rows[0].inputs] == (((4 * 3 + 3,), "float32"),)
     frames = rt.recorder.stacks.symbolize(rows[0].stack)
     assert (__file__, "step", line) in frames
+    # Labeled as DDP gradient buckets, and the hook says what it is in any traceback.
+    assert all(r.flags & DDP_BUCKET for r in rows)
+    assert frames[0][1] == "ddp_allreduce_passthrough_recorded_by_flightrec"
+    dist.all_reduce(torch.ones(1))
+    assert not decode(rt.recorder.ring.snapshot())[-1].flags & DDP_BUCKET
     # The hook keeps DDP's semantics: the gradient is the mean over ranks (here, of one).
     step(plain)
     step(plain)

@@ -319,3 +319,30 @@ def test_enable_and_disable_from_code() -> None:
     )  # fmt: skip
     assert out.returncode == 0, out.stderr
     assert "before=False during=True after=False" in out.stdout
+
+
+NEVER_JOINS = """
+import os, signal, sys, time
+import torch.distributed as dist
+assert hasattr(dist.all_reduce, "__flightrec_original__")  # traced, as a torchrun agent is
+print(sorted(os.listdir(sys.argv[1])), flush=True)  # while it runs
+if sys.argv[2] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "kill"])
+def test_a_process_that_never_joins_a_group_leaves_no_files(tmp_path: Path, end: str) -> None:
+    """torchrun's agent inherits FLIGHTREC=1 and never joins a process group: no black box, no
+    dump and no warning, while it runs or after it exits or is killed."""
+    dump_dir = tmp_path / "dumps"
+    dump_dir.mkdir()
+    env = child_env({"FLIGHTREC_DIR": str(dump_dir), "FLIGHTREC_DUMP_ON_EXIT": "1"})
+    out = subprocess.run(
+        [sys.executable, "-c", NEVER_JOINS, str(dump_dir), end],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == (0 if end == "exit" else -signal.SIGKILL), out.stderr
+    assert out.stdout.strip() == "[]"
+    assert "flightrec" not in out.stderr
+    assert list(dump_dir.iterdir()) == []

@@ -32,7 +32,7 @@ class Recording:
     """A ring and tables wired to a black box, as ``Recorder`` wires them."""
 
     def __init__(self, directory: Path, capacity: int = 8) -> None:
-        self.bb = BlackBox(str(directory), capacity, SLOT_SIZE, 4, 2.0)
+        self.bb = BlackBox(str(directory), capacity, SLOT_SIZE, 4, 2.0, nameless=False)
         self.ring = Ring(capacity, self.bb.slots)
         self.strings, self.tensors, self.stacks = StringTable(), TensorTable(), StackTable(4)
         self.strings.on_new, self.tensors.on_new = self.bb.on_string, self.bb.on_tensors

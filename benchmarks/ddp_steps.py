@@ -1,0 +1,63 @@
+"""Steps per second of a small DDP model on 4 gloo ranks (CPU), for ``bench_recorder.py``.
+
+Started as a plain script, so that ``FLIGHTREC=1`` in its environment traces it as it traces a
+user's job (the start-up hook, in every spawned rank). Prints the slowest rank's steps/s.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+RANKS = 4
+WARMUP = 30
+STEPS = 150
+
+
+def _rank(rank: int, port: int, out: object) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=RANKS)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
+        torch.nn.Linear(256, 10),
+    )  # fmt: skip
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
+
+    def step() -> None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+    for _ in range(WARMUP):
+        step()
+    dist.barrier()
+    t0 = time.perf_counter()
+    for _ in range(STEPS):
+        step()
+    elapsed = time.perf_counter() - t0
+    rates = [None] * RANKS
+    dist.all_gather_object(rates, STEPS / elapsed)
+    if rank == 0:
+        out.put(min(rates))  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def main() -> None:
+    port = int(sys.argv[1])
+    ctx = mp.get_context("spawn")
+    queue = ctx.SimpleQueue()
+    mp.spawn(_rank, args=(port, queue), nprocs=RANKS)
+    print(queue.get(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
