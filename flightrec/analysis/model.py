@@ -109,6 +109,12 @@ def without_recorder_frames(stack: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ..
     return () if cut else stack
 
 
+def op_label(op: str, flags: int) -> str:
+    """The op as a report names it: a DDP gradient bucket's all_reduce says so, since its
+    stack ends in flightrec's pass-through hook rather than in the training code."""
+    return f"DDP gradient-bucket {op}" if flags & pb.DDP_BUCKET else op
+
+
 def is_library_frame(frame: FrameInfo) -> bool:
     """True for frames of torch, flightrec or the standard library rather than user code."""
     return bool(_LIBRARY_FRAME.search(frame.file.replace("\\", "/")))
@@ -400,6 +406,8 @@ class Consequence:
     op: str
     waiting: tuple[int, ...]
     waited_s: float
+    label: str = ""
+    """The op as people read it (``op_label``); ``op`` when empty."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -196,7 +196,7 @@ def rank_finding(
         )
     elif primary is not None:
         what = (
-            f"{primary.op} #{primary.seq} on group {primary.process_group} "
+            f"{primary.label or primary.op} #{primary.seq} on group {primary.process_group} "
             f"[ranks {compress(primary.pg_ranks)}]"
         )
     waited_s = round(max(c.waited_s for c in consequences), 3) if primary is not None else None

@@ -84,6 +84,7 @@ def _consequence(graph: nx.DiGraph, node: Node, longest: dict[Node, float]) -> C
         str(attrs["op"]),
         waiters,
         longest.get(node, 0.0),
+        str(attrs.get("label", "")),
     )
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from flightrec.analysis.crashes import died_of
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import FrameInfo, Status, user_frame
+from flightrec.analysis.model import FrameInfo, Status, op_label, user_frame
 from flightrec.analysis.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import died, ended
@@ -70,7 +70,12 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
             rec = d.record(blocked.position)
             number = rec.p2p_seq if rec.is_p2p else rec.seq
             states[rank] = RankState(
-                rank, Status.WAITING, rec.op, rec.group, number, user_frame(rec.stack)
+                rank,
+                Status.WAITING,
+                op_label(rec.op, rec.flags),
+                rec.group,
+                number,
+                user_frame(rec.stack),
             )
             continue
         exited = d.header.reason == pb.PROCESS_EXIT or ended(d.header)

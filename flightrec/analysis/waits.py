@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import networkx as nx
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import BelowTimeout, Finding, FindingKind, ProcessGroupInfo
+from flightrec.analysis.model import BelowTimeout, Finding, FindingKind, ProcessGroupInfo, op_label
 from flightrec.format import flightrec_pb2 as pb
 
 if TYPE_CHECKING:
@@ -111,6 +111,7 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
             group = d.group_keys[cols["group"][pos]]
             info = m.groups.get(group)
             op = d.string(cols["op"][pos])
+            label = op_label(op, cols["flags"][pos])
             enq = d.dump.entries.enqueue_ns[pos]
             waited = d.age_s(enq)
             below = 0.0
@@ -147,7 +148,15 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
                     continue
                 if node not in graph:
                     members = info.ranks if info else ()
-                    graph.add_node(node, kind="coll", group=group, seq=seq, op=op, pg_ranks=members)
+                    graph.add_node(
+                        node,
+                        kind="coll",
+                        group=group,
+                        seq=seq,
+                        op=op,
+                        label=label,
+                        pg_ranks=members,
+                    )
                     for q in members:
                         last = m.last_seq(q, group) if q in present else None
                         if q not in present or last is None or last < seq:

@@ -21,6 +21,7 @@ OBJECT_API = pb.OBJECT_API
 COALESCED = pb.COALESCED
 IS_P2P = pb.IS_P2P
 SEND = pb.SEND
+DDP_BUCKET = pb.DDP_BUCKET
 
 FrameTuple = tuple[str, str, int]
 """(file, function, line)"""

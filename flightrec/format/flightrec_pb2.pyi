@@ -128,6 +128,8 @@ class _EntryFlagEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enum
     """point-to-point: matched by peer and p2p_seq, not seq"""
     SEND: _EntryFlag.ValueType  # 16
     """with IS_P2P: this rank sends; else receives"""
+    DDP_BUCKET: _EntryFlag.ValueType  # 32
+    """the all_reduce of a DDP gradient bucket, through flightrec's comm hook (1.2)"""
 
 class EntryFlag(_EntryFlag, metaclass=_EntryFlagEnumTypeWrapper):
     """Bits of Entries.flags."""
@@ -143,6 +145,8 @@ IS_P2P: EntryFlag.ValueType  # 8
 """point-to-point: matched by peer and p2p_seq, not seq"""
 SEND: EntryFlag.ValueType  # 16
 """with IS_P2P: this rank sends; else receives"""
+DDP_BUCKET: EntryFlag.ValueType  # 32
+"""the all_reduce of a DDP gradient bucket, through flightrec's comm hook (1.2)"""
 global___EntryFlag = EntryFlag
 
 @typing.final

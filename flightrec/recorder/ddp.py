@@ -20,10 +20,12 @@ import contextlib
 from collections.abc import Callable
 from typing import Any
 
+from flightrec.format.builder import DDP_BUCKET as DDP_BUCKET_FLAG
+
 USER_HOOK = "_flightrec_user_hook"
-DDP_BUCKET = 32
-"""Entry flag bit of the all-reduce of a DDP gradient bucket (beside proto's EntryFlag bits,
-which end at SEND = 16): entries recorded through this module's hook carry it."""
+DDP_BUCKET = DDP_BUCKET_FLAG
+"""Entry flag of the all-reduce of a DDP gradient bucket: entries recorded through this
+module's hook carry it (the report labels them)."""
 
 
 def _no_flagged() -> Any:

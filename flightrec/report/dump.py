@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.text import Text
 
 from flightrec.analysis.crashes import exceptions_of
-from flightrec.analysis.model import RankDump, TensorInfo, user_frame
+from flightrec.analysis.model import RankDump, TensorInfo, op_label, user_frame
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.report.layout import code_line, compact_table, hanging, longest_token
 from flightrec.text import compress
@@ -105,7 +105,7 @@ class DumpRenderer:
         for i in range(first, n):
             r = d.record(i)
             number = f"p2p {r.p2p_seq}" if r.is_p2p else str(r.seq)
-            op = r.op + (f" {r.reduce_op}" if r.reduce_op else "")
+            op = op_label(r.op + (f" {r.reduce_op}" if r.reduce_op else ""), r.flags)
             if r.peer >= 0:
                 op += f" {'to' if r.flags & pb.SEND else 'from'} {r.peer}"
             took = f"{(r.complete_ns - r.enqueue_ns) / 1e6:.1f}" if r.complete_ns else "-"

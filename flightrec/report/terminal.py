@@ -101,7 +101,7 @@ class TerminalRenderer:
         merged: dict[tuple[str, int, str], list[Consequence]] = defaultdict(list)
         for c in f.consequences:
             if c.waiting:
-                merged[(c.op, c.seq, self._desc.get(c.process_group, ""))].append(c)
+                merged[(c.label or c.op, c.seq, self._desc.get(c.process_group, ""))].append(c)
         lines: list[str] = []
         for (op, seq, desc), cs in merged.items():
             waiting = sorted({r for c in cs for r in c.waiting})

@@ -81,8 +81,9 @@ class Job:
         line: int = 22,
         function: str = "step",
         override: Mapping[int, Mapping[str, object]] | None = None,
+        flags: int = 0,
     ) -> None:
-        """Issue one collective on ``ranks`` (default: every member).
+        """Issue one collective on ``ranks`` (default: every member), with entry ``flags``.
 
         ``complete`` is True (all), False (none) or the ranks that complete. ``override`` maps a
         rank to fields that differ on it: ``op``, ``shape``, ``out_shape``, ``dtype``,
@@ -115,6 +116,7 @@ class Job:
                     outputs=[(tuple(o.get("out_shape", out_shape or shp)), dt)]  # type: ignore[call-overload]
                     if shp is not None
                     else [],
+                    flags=flags,
                     device="cpu",
                 )
             )

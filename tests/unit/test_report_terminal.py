@@ -7,6 +7,7 @@ import io
 from rich.console import Console
 
 from flightrec.analysis import analyze
+from flightrec.format import flightrec_pb2 as pb
 from flightrec.report.terminal import TerminalRenderer
 from tests.unit.factories import Job, healthy
 
@@ -95,3 +96,12 @@ def test_control_characters_in_a_dump_never_reach_the_terminal() -> None:
     text = render(job, color_system=None)
     assert "\x1b" not in text and "\x07" not in text
     assert "load?]0;pwned?batch?[2J" in text
+
+
+def test_a_ddp_gradient_bucket_is_named_as_such() -> None:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False, flags=pb.DDP_BUCKET)
+    job.stall(2, "evaluate", 40)
+    text = render(job)
+    assert "never entered DDP gradient-bucket all_reduce #4 on group 0" in " ".join(text.split())
+    assert "ranks 0-1,3 wait in DDP gradient-bucket all_reduce" in text
