@@ -21,6 +21,7 @@ from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.hooks import Hooks
+from flightrec.recorder.native_harvest import NativeWatch
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
@@ -48,6 +49,8 @@ class Runtime:
         self.watchdog: Watchdog | None = None
         self.poller: Poller | None = None
         self.signals = SignalHandlers(self._on_signal)
+        self.native_watch = NativeWatch(config.timeout_s, config.native)
+        self._hang_dumped_ns = 0
         self._lock = threading.Lock()
         self._last_error_dump = 0
         self._warned: set[str] = set()
@@ -205,6 +208,9 @@ class Runtime:
                 log.warning("flightrec: no raw stacks if Python stops running: %s", exc)
 
     def _tick(self, now_ns: int) -> None:
+        hung = self.native_watch.poll(now_ns)
+        if hung is not None:  # a collective flightrec's hooks never saw (funcol, C++)
+            self._on_native_hang(hung, now_ns)
         raw = self.rawstacks
         if raw is not None:
             raw.rearm(now_ns)
@@ -264,12 +270,27 @@ class Runtime:
             # Another rank saw this hang first; we already dumped, with this entry pending.
             return
         what = describe_entry(self.recorder, slot)
+        self._hang_dumped_ns = time.monotonic_ns()
         self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self.config.timeout_s:g}s: {what}")
         if poller is not None:
             rank, seen = _rank(), poller.seen
             # Posting may block on a slow store: never on the watchdog thread.
             threading.Thread(
                 target=_post, args=(poller, rank, seen), name="flightrec-post", daemon=True
+            ).start()
+
+    def _on_native_hang(self, what: str, now_ns: int) -> None:
+        poller, since = self.poller, now_ns - self.native_watch.timeout_ns
+        if self._hang_dumped_ns > since or (poller is not None and poller.last_request_ns > since):
+            return  # this hang was dumped already: our watchdog's, or another rank's request
+        self._hang_dumped_ns = now_ns
+        self.dump(pb.WATCHDOG_TIMEOUT, what)
+        if poller is not None:
+            threading.Thread(
+                target=_post,
+                args=(poller, _rank(), poller.seen),
+                name="flightrec-post",
+                daemon=True,
             ).start()
 
     def _on_request(self, n: int, requester: int, reason: str) -> None:
