@@ -35,14 +35,18 @@ torch's per-group counters (``pg_status``), polled once a second.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import json
 import logging
 import os
 import pickle
+import sys
 import threading
 import time
+import types
 from collections import defaultdict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +94,8 @@ class NativeOp:
     state: int
     thread: str
     """The issuing thread's Python name where it is still alive, else the OS name."""
+    python_thread: bool
+    """``thread`` is a live Python thread's name (else it ended, or torch's C++ threads)."""
     inputs: tuple[TensorTuple, ...]
     outputs: tuple[TensorTuple, ...]
     stack: tuple[FrameTuple, ...]
@@ -194,10 +200,43 @@ def _op(entry: dict[str, Any], offset: int, names: dict[int, str], depth: int) -
         complete_ns=done + offset if done else 0,
         state=_state(entry, backend, done),
         thread=names.get(ident) or str(entry.get("thread_name") or ""),
+        python_thread=ident in names,
         inputs=_tensors(entry.get("input_sizes"), entry.get("input_dtypes")),
         outputs=_tensors(entry.get("output_sizes"), entry.get("output_dtypes")),
         stack=_stack(entry.get("frames"), depth),
     )
+
+
+class _InductorNotLoaded(types.ModuleType):
+    """Stands in for ``torch._inductor`` while torch symbolizes native stacks.
+
+    torch's symbolizer looks up ``torch._inductor.codecache`` to expand frames of compiled
+    code; where inductor was never imported, that lookup imports it (about 5 s, with the GIL
+    held). No compiled code means no such frames: the lookup is answered "absent" instead.
+    torch releases the GIL while it dumps, so another thread may meet this object: any other
+    attribute imports the real module and forwards, as ``torch._inductor`` itself would.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "codecache" and "torch._inductor" not in sys.modules:
+            raise AttributeError(name)
+        return getattr(importlib.import_module("torch._inductor"), name)
+
+
+@contextlib.contextmanager
+def _no_inductor_import() -> Iterator[None]:
+    import torch
+
+    if "torch._inductor" in sys.modules or "_inductor" in vars(torch):
+        yield
+        return
+    stub = _InductorNotLoaded("torch._inductor")
+    vars(torch)["_inductor"] = stub
+    try:
+        yield
+    finally:
+        if vars(torch).get("_inductor") is stub:  # a real import meanwhile replaced it
+            del vars(torch)["_inductor"]
 
 
 _warned = False
@@ -214,7 +253,10 @@ def harvest(stack_depth: int) -> Harvest | None:
     if dump is None:
         return None
     try:
-        raw = dump(includeCollectives=True, includeStackTraces=stack_depth > 0, onlyActive=False)
+        with _no_inductor_import():
+            raw = dump(
+                includeCollectives=True, includeStackTraces=stack_depth > 0, onlyActive=False
+            )
         data = pickle.loads(raw)  # written by this very process: trusted
         entries = data.get("entries") or []
         if not entries:
@@ -269,11 +311,13 @@ def match(
 
     Per (thread, group), native entries are taken in order; a flightrec entry takes the first
     one created inside its window (after its enqueue, before its completion and before its
-    thread's next flightrec entry), or all of them for an object collective.
+    thread's next flightrec entry), or all of them for an object collective. Native entries
+    of threads that ended before the dump cannot be told apart by thread: a flightrec entry
+    that finds none of its own thread's looks among those, with the same window.
     """
     queues: dict[tuple[str, str, bool], list[int]] = defaultdict(list)
     for j, op in enumerate(ops):
-        queues[(op.thread, op.group, op.is_p2p)].append(j)
+        queues[(op.thread if op.python_thread else "", op.group, op.is_p2p)].append(j)
     for queue in queues.values():
         queue.sort(key=lambda j: (ops[j].created_ns, ops[j].record_id))
     heads: dict[tuple[str, str, bool], int] = defaultdict(int)
@@ -281,27 +325,32 @@ def match(
     out: dict[int, list[int]] = {}
     for i in sorted(range(len(slots)), key=lambda i: slots[i].record_id):
         s = slots[i]
-        key = (thread_of(s), group_of(s), bool(s.flags & pb.IS_P2P))
-        q = queues.get(key)
-        if not q:
-            continue
         lo = s.enqueue_ns - MATCH_SLACK_NS
         hi = ends[i]
         if s.complete_ns:
             hi = min(hi, s.complete_ns + MATCH_SLACK_NS)
-        h = heads[key]
-        while h < len(q) and ops[q[h]].created_ns < lo:
-            h += 1  # native-only entries before this one (funcol, C++): not ours
-        taken: list[int] = []
-        while h < len(q) and ops[q[h]].created_ns < hi:
-            taken.append(q[h])
-            h += 1
-            if not s.flags & OBJECT_API:
+        p2p = bool(s.flags & pb.IS_P2P)
+        for key in ((thread_of(s), group_of(s), p2p), ("", group_of(s), p2p)):
+            q = queues.get(key)
+            if not q:
+                continue
+            h = heads[key]
+            while h < len(q) and ops[q[h]].created_ns < lo:
+                h += 1  # native-only entries before this one (funcol, C++): not ours
+            taken: list[int] = []
+            j = h
+            while j < len(q) and ops[q[j]].created_ns < hi:
+                taken.append(q[j])
+                j += 1
+                if not s.flags & OBJECT_API:
+                    break
+            # Own thread: what was passed over is known not to be ours. Ended threads' queue:
+            # move on only past what was taken (the rest may be another thread's).
+            if key[0] or taken:
+                heads[key] = j
+            if taken:
+                out[i] = taken
                 break
-        # Skipped entries stay unmatched; the head only moves past what was examined.
-        heads[key] = h
-        if taken:
-            out[i] = taken
     return out
 
 
@@ -402,9 +451,10 @@ class NativeWatch:
     def __init__(self, timeout_s: float, enabled: bool = True) -> None:
         self.timeout_ns = int(timeout_s * 1e9)
         self._next_poll = 0
-        self._pending: dict[str, tuple[int, int]] = {}
-        """pg id -> (first pending seq, monotonic time first seen pending)."""
+        self._pending: dict[str, tuple[tuple[int, int], int]] = {}
+        """pg id -> ((last completed, last enqueued), monotonic time they were first seen)."""
         self._reported: set[tuple[str, int]] = set()
+        """(pg id, last enqueued) already looked into."""
         self._off = not enabled
 
     def poll(self, now_ns: int) -> str | None:
@@ -425,20 +475,46 @@ class NativeWatch:
             if enq <= done:
                 self._pending.pop(pg, None)
                 continue
-            first = done + 1
             seen = self._pending.get(pg)
-            if seen is None or seen[0] != first:
-                self._pending[pg] = (first, now_ns)
+            if seen is None or seen[0] != (done, enq):  # moved: its clock starts again
+                self._pending[pg] = ((done, enq), now_ns)
                 continue
-            if now_ns - seen[1] >= self.timeout_ns and (pg, first) not in self._reported:
-                self._reported.add((pg, first))
-                found = found or (
-                    f"collective #{first} on process group id {pg} (seen by PyTorch's recorder) "
-                    f"incomplete for over {self.timeout_ns / 1e9:g}s"
-                )
+            if now_ns - seen[1] >= self.timeout_ns and (pg, enq) not in self._reported:
+                self._reported.add((pg, enq))
+                pending = self._confirm(pg, enq)
+                if pending is not None and found is None:
+                    seq, op, group = pending
+                    found = (
+                        f"{op} on group {group} seq {seq} (seen by PyTorch's recorder) "
+                        f"incomplete for over {self.timeout_ns / 1e9:g}s"
+                    )
         return found
 
+    def _confirm(self, pg: str, enqueued: int) -> tuple[int, str, str] | None:
+        """(seq, op, group name) of the oldest unfinished native entry of ``pg``, if any.
+
+        The counters alone can lie: gloo's worker threads store "last completed" without
+        ordering, so a slow thread can set it back below a collective that did finish. The
+        entries (read only when the counters look stuck) say which one is really unfinished.
+        """
+        data = self._json(include_entries=True)
+        for e in (data or {}).get("entries") or []:
+            if not isinstance(e, dict) or str(e.get("pg_id")) != pg or e.get("is_p2p"):
+                continue
+            done = e.get("retired") or e.get("state") == "completed"
+            seq = int(e.get("collective_seq_id") or 0)
+            if not done and 0 < seq <= enqueued:
+                _, op, _, _ = parse_profiling_name(str(e.get("profiling_name") or ""))
+                name = (e.get("process_group") or ("?",))[0]
+                return seq, op, str(name)
+        return None
+
     def _status(self) -> dict[str, dict[str, Any]] | None:
+        data = self._json(include_entries=False)
+        status = (data or {}).get("pg_status") or {}
+        return status if isinstance(status, dict) else None
+
+    def _json(self, include_entries: bool) -> dict[str, Any] | None:
         try:
             from torch._C import _distributed_c10d as c10d
 
@@ -446,9 +522,8 @@ class NativeWatch:
             if fn is None:
                 self._off = True
                 return None
-            data = json.loads(fn(includeCollectives=False, onlyActive=True))
-            status = data.get("pg_status") or {}
-            return status if isinstance(status, dict) else None
+            data = json.loads(fn(includeCollectives=include_entries, onlyActive=True))
+            return data if isinstance(data, dict) else None
         except Exception as exc:
             self._off = True
             log.warning("flightrec: hangs in collectives issued outside Python go unseen: %s", exc)

@@ -283,6 +283,9 @@ class Runtime:
         poller, since = self.poller, now_ns - self.native_watch.timeout_ns
         if self._hang_dumped_ns > since or (poller is not None and poller.last_request_ns > since):
             return  # this hang was dumped already: our watchdog's, or another rank's request
+        ring = self.recorder.ring
+        if any(ring.read(i).enqueue_ns < since + 10**9 for i in ring.pending_slots()):
+            return  # one of our own entries is as overdue: our watchdog reports it, better
         self._hang_dumped_ns = now_ns
         self.dump(pb.WATCHDOG_TIMEOUT, what)
         if poller is not None:

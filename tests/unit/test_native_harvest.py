@@ -37,7 +37,7 @@ def native(rid: int, t_us: int, seq: int, **kw: Any) -> NativeOp:
     values = dict(
         record_id=rid, pg_id=0, group="0", desc="default_pg", seq=seq, is_p2p=False,
         op="all_reduce", backend="gloo", local_src=-1, local_dst=-1, created_ns=t_us * US,
-        complete_ns=0, state=pb.COMPLETED, thread="MainThread", inputs=((((2,), "float32"),)),
+        complete_ns=0, state=pb.COMPLETED, thread="MainThread", python_thread=True, inputs=((((2,), "float32"),)),
         outputs=(), stack=(("funcol.py", "all_reduce", 1), ("model.py", "forward", 3)),
     )  # fmt: skip
     values.update(kw)
@@ -103,6 +103,15 @@ def test_threads_are_matched_separately() -> None:
     assert rows == {1: 2, 2: 1}
 
 
+def test_threads_that_ended_before_the_dump_are_matched_by_group_and_time() -> None:
+    slots = [slot(1, 100, 110, seq=1, thread=2), slot(2, 200, 210, seq=2, thread=2)]
+    ops = [native(0, 105, 7, thread="python", python_thread=False),
+           native(1, 150, 8, thread="python", python_thread=False),  # a C++ thread's
+           native(2, 205, 9, thread="python", python_thread=False)]  # fmt: skip
+    m = merged(slots, ops)
+    assert describe(m.rows) == [("fr", 0, 7), ("native", 0, 8), ("fr", 0, 9)]
+
+
 def test_an_async_call_is_matched_before_the_threads_next_call() -> None:
     # async all_reduce completes late; a funcol call follows it on the same thread.
     slots = [slot(1, 100, 900, seq=1, flags=pb.ASYNC_OP), slot(2, 500, 510, seq=2)]
@@ -157,16 +166,35 @@ def test_native_watch_reports_a_counter_stuck_for_the_timeout_once(
     status = _Status()
     watch = NativeWatch(timeout_s=3)
     monkeypatch.setattr(watch, "_status", status)
+    entries = [
+        {"pg_id": 2, "collective_seq_id": 4, "retired": True, "profiling_name": "gloo:allreduce"},
+        {"pg_id": 2, "collective_seq_id": 5, "retired": False, "process_group": ("7", "tp"),
+         "profiling_name": "gloo:allreduce"},
+    ]  # fmt: skip
+    monkeypatch.setattr(watch, "_json", lambda include_entries: {"entries": entries})
     s = 1_000_000_000
     status.value = {"2": {"last_enqueued_collective": 5, "last_completed_collective": 4}}
     assert watch.poll(0) is None
     assert watch.poll(2 * s) is None
     found = watch.poll(3 * s)
-    assert found is not None and "#5 on process group id 2" in found
+    assert found is not None and found.startswith("all_reduce on group 7 seq 5 ")
     assert watch.poll(5 * s) is None  # reported once
     status.value = {"2": {"last_enqueued_collective": 7, "last_completed_collective": 6}}
     assert watch.poll(6 * s) is None  # progress: a new pending collective starts its clock
     assert watch.poll(7 * s) is None
+
+
+def test_native_watch_trusts_the_entries_over_counters_set_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # gloo's "last completed" can be stored out of order; every entry says it finished.
+    status = _Status()
+    status.value = {"0": {"last_enqueued_collective": 3, "last_completed_collective": 2}}
+    watch = NativeWatch(timeout_s=1)
+    monkeypatch.setattr(watch, "_status", status)
+    done = [{"pg_id": 0, "collective_seq_id": n, "retired": True} for n in (1, 2, 3)]
+    monkeypatch.setattr(watch, "_json", lambda include_entries: {"entries": done})
+    assert [watch.poll(t * 1_000_000_000) for t in range(4)] == [None] * 4
 
 
 def test_native_watch_polls_at_most_once_a_second(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -176,3 +204,15 @@ def test_native_watch_polls_at_most_once_a_second(monkeypatch: pytest.MonkeyPatc
     for t in range(0, 2_000_000_000, 100_000_000):
         watch.poll(t)
     assert len(calls) == 2
+
+
+def test_symbolizing_native_stacks_never_imports_inductor() -> None:
+    import sys
+
+    import torch
+
+    if "torch._inductor" in sys.modules:
+        pytest.skip("inductor already imported in this test process")
+    with native_harvest._no_inductor_import():
+        assert not hasattr(torch._inductor, "codecache")  # what torch's symbolizer asks
+    assert "torch._inductor" not in sys.modules and "_inductor" not in vars(torch)
