@@ -333,7 +333,14 @@ class Runtime:
             used = dist.is_available() and dist.is_initialized()
         except Exception:
             used = False
-        needed = used or self.recorder.ring.pending_slots() or self.recorder.groups.groups
+        # A job whose every collective went through torch's C++ paths (functional collectives,
+        # DDP's builtin hooks) registered no group here: it still ran, and dumps.
+        needed = (
+            used
+            or self.watchdog is not None  # started when its default group was created
+            or self.recorder.ring.pending_slots()
+            or self.recorder.groups.groups
+        )
         if needed and self.dump(pb.PROCESS_EXIT, "process exit") is not None:
             self.dumper.exit_dumped = True
 
