@@ -23,6 +23,9 @@ from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
 from flightrec.readers import discover, looks_like_dump, read_views
 from flightrec.text import compress
 
+NATIVE_SOURCE = "torch-native"
+"""Prefix of ``header.source`` of dumps converted from PyTorch's native recorder."""
+
 
 class View(enum.StrEnum):
     """Which dump to use for a rank that dumped more than once."""
@@ -86,6 +89,17 @@ def _prefer_dumps(candidates: list[RankDump], notes: list[str]) -> list[RankDump
         notes.append(
             f"set aside {superseded} black-box file(s) of processes that also wrote a dump "
             "or recorded nothing"
+        )
+    # A flightrec dump holds what PyTorch's recorder held in that process (merged in at dump
+    # time, numbered alike): a native dump of the same rank would count it all twice.
+    ours = {d.rank for d in kept if d.header.source == "flightrec"}
+    native = [d for d in kept if d.header.source.startswith(NATIVE_SOURCE) and d.rank in ours]
+    if native:
+        drop = {id(d) for d in native}
+        kept = [d for d in kept if id(d) not in drop]
+        notes.append(
+            f"set aside {len(native)} PyTorch native dump(s) of ranks that also wrote a "
+            "flightrec dump (it includes what the native recorder saw)"
         )
     return kept or candidates
 
@@ -246,6 +260,13 @@ def load_dir(
     by_job: dict[str, list[RankDump]] = defaultdict(list)
     for d in candidates:
         by_job[d.header.job_id].append(d)
+    if "" in by_job and len(by_job) > 1:
+        # Native dumps name no job: they belong to the job the other dumps name.
+        unnamed = by_job.pop("")
+        if len(by_job) == 1:
+            next(iter(by_job.values())).extend(unnamed)
+        else:
+            by_job[""] = unnamed
     if len(by_job) > 1:
         newest = max(by_job, key=lambda j: max(d.header.wall_time_ns for d in by_job[j]))
         for job, ds in by_job.items():

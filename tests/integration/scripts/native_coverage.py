@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -140,6 +142,30 @@ CASES: dict[str, Callable[[], tuple[Step, dict[str, str]]]] = {
 }
 
 
+def native_dumps_on_request() -> None:
+    """With NATIVE_DUMP_TRIGGER and NATIVE_DUMP_DIR set: once the trigger file exists, write
+    PyTorch's own dump of this process (pickle, ``rank_<r>``) into the folder, from a thread,
+    as torch's recorder would, so a test can mix native and flightrec dumps of one job."""
+    trigger, folder = os.environ.get("NATIVE_DUMP_TRIGGER"), os.environ.get("NATIVE_DUMP_DIR")
+    if not trigger or not folder:
+        return
+
+    def wait_and_dump() -> None:
+        while not os.path.exists(trigger):
+            time.sleep(0.05)
+        data = torch._C._distributed_c10d._dump_fr_trace(
+            includeCollectives=True, includeStackTraces=True, onlyActive=False
+        )
+        os.makedirs(folder, exist_ok=True)
+        path = os.path.join(folder, f"rank_{dist.get_rank()}")
+        with open(path + ".tmp", "wb") as f:
+            f.write(data)
+        os.replace(path + ".tmp", path)
+        print("NATIVE_DUMPED", flush=True)
+
+    threading.Thread(target=wait_and_dump, name="native-dumper", daemon=True).start()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("case", choices=sorted(CASES))
@@ -153,6 +179,7 @@ def main() -> None:
     rank = dist.get_rank()
     step, groups = CASES[args.case]()
     print("GROUPS", json.dumps(groups), flush=True)
+    native_dumps_on_request()
     for n in range(args.steps):
         if rank == args.stall_rank and n == args.stall_step:
             print("STALLING", flush=True)
