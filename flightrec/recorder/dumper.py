@@ -22,7 +22,7 @@ from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.schema import dump_filename
 from flightrec.format.slot import Slot, decode
 from flightrec.format.write import write_dump
-from flightrec.recorder import native_harvest
+from flightrec.recorder import native_merge
 from flightrec.recorder.stacks import frames_of, source_line, without_own_frames
 
 if TYPE_CHECKING:
@@ -146,7 +146,7 @@ class Dumper:
         snap = rec.ring.snapshot()
         entries = decode(snap)
         # PyTorch's own ring, read after ours: it registers the groups only it saw.
-        merged = native_harvest.harvest_and_merge(rec, entries)
+        merged = native_merge.harvest_and_merge(rec, entries)
         strings = list(rec.strings.values)
         specs = list(rec.tensors.values)
         groups = list(rec.groups.groups)

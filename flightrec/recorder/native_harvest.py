@@ -26,11 +26,11 @@ so it is trusted) and ``merge`` lines it up with flightrec's ring:
 * A flightrec collective with no native entry is older than the native ring (or never
   reached the ProcessGroup); its own counter cannot be mixed with torch's, so it is left out
   and counted in its group's ``dropped``. P2P entries keep flightrec's per-peer numbering;
-  native P2P entries flightrec did not issue are not added (torch issues none from C++).
+  native P2P entries flightrec did not issue are not added (gloo records none).
 
-Nothing here may raise into the job: ``harvest`` returns None on any failure (one warning).
-``NativeWatch`` lets the watchdog see hangs in collectives only the native recorder saw, from
-torch's per-group counters (``pg_status``), polled once a second.
+This module reads torch's ring; ``native_merge`` lines it up with flightrec's, and
+``native_watch`` lets the watchdog see hangs only torch's counters show. Nothing here may
+raise into the job: ``harvest`` returns None on any failure (one warning).
 """
 
 from __future__ import annotations
@@ -38,7 +38,6 @@ from __future__ import annotations
 import contextlib
 import gc
 import importlib
-import json
 import logging
 import os
 import pickle
@@ -46,15 +45,13 @@ import sys
 import threading
 import time
 import types
-from collections import defaultdict
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.builder import OBJECT_API, EntryValues, FrameTuple, TensorTuple
+from flightrec.format.builder import FrameTuple, TensorTuple
 from flightrec.format.native_names import SEND_RECV, dtype_name, parse_profiling_name
-from flightrec.format.slot import Slot
 
 log = logging.getLogger("flightrec")
 
@@ -284,320 +281,4 @@ def harvest(stack_depth: int) -> Harvest | None:
         if not _warned:
             _warned = True
             log.warning("flightrec: could not read PyTorch's native Flight Recorder: %s", exc)
-        return None
-
-
-# -- merging ----------------------------------------------------------------------------------
-
-
-@dataclass(slots=True)
-class Merged:
-    """The dump's entries after merging, oldest first, with per-group corrections."""
-
-    rows: list[Slot | EntryValues]
-    """flightrec entries (``Slot``, seq replaced by the ProcessGroup's) and native-only
-    entries (``EntryValues``, group set to the dump's group index)."""
-    last_seq: dict[int, int] = field(default_factory=dict)
-    """Group index -> the ProcessGroup's last sequence number seen, where harvested."""
-    dropped: dict[int, int] = field(default_factory=dict)
-    """Group index -> collectives of the group not in the dump, where harvested."""
-
-
-def _windows(slots: Sequence[Slot], thread_of: Callable[[Slot], str]) -> list[int]:
-    """Per slot: the enqueue time of the same thread's next flightrec entry (or a far end)."""
-    end = [1 << 62] * len(slots)
-    last: dict[str, int] = {}
-    for i, s in enumerate(slots):
-        t = thread_of(s)
-        prev = last.get(t)
-        if prev is not None:
-            end[prev] = s.enqueue_ns
-        last[t] = i
-    return end
-
-
-def match(
-    slots: Sequence[Slot],
-    ops: Sequence[NativeOp],
-    group_of: Callable[[Slot], str],
-    thread_of: Callable[[Slot], str],
-) -> dict[int, list[int]]:
-    """Which native entries each flightrec entry caused: slot position -> op positions.
-
-    Per (thread, group), native entries are taken in order; a flightrec entry takes the first
-    one created inside its window (after its enqueue, before its completion and before its
-    thread's next flightrec entry), or all of them for an object collective. Native entries
-    of threads that ended before the dump cannot be told apart by thread: a flightrec entry
-    that finds none of its own thread's looks among those, with the same window.
-    """
-    queues: dict[tuple[str, str, bool], list[int]] = defaultdict(list)
-    for j, op in enumerate(ops):
-        queues[(op.thread if op.python_thread else "", op.group, op.is_p2p)].append(j)
-    for queue in queues.values():
-        queue.sort(key=lambda j: (ops[j].created_ns, ops[j].record_id))
-    heads: dict[tuple[str, str, bool], int] = defaultdict(int)
-    ends = _windows(slots, thread_of)
-    out: dict[int, list[int]] = {}
-    for i in sorted(range(len(slots)), key=lambda i: slots[i].record_id):
-        s = slots[i]
-        lo = s.enqueue_ns - MATCH_SLACK_NS
-        hi = ends[i]
-        if s.complete_ns:
-            hi = min(hi, s.complete_ns + MATCH_SLACK_NS)
-        p2p = bool(s.flags & pb.IS_P2P)
-        for key in ((thread_of(s), group_of(s), p2p), ("", group_of(s), p2p)):
-            q = queues.get(key)
-            if not q:
-                continue
-            h = heads[key]
-            while h < len(q) and ops[q[h]].created_ns < lo:
-                h += 1  # native-only entries before this one (funcol, C++): not ours
-            taken: list[int] = []
-            j = h
-            while j < len(q) and ops[q[j]].created_ns < hi:
-                taken.append(q[j])
-                j += 1
-                if not s.flags & OBJECT_API:
-                    break
-            # Own thread: what was passed over is known not to be ours. Ended threads' queue:
-            # move on only past what was taken (the rest may be another thread's).
-            if key[0] or taken:
-                heads[key] = j
-            if taken:
-                out[i] = taken
-                break
-    return out
-
-
-def merge(
-    slots: Sequence[Slot],
-    harvested: Harvest,
-    group_names: Sequence[str],
-    strings: Sequence[str],
-    group_index: Callable[[NativeOp], int],
-    symbolize: Callable[[int], Sequence[FrameTuple]],
-) -> Merged:
-    """One entry per collective, numbered by the ProcessGroup (see the module docstring).
-
-    Args:
-        slots: flightrec's ring, decoded, oldest first.
-        harvested: the native ring.
-        group_names: flightrec group index -> torch group name.
-        strings: the recorder's string table (thread, op and device names of slots).
-        group_index: the dump's group index for a native entry's group (registering it).
-        symbolize: a slot's stack index -> its frames.
-    """
-    ops = harvested.ops
-
-    def group_of(s: Slot) -> str:
-        return group_names[s.group] if s.group < len(group_names) else ""
-
-    def text(index: int) -> str:
-        return strings[index] if index < len(strings) else ""
-
-    def thread_of(s: Slot) -> str:
-        return text(s.thread)
-
-    matched = match(slots, ops, group_of, thread_of)
-    used = {j for js in matched.values() for j in js}
-    covered = {op.group for op in ops if not op.is_p2p}
-    timed: list[tuple[int, int, Slot | EntryValues]] = []
-    dropped: dict[int, int] = defaultdict(int)
-    for i, s in enumerate(slots):
-        js = matched.get(i)
-        if s.flags & pb.IS_P2P:
-            timed.append((s.enqueue_ns, 0, s))  # flightrec's per-peer numbering stays
-        elif js is None:
-            if group_of(s) in covered:
-                dropped[s.group] += 1  # numbered by flightrec alone: cannot be placed
-            else:
-                timed.append((s.enqueue_ns, 0, s))
-        elif len(js) == 1:
-            timed.append((s.enqueue_ns, 0, s._replace(seq=ops[js[0]].seq)))
-        else:  # an object collective: the collectives torch ran for it, with its context
-            stack = tuple(symbolize(s.stack))
-            for k, j in enumerate(js):
-                op, last = ops[j], k == len(js) - 1
-                row = EntryValues(
-                    record_id=s.record_id, group=s.group, op=op.op, seq=op.seq,
-                    reduce_op=text(s.reduce_op), peer=s.peer,
-                    state=s.state if last else pb.COMPLETED,
-                    enqueue_ns=op.created_ns, complete_ns=s.complete_ns if last else 0,
-                    thread=thread_of(s), stack=stack, inputs=op.inputs, outputs=op.outputs,
-                    flags=s.flags, device=text(s.device),
-                )  # fmt: skip
-                timed.append((op.created_ns, 0, row))
-    for j, op in enumerate(ops):
-        if j in used or op.is_p2p:
-            continue
-        row = EntryValues(
-            record_id=0, group=group_index(op), op=op.op, seq=op.seq, state=op.state,
-            enqueue_ns=op.created_ns, complete_ns=op.complete_ns, thread=op.thread,
-            stack=op.stack, inputs=op.inputs, outputs=op.outputs,
-            device="cpu" if op.backend == "gloo" else "",
-        )  # fmt: skip
-        timed.append((op.created_ns, 1, row))
-    timed.sort(key=lambda t: (t[0], t[1]))
-    merged = Merged(rows=[row for _, _, row in timed])
-    numbered = {group_index(op) for op in ops if not op.is_p2p}  # torch's numbering
-    firsts: dict[int, int] = {}
-    for r in merged.rows:
-        if r.seq and not r.flags & pb.IS_P2P and r.group in numbered:
-            firsts.setdefault(r.group, r.seq)
-            merged.last_seq[r.group] = max(merged.last_seq.get(r.group, 0), r.seq)
-    for g, first in firsts.items():
-        merged.dropped[g] = first - 1 if harvested.wrapped else dropped.get(g, 0)
-    return merged
-
-
-# -- the watchdog's view of native-only collectives ----------------------------------------------
-
-
-class NativeWatch:
-    """Spots a collective only the native recorder saw that stays incomplete too long.
-
-    torch keeps, per process group, the last collective enqueued and the last completed
-    (``pg_status``); reading them is one small JSON without entries. A group whose enqueued
-    counter stays ahead of its completed one, unchanged, for ``timeout_s`` is hung.
-    """
-
-    POLL_NS = 1_000_000_000
-
-    def __init__(self, timeout_s: float, enabled: bool = True) -> None:
-        self.timeout_ns = int(timeout_s * 1e9)
-        self._next_poll = 0
-        self._pending: dict[str, tuple[tuple[int, int], int]] = {}
-        """pg id -> ((last completed, last enqueued), monotonic time they were first seen)."""
-        self._reported: set[tuple[str, int]] = set()
-        """(pg id, last enqueued) already looked into."""
-        self._off = not enabled
-
-    def poll(self, now_ns: int) -> str | None:
-        """At most once a second: a description of a newly hung collective, else None."""
-        if self._off or now_ns < self._next_poll:
-            return None
-        self._next_poll = now_ns + self.POLL_NS
-        status = self._status()
-        if status is None:
-            return None
-        found = None
-        for pg, st in status.items():
-            try:
-                enq = int(st.get("last_enqueued_collective", -1))
-                done = int(st.get("last_completed_collective", -1))
-            except (TypeError, ValueError, AttributeError):
-                continue
-            if enq <= done:
-                self._pending.pop(pg, None)
-                continue
-            seen = self._pending.get(pg)
-            if seen is None or seen[0] != (done, enq):  # moved: its clock starts again
-                self._pending[pg] = ((done, enq), now_ns)
-                continue
-            if now_ns - seen[1] >= self.timeout_ns and (pg, enq) not in self._reported:
-                self._reported.add((pg, enq))
-                pending = self._confirm(pg, enq)
-                if pending is not None and found is None:
-                    seq, op, group = pending
-                    found = (
-                        f"{op} on group {group} seq {seq} (seen by PyTorch's recorder) "
-                        f"incomplete for over {self.timeout_ns / 1e9:g}s"
-                    )
-        return found
-
-    def _confirm(self, pg: str, enqueued: int) -> tuple[int, str, str] | None:
-        """(seq, op, group name) of the oldest unfinished native entry of ``pg``, if any.
-
-        The counters alone can lie: gloo's worker threads store "last completed" without
-        ordering, so a slow thread can set it back below a collective that did finish. The
-        entries (read only when the counters look stuck) say which one is really unfinished.
-        """
-        data = self._json(include_entries=True)
-        for e in (data or {}).get("entries") or []:
-            if not isinstance(e, dict) or str(e.get("pg_id")) != pg or e.get("is_p2p"):
-                continue
-            done = e.get("retired") or e.get("state") == "completed"
-            seq = int(e.get("collective_seq_id") or 0)
-            if not done and 0 < seq <= enqueued:
-                _, op, _, _ = parse_profiling_name(str(e.get("profiling_name") or ""))
-                name = (e.get("process_group") or ("?",))[0]
-                return seq, op, str(name)
-        return None
-
-    def _status(self) -> dict[str, dict[str, Any]] | None:
-        data = self._json(include_entries=False)
-        status = (data or {}).get("pg_status") or {}
-        return status if isinstance(status, dict) else None
-
-    def _json(self, include_entries: bool) -> dict[str, Any] | None:
-        try:
-            from torch._C import _distributed_c10d as c10d
-
-            fn = getattr(c10d, "_dump_fr_trace_json", None)
-            if fn is None:
-                self._off = True
-                return None
-            data = json.loads(fn(includeCollectives=include_entries, onlyActive=True))
-            return data if isinstance(data, dict) else None
-        except Exception as exc:
-            self._off = True
-            log.warning("flightrec: hangs in collectives issued outside Python go unseen: %s", exc)
-            return None
-
-
-# -- the recorder's side -----------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class _Unresolved:
-    """Stands for a group torch no longer resolves by name (destroyed): name only."""
-
-    group_name: str
-    group_desc: str
-
-
-_unresolved: dict[str, _Unresolved] = {}
-
-
-def _group_index(groups: Any, op: NativeOp) -> int:
-    """The registry index of a native entry's group, registering a group seen first here."""
-    for info in groups.groups:
-        if info.name == op.group:
-            return int(info.index)
-    pg: Any = None
-    try:
-        import torch.distributed.distributed_c10d as c10d
-
-        pg = c10d._resolve_process_group(op.group)  # type: ignore[attr-defined, arg-type]
-    except Exception:
-        pg = None
-    if pg is None:
-        pg = _unresolved.setdefault(op.group, _Unresolved(op.group, op.desc))
-    return int(groups.get(pg).index)
-
-
-def harvest_and_merge(recorder: Any, slots: Sequence[Slot]) -> Merged | None:
-    """The dump's entries merged with the native ring; None when there is none to merge.
-
-    Registers the groups only the native recorder saw in ``recorder.groups``, so the caller
-    must copy the group list after this. Never raises.
-    """
-    if not recorder.config.native:
-        return None
-    h = harvest(recorder.config.stack_depth)
-    if h is None:
-        return None
-    try:
-        groups = recorder.groups
-        names = [g.name for g in groups.groups]
-        return merge(
-            slots,
-            h,
-            names,
-            list(recorder.strings.values),
-            lambda op: _group_index(groups, op),
-            recorder.stacks.symbolize,
-        )
-    except Exception as exc:
-        recorder.internal_error("merging PyTorch's native Flight Recorder", exc)
         return None

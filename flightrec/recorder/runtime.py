@@ -21,7 +21,7 @@ from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.hooks import Hooks
-from flightrec.recorder.native_harvest import NativeWatch
+from flightrec.recorder.native_watch import NativeWatch
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers

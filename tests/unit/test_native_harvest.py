@@ -15,7 +15,9 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import EntryValues
 from flightrec.format.slot import Slot
 from flightrec.recorder import native_harvest
-from flightrec.recorder.native_harvest import Harvest, NativeOp, NativeWatch, merge
+from flightrec.recorder.native_harvest import Harvest, NativeOp
+from flightrec.recorder.native_merge import merge
+from flightrec.recorder.native_watch import NativeWatch
 
 US = 1_000
 STRINGS = ["", "MainThread", "worker", "all_reduce", "all_gather_object", "SUM", "cpu", "send"]
