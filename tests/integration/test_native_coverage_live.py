@@ -111,6 +111,7 @@ def test_a_stalled_rank_is_named_with_the_op_and_group_its_peers_wait_in(
         # FSDP's parameter all-gather over dp, or TP's all_reduce: both wait for it.
         "fsdp_tp": {
             ("all_gather_into_tensor", names.get("dp", "")),
+            ("all_gather_single", names.get("dp", "")),  # torch 2.13's name on some paths
             ("all_reduce", names.get("tp", "")),
         },
     }[case]
