@@ -72,6 +72,13 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------
     def enable(self) -> None:
         self.recorder.enabled = True
+        if self.config.native and not {
+            "TORCH_FR_BUFFER_SIZE",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        } & set(os.environ):
+            # torch reads this when its recorder is first used (after start-up): its ring then
+            # spans at least ours, so merging leaves none of our older entries out.
+            os.environ["TORCH_FR_BUFFER_SIZE"] = str(max(self.config.buffer, 2000))
         self.hooks.install(self.recorder, self.start_background, self._after_destroy)
         self._install_ddp()
         import torch.distributed as dist
