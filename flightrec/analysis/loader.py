@@ -24,6 +24,9 @@ from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
 from flightrec.readers import discover, looks_like_dump, read_views
 from flightrec.text import compress
 
+NATIVE_SOURCE = "torch-native"
+"""Prefix of ``header.source`` of dumps converted from PyTorch's native recorder."""
+
 
 class View(enum.StrEnum):
     """Which dump to use for a rank that dumped more than once."""
@@ -127,6 +130,17 @@ def _prefer_dumps(candidates: list[RankDump], notes: list[str]) -> list[RankDump
         notes.append(
             f"set aside {superseded} black-box file(s) of processes that also wrote a dump "
             "or recorded nothing"
+        )
+    # A flightrec dump holds what PyTorch's recorder held in that process (merged in at dump
+    # time, numbered alike): a native dump of the same rank would count it all twice.
+    ours = {d.rank for d in kept if d.header.source == "flightrec"}
+    native = [d for d in kept if d.header.source.startswith(NATIVE_SOURCE) and d.rank in ours]
+    if native:
+        drop = {id(d) for d in native}
+        kept = [d for d in kept if id(d) not in drop]
+        notes.append(
+            f"set aside {len(native)} PyTorch native dump(s) of ranks that also wrote a "
+            "flightrec dump (it includes what the native recorder saw)"
         )
     return kept or candidates
 

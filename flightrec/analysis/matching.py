@@ -104,6 +104,7 @@ def match(run: Run) -> Matched:
     # Keyed by the member list's identity: dumps share one tuple per distinct list (see
     # model.intern_ranks), and hashing a 16,384-rank list once per rank would cost seconds.
     by_list: dict[str, dict[int, tuple[tuple[int, ...], list[int]]]] = defaultdict(dict)
+    guessed: dict[str, dict[int, tuple[tuple[int, ...], list[int]]]] = defaultdict(dict)
     meta: dict[str, tuple[str, str]] = {}
     signatures: dict[int, tuple[tuple[Hashable, ...], ...]] = {}
     for rank, d in run.dumps.items():
@@ -130,9 +131,12 @@ def match(run: Run) -> Matched:
             per_key[key] = gi
             progress[key][rank] = _progress(d, local, gi, incomplete[rank])
             ranks_of = tuple(g.ranks)  # the shared tuple itself (tuple() of a tuple is a no-op)
-            seen = by_list[key].get(id(ranks_of))
+            # A member list rebuilt from one rank's own native dump (gloo's name none) is a
+            # guess: it counts only where no dump of the group knows its members.
+            lists = by_list[key] if g.members_known else guessed[key]
+            seen = lists.get(id(ranks_of))
             if seen is None:
-                by_list[key][id(ranks_of)] = (ranks_of, [rank])
+                lists[id(ranks_of)] = (ranks_of, [rank])
             else:
                 seen[1].append(rank)
             meta.setdefault(key, (g.desc, g.backend))
@@ -154,6 +158,9 @@ def match(run: Run) -> Matched:
                 )
         index[rank] = per_key
 
+    for key, lists in guessed.items():
+        if key not in by_list:
+            by_list[key] = lists
     infos: dict[str, ProcessGroupInfo] = {}
     memberships: dict[str, dict[tuple[int, ...], tuple[int, ...]]] = {}
     members: dict[str, dict[tuple[int, ...], list[int]]] = {}

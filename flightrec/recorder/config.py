@@ -46,6 +46,10 @@ class Config:
     blackbox: bool = True
     """FLIGHTREC_BLACKBOX: keep the ring in a memory-mapped file under FLIGHTREC_DIR (on
     unless set to something other than 1/true/yes) so a rank that dies hard leaves evidence."""
+    native: bool = True
+    """FLIGHTREC_NATIVE: at dump time, merge in what PyTorch's own Flight Recorder saw in this
+    process (collectives issued outside Python's torch.distributed calls), numbered as the
+    ProcessGroup numbers them (on unless set to something other than 1/true/yes)."""
     raw_stacks: bool = True
     """FLIGHTREC_RAW_STACKS: keep faulthandler armed so that a process whose Python cannot run
     for FLIGHTREC_TIMEOUT seconds (the GIL held in a C call) still leaves its threads' stacks
@@ -135,6 +139,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         dump_on_exit=is_true(env.get("FLIGHTREC_DUMP_ON_EXIT")),
         job_id=job_id_from_env(env),
         blackbox=env.get("FLIGHTREC_BLACKBOX") is None or is_true(env.get("FLIGHTREC_BLACKBOX")),
+        native=env.get("FLIGHTREC_NATIVE") is None or is_true(env.get("FLIGHTREC_NATIVE")),
         raw_stacks=env.get("FLIGHTREC_RAW_STACKS") is None
         or is_true(env.get("FLIGHTREC_RAW_STACKS")),
         verdict=env.get("FLIGHTREC_VERDICT") is None or is_true(env.get("FLIGHTREC_VERDICT")),

@@ -19,10 +19,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.builder import DumpBuilder
+from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.schema import dump_filename
-from flightrec.format.slot import decode
+from flightrec.format.slot import Slot, decode
 from flightrec.format.write import write_dump
+from flightrec.recorder import native_merge
 from flightrec.recorder.stacks import frames_of, source_line, without_own_frames
 
 if TYPE_CHECKING:
@@ -188,6 +189,9 @@ class Dumper:
         frames = sys._current_frames()
         active = dict(rec.active)
         snap = rec.ring.snapshot()
+        entries = decode(snap)
+        # PyTorch's own ring, read after ours: it registers the groups only it saw.
+        merged = native_merge.harvest_and_merge(rec, entries)
         strings = list(rec.strings.values)
         specs = list(rec.tensors.values)
         groups = list(rec.groups.groups)
@@ -195,7 +199,6 @@ class Dumper:
         wall, mono = time.time_ns(), time.monotonic_ns()
         rec.forget_thread_names()
 
-        entries = decode(snap)
         b = DumpBuilder(source=source_line)
         me = self.remember_identity()
         if me is None:  # no group yet: what the environment says
@@ -225,18 +228,25 @@ class Dumper:
         h.source = "flightrec"
 
         present: dict[int, int] = {}
-        for e in entries:
-            present[e.group] = present.get(e.group, 0) + 1
+        for slot in entries:
+            present[slot.group] = present.get(slot.group, 0) + 1
         for g, (seq, recorded, p2p) in zip(groups, counters, strict=True):
+            dropped = max(0, recorded - present.get(g.index, 0))
+            if merged is not None and g.index in merged.last_seq:  # torch's numbering
+                seq, dropped = merged.last_seq[g.index], merged.dropped.get(g.index, 0)
             b.group(
                 g.name, g.ranks, desc=g.desc, backend=g.backend, last_seq=seq,
-                dropped=max(0, recorded - present.get(g.index, 0)), p2p=p2p,
+                dropped=dropped, p2p=p2p,
             )  # fmt: skip
 
         s_map = [b.string(s) for s in strings]
         t_map: dict[int, int] = {0: 0}
         k_map: dict[int, int] = {0: 0}
-        for e in entries:
+        rows: list[Slot | EntryValues] = list(entries) if merged is None else merged.rows
+        for e in rows:
+            if not isinstance(e, Slot):  # a native entry, or part of an object collective
+                b.entry(e)
+                continue
             if e.stack not in k_map:
                 k_map[e.stack] = b.stack(rec.stacks.symbolize(e.stack))
             for t in (e.inputs, e.outputs):

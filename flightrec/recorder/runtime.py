@@ -29,6 +29,7 @@ from flightrec.recorder.exceptions import (
 )
 from flightrec.recorder.exchange import GATHER_S, Exchange, Reporter
 from flightrec.recorder.hooks import Hooks
+from flightrec.recorder.native_watch import NativeWatch
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
@@ -60,6 +61,8 @@ class Runtime:
         self.exchange: Exchange | None = None
         self.dumper.on_dump = self._on_dump
         self.signals = SignalHandlers(self._on_signal)
+        self.native_watch = NativeWatch(config.timeout_s, config.native)
+        self._hang_dumped_ns = 0
         self._lock = threading.Lock()
         self._last_error_dump = 0
         self._warned: set[str] = set()
@@ -85,6 +88,13 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------
     def enable(self) -> None:
         self.recorder.enabled = True
+        if self.config.native and not {
+            "TORCH_FR_BUFFER_SIZE",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE",
+        } & set(os.environ):
+            # torch reads this when its recorder is first used (after start-up): its ring then
+            # spans at least ours, so merging leaves none of our older entries out.
+            os.environ["TORCH_FR_BUFFER_SIZE"] = str(max(self.config.buffer, 2000))
         self.hooks.install(self.recorder, self.start_background, self._after_destroy)
         try:
             self.exception_hooks.install()
@@ -240,6 +250,9 @@ class Runtime:
                 log.warning("flightrec: no raw stacks if Python stops running: %s", exc)
 
     def _tick(self, now_ns: int) -> None:
+        hung = self.native_watch.poll(now_ns)
+        if hung is not None:  # a collective flightrec's hooks never saw (funcol, C++)
+            self._on_native_hang(hung, now_ns)
         raw = self.rawstacks
         if raw is not None:
             raw.rearm(now_ns)
@@ -302,6 +315,7 @@ class Runtime:
         if poller is not None:
             poller.hang_ns = time.monotonic_ns()
         what = describe_entry(self.recorder, slot)
+        self._hang_dumped_ns = time.monotonic_ns()
         self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self.config.timeout_s:g}s: {what}")
         if poller is not None:
             rank = self._rank()  # the identity fixed at the first group, as in the dumps
@@ -314,6 +328,23 @@ class Runtime:
     def _rank(self) -> int:
         ident = self.dumper.identity
         return ident.rank if ident is not None else int(os.environ.get("RANK", "-1") or -1)
+
+    def _on_native_hang(self, what: str, now_ns: int) -> None:
+        poller, since = self.poller, now_ns - self.native_watch.timeout_ns
+        if self._hang_dumped_ns > since or (poller is not None and poller.last_request_ns > since):
+            return  # this hang was dumped already: our watchdog's, or another rank's request
+        ring = self.recorder.ring
+        if any(ring.read(i).enqueue_ns < since + 10**9 for i in ring.pending_slots()):
+            return  # one of our own entries is as overdue: our watchdog reports it, better
+        self._hang_dumped_ns = now_ns
+        self.dump(pb.WATCHDOG_TIMEOUT, what)
+        if poller is not None:
+            threading.Thread(
+                target=_post,
+                args=(poller, _rank(), poller.seen),
+                name="flightrec-post",
+                daemon=True,
+            ).start()
 
     def _on_request(self, n: int, requester: int, reason: str) -> None:
         if reason == "CLI_TRIGGER":
@@ -376,7 +407,14 @@ class Runtime:
             used = dist.is_available() and dist.is_initialized()
         except Exception:
             used = False
-        needed = used or self.recorder.ring.pending_slots() or self.recorder.groups.groups
+        # A job whose every collective went through torch's C++ paths (functional collectives,
+        # DDP's builtin hooks) registered no group here: it still ran, and dumps.
+        needed = (
+            used
+            or self.watchdog is not None  # started when its default group was created
+            or self.recorder.ring.pending_slots()
+            or self.recorder.groups.groups
+        )
         died = self.died_of is not None and self.dumper.identity is not None
         if not ((self.config.dump_on_exit and needed) or died):
             return

@@ -28,9 +28,18 @@ def one_rank_gloo() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def traced_runtime(directory: Path, buffer: int, *, background: bool = False) -> Iterator[Runtime]:
-    """The recorder enabled on this process (no watchdog firing: a one-hour timeout)."""
-    runtime = Runtime(Config(enabled=True, directory=str(directory), timeout_s=3600, buffer=buffer))
+def traced_runtime(
+    directory: Path, buffer: int, *, background: bool = False, native: bool = False
+) -> Iterator[Runtime]:
+    """The recorder enabled on this process (no watchdog firing: a one-hour timeout).
+
+    ``native`` merges PyTorch's own ring into dumps; off by default here, since a test's
+    process group (and so torch's ring) outlives the runtime each test creates.
+    """
+    config = Config(
+        enabled=True, directory=str(directory), timeout_s=3600, buffer=buffer, native=native
+    )
+    runtime = Runtime(config)
     runtime.enable()
     if background:
         runtime.start_background()

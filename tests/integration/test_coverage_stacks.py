@@ -53,6 +53,8 @@ def test_ddp_uneven_inputs_blames_the_rank_that_ran_one_step_fewer(tmp_path: Pat
     report = analyze_dir(str(job.dump_dir))
     first = report.findings[0]
     assert first.kind == "not_arrived" and first.ranks == (2,), first.summary
+    # DDP's construction (shape check, parameter broadcast) and its bucket rebuild at the
+    # second forward are issued from C++: PyTorch's recorder saw them, numbered in between.
     # Every gradient bucket is an all_reduce numbered on the DDP group, with the bucket's size,
     # whose stack reaches the user's backward() call. Ranks 0, 1 and 3 completed two steps'
     # buckets (several per step) and wait in the third step's first bucket.
@@ -61,13 +63,17 @@ def test_ddp_uneven_inputs_blames_the_rank_that_ran_one_step_fewer(tmp_path: Pat
     for rank in (0, 1, 3):
         dump = dumps[rank][-1][1]
         e = dump.entries
-        assert {dump.strings[o] for o in e.op} == {"all_reduce"}
+        ops = [dump.strings[o] for o in e.op]
+        buckets = [i for i, op in enumerate(ops) if op == "all_reduce"]
+        assert set(ops[: buckets[0]]) == {"all_gather", "broadcast"}, ops
+        assert set(ops[buckets[0] :]) == {"all_reduce", "broadcast"}, ops
         assert list(e.seq) == list(range(1, len(e.seq) + 1))
-        done = [i for i, s in enumerate(e.state) if s == pb.COMPLETED]
+        done = [i for i in buckets if e.state[i] == pb.COMPLETED]
         assert len(done) > 2, "several buckets per step"
         assert sum(sum(dump.tensor_specs[e.inputs[i]].dims) for i in done) == 2 * params
-        assert first.op == "all_reduce" and first.seq == len(done) + 1
-        for i in range(len(e.seq)):
+        waiting = min(e.seq[i] for i in buckets if e.state[i] != pb.COMPLETED)
+        assert first.op == "all_reduce" and first.seq == waiting
+        for i in buckets:
             frames = [dump.frames[f] for f in dump.stacks[e.stack[i]].frames]
             assert any(
                 dump.strings[f.file].endswith("coverage.py") and f.line == backward for f in frames

@@ -1,9 +1,10 @@
-"""Object collectives in a real 4-rank gloo job: each is one entry, as the user called it.
+"""Object collectives in a real 4-rank gloo job.
 
 ``all_gather_object`` and friends pickle into tensors and run ordinary collectives inside
-(needing numpy, which torch uses to convert the pickled bytes). flightrec records the outer,
-user-level call only, so every rank shows the same operation at the same sequence number
-whatever the object API does internally, and the collective after them continues the count.
+(needing numpy, which torch uses to convert the pickled bytes). flightrec's hook records the
+outer, user-level call; with PyTorch's recorder merged in (the default), the dump shows the
+collectives torch ran for it, numbered by the ProcessGroup as native dumps number them, each
+flagged as an object call and carrying the user's stack. Without it, the call is one entry.
 """
 
 from __future__ import annotations
@@ -80,24 +81,45 @@ def test_each_object_collective_is_one_user_level_entry(tmp_path: Path) -> None:
     assert job.output().count("OBJECTS OK") == WORLD
     dumps = job.dumps()
     assert sorted(dumps) == list(range(WORLD))
+    seen = []
     for rank, items in dumps.items():
         _, dump = items[-1]
         e = dump.entries
         ops = [dump.strings[i] for i in e.op]
         collective = [i for i in range(len(ops)) if not e.flags[i] & IS_P2P]
         p2p = [i for i in range(len(ops)) if e.flags[i] & IS_P2P]
-        # The user's calls, once each, at the same sequence numbers on every rank: none of
-        # the all_gathers, broadcasts or sends the object API makes inside.
-        assert [ops[i] for i in collective] == COLLECTIVES, (rank, ops)
-        assert [e.seq[i] for i in collective] == [1, 2, 3, 4, 5], rank
+        # Each object call shows as the collectives torch ran for it (PyTorch's recorder,
+        # merged in), numbered by the ProcessGroup: 1, 2, ... with no gap, flagged as an
+        # object call, at the user's line; the all_reduce after them continues the count.
+        seqs = [e.seq[i] for i in collective]
+        assert seqs == list(range(1, len(seqs) + 1)), (rank, seqs)
+        assert len(seqs) > len(COLLECTIVES), (rank, ops)
         assert all(e.state[i] == pb.COMPLETED for i in range(len(ops))), rank
-        assert all(e.flags[i] & OBJECT_API for i in collective[:4])
-        assert not e.flags[collective[4]] & OBJECT_API
+        assert all(e.flags[i] & OBJECT_API for i in collective[:-1]), (rank, ops)
+        assert ops[collective[-1]] == "all_reduce" and not e.flags[collective[-1]] & OBJECT_API
+        lines = {dump.frames[dump.stacks[e.stack[i]].frames[0]].line for i in collective[:-1]}
+        assert len(lines) == len(COLLECTIVES) - 1, (rank, lines)  # one line per object call
+        seen.append([(ops[i], e.seq[i]) for i in collective])
         (only,) = p2p
         peer = rank + 1 if rank % 2 == 0 else rank - 1
         want = "send_object_list" if rank % 2 == 0 else "recv_object_list"
         assert ops[only] == want and e.peer[only] == peer and e.p2p_seq[only] == 1, rank
         assert bool(e.flags[only] & SEND) == (rank % 2 == 0) and e.flags[only] & OBJECT_API
-        roots = {ops[i]: e.peer[i] for i in collective}
-        assert roots["broadcast_object_list"] == 0 and roots["gather_object"] == 0
-        assert roots["scatter_object_list"] == 0 and roots["all_gather_object"] == -1
+        roots = {e.peer[i] for i in collective[2:-1]}  # broadcast, gather and scatter parts
+        assert roots == {0}, (rank, roots)
+    assert all(s == seen[0] for s in seen), seen  # the same collectives on every rank
+
+
+def test_without_the_native_recorder_each_object_collective_is_one_entry(tmp_path: Path) -> None:
+    script = tmp_path / "objects.py"
+    script.write_text(SCRIPT)
+    env = {"FLIGHTREC_DUMP_ON_EXIT": "1", "FLIGHTREC_NATIVE": "0"}
+    with start_job(script, world_size=WORLD, env=env, workdir=tmp_path) as job:
+        assert job.wait(90) == [0] * WORLD, job.output()
+    for rank, items in job.dumps().items():
+        _, dump = items[-1]
+        e = dump.entries
+        ops = [dump.strings[i] for i in e.op]
+        collective = [i for i in range(len(ops)) if not e.flags[i] & IS_P2P]
+        assert [ops[i] for i in collective] == COLLECTIVES, (rank, ops)
+        assert [e.seq[i] for i in collective] == [1, 2, 3, 4, 5], rank

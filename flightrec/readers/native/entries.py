@@ -15,12 +15,12 @@ counted against the reader's work budget before they are walked.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import itemgetter
 
+from flightrec.format.native_names import DTYPES, SEND_RECV, parse_profiling_name
 from flightrec.readers.native.reader import Reader
 
 MAX_FRAMES_PER_ENTRY = 64
@@ -35,53 +35,12 @@ StackTuple = tuple[FrameTuple, ...]
 TensorSig = tuple[tuple[tuple[int, ...], str], ...]
 """The (shape, dtype name) of each tensor argument of an operation."""
 
-_P2P = re.compile(r"(?P<a>\d{1,9})\s*(?P<arrow>->|<-)\s*(?P<b>\d{1,9})")
-_SEND_RECV = frozenset({"send", "recv"})
 _NONE = type(None)
 _SEQS = frozenset({list, tuple})
 _SEQS_OR_NONE = frozenset({list, tuple, _NONE})
 _TUPLES_OR_NONE = frozenset({tuple, _NONE})
 _INTS = frozenset({int})
 _STRS = frozenset({str})
-
-# c10 ScalarType names (what the recorder writes) to torch dtype names (what flightrec uses).
-_DTYPES = {
-    "Float": "float32",
-    "Double": "float64",
-    "Half": "float16",
-    "BFloat16": "bfloat16",
-    "Long": "int64",
-    "Int": "int32",
-    "Short": "int16",
-    "Char": "int8",
-    "Byte": "uint8",
-    "Bool": "bool",
-    "ComplexFloat": "complex64",
-    "ComplexDouble": "complex128",
-    "ComplexHalf": "complex32",
-    "Float8_e4m3fn": "float8_e4m3fn",
-    "Float8_e5m2": "float8_e5m2",
-    "Float8_e4m3fnuz": "float8_e4m3fnuz",
-    "Float8_e5m2fnuz": "float8_e5m2fnuz",
-    "UInt16": "uint16",
-    "UInt32": "uint32",
-    "UInt64": "uint64",
-}
-
-# Backend-internal spellings of collectives, mapped to the torch.distributed API names the
-# rest of flightrec uses, so a mismatch report reads the same for every source.
-_OPS = {
-    "allreduce": "all_reduce",
-    "allgather": "all_gather",
-    "_allgather_base": "all_gather_into_tensor",
-    "_all_gather_base": "all_gather_into_tensor",  # ProcessGroupNCCL's name for it
-    "allgather_into_tensor_coalesced": "all_gather_into_tensor_coalesced",
-    "_reduce_scatter_base": "reduce_scatter_tensor",
-    "reduce_scatter_base": "reduce_scatter_tensor",
-    "alltoall": "all_to_all",
-    "alltoall_base": "all_to_all_single",
-    "all_to_all_base": "all_to_all_single",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +183,7 @@ def _tensors_one(
             raise r.fail(f"{size_label}[{i}] has {len(dims)} dimensions")
         dtype = r.text(names[i], dtype_label) if i < len(names) else ""
         out.append(
-            (tuple([r.integer(d, size_label) for d in dims]), _DTYPES.get(dtype) or dtype.lower())
+            (tuple([r.integer(d, size_label) for d in dims]), DTYPES.get(dtype) or dtype.lower())
         )
     return tuple(out)
 
@@ -351,24 +310,6 @@ def _stack_codes(r: Reader, frames: list[object], interned: _Interned) -> list[i
 
 # -- names ------------------------------------------------------------------------------
 
-_Call = tuple[str, str, int, int]
-"""(backend, op, local_src, local_dst) parsed from a profiling name."""
-
-
-def _call(name: str) -> _Call:
-    backend, _, rest = name.partition(":")
-    if not rest:  # older or third-party writers without the "backend:" prefix
-        backend, rest = "", name
-    op, _, meta = rest.strip().partition(" ")
-    op = _OPS.get(op, op)
-    src = dst = -1
-    m = _P2P.search(meta)
-    if m and op in _SEND_RECV:
-        a, b = int(m["a"]), int(m["b"])
-        # "send 0->1" names sender then receiver; "recv 1<-0" names receiver then sender.
-        src, dst = (a, b) if m["arrow"] == "->" else (b, a)
-    return backend, op, src, dst
-
 
 def _group_one(r: Reader, pg: object) -> tuple[str, str]:
     if pg is None:
@@ -436,7 +377,7 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
     cols = _columns(entries)
 
     names = r.texts(cols["profiling_name"], "profiling_name")
-    calls = {name: _call(name) for name in dict.fromkeys(names)}
+    calls = {name: parse_profiling_name(name) for name in dict.fromkeys(names)}
     if len(calls) == 1:
         ((backend, op, src, dst),) = calls.values()
         backends: Sequence[str] = [backend] * n
@@ -461,8 +402,8 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
         record_ids = [i if v is None else v for i, v in enumerate(record_ids)]
 
     is_p2p = r.flags(cols["is_p2p"], "is_p2p")
-    if any(calls[name][1] in _SEND_RECV for name in calls):
-        is_p2p = [p or op in _SEND_RECV for p, op in zip(is_p2p, ops, strict=True)]
+    if any(calls[name][1] in SEND_RECV for name in calls):
+        is_p2p = [p or op in SEND_RECV for p, op in zip(is_p2p, ops, strict=True)]
 
     interned = _Interned()
     inputs = _tensor_column(r, cols["input_sizes"], cols["input_dtypes"], "input", interned)
