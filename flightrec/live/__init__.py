@@ -9,7 +9,9 @@ or the renderer until a hang is declared (then while the summaries arrive).
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -70,5 +72,25 @@ def report(rnd: Round) -> None:
         log.warning("flightrec: no verdict in the log: %s", why)
         return
     if text:
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        _write_stderr(text)
+
+
+def _write_stderr(text: str) -> None:
+    """Write to file descriptor 2 directly, never through ``sys.stderr``'s buffer.
+
+    A log that cannot take the text (a full disk, a size limit) must cost the verdict, not the
+    job: a failed write through Python's buffered stream leaves its bytes pending, and the job's
+    own next write to stderr would then fail trying to flush them.
+    """
+    with contextlib.suppress(Exception):
+        sys.stderr.flush()  # the job's own lines first, in order
+    try:
+        fd = sys.stderr.fileno()
+    except Exception:
+        fd = 2
+    data = text.encode("utf-8", "replace")
+    try:
+        while data:
+            data = data[os.write(fd, data) :]
+    except OSError:
+        pass

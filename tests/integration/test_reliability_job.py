@@ -135,8 +135,11 @@ def test_full_disk(tmp_path: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     # Simulated with RLIMIT_FSIZE in the job (SIGXFSZ ignored): every write that would grow a
     # file past 1,200 bytes fails with EFBIG, as writes on a full disk fail with ENOSPC. The
     # black box (hundreds of KB) cannot be created and no dump (1.5 KB and up) fits, while the
-    # job's own small log still does.
-    env = {"FLIGHTREC_TIMEOUT": "0.3", "FLIGHTREC_DUMP_ON_EXIT": "1"}
+    # job's own small log still does. The limit caps that log too, so the verdict the straggle
+    # prints into it (a few KB) would leave no room for the job's own last lines: it is off here
+    # (a failed write of the verdict is swallowed: it goes to fd 2 unbuffered, never left
+    # pending in sys.stderr for the job's own next write to trip over).
+    env = {"FLIGHTREC_TIMEOUT": "0.3", "FLIGHTREC_DUMP_ON_EXIT": "1", "FLIGHTREC_VERDICT": "0"}
     out = run(["--straggle", "1.0", "--fsize", "1200"], tmp_path, env=env)
     assert_unharmed(out, reference("serial", tmp_path_factory))
     folder = out.job.dump_dir
