@@ -71,3 +71,33 @@ def test_live_gloo_straggler_is_found_from_enqueue_times(tmp_path: Path) -> None
         assert first.evidence.clock_assumption is not None
         assert where in first.evidence.clock_assumption
         assert "enqueue times alone" in first.summary
+
+
+def test_live_gloo_abort_the_mismatch_outranks_the_missing_dump(tmp_path: Path) -> None:
+    """Rank 3 all-reduces float64; gloo aborts a rank that receives its message, which leaves
+    no dump. The mismatch the remaining native dumps show is the cause, the missing dump its
+    consequence."""
+    pytest.importorskip("torch.distributed")
+    analysis = pytest.importorskip("flightrec.analysis")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{ROOT / 'cli'}"
+    env.pop("FLIGHTREC", None)  # PyTorch's recorder only, not ours
+    env["FR_JOB_TIMEOUT_S"] = "2"
+    pdir, jdir = tmp_path / "pickle", tmp_path / "json"
+    job = subprocess.run(
+        [sys.executable, str(SCRIPT), "dtype_mismatch", str(pdir), str(jdir)],
+        env=env,
+        timeout=120,
+        check=False,
+        capture_output=True,
+        text=True,
+    )
+    assert job.returncode != 0, job.stderr  # the aborted rank
+    for folder in (pdir, jdir):
+        ranks = sorted(p.name[-1] for p in folder.iterdir())
+        assert len(ranks) == 3 and "3" in ranks, ranks  # one receiver aborted, without a dump
+        report = analysis.analyze_dir(str(folder))
+        first = report.findings[0]
+        assert (first.kind, first.ranks, first.field) == ("mismatch", (3,), "dtype"), first
+        missing = [f for f in report.findings if f.kind == "missing_dump"]
+        assert missing and set(missing[0].ranks) == set(report.run.missing_ranks)

@@ -7,6 +7,8 @@ Scenarios (each rank runs two healthy steps first, then the faulty step):
   hang           rank 2 never enters step 3's all_reduce (it is busy elsewhere);
   op_mismatch    rank 0 calls broadcast where the others call all_reduce;
   size_mismatch  rank 1 all-reduces 8 elements where the others all-reduce 4;
+  dtype_mismatch rank 3 all-reduces float64 where the others all-reduce float32 (gloo aborts
+                 a rank that receives it, which then leaves no dump);
   subgroup_hang  groups [0, 1] and [2, 3]; rank 3 never enters its subgroup's all_reduce,
                  so rank 2 waits there and ranks 0 and 1 wait for both in the next world
                  all_reduce.
@@ -58,6 +60,9 @@ def _faulty(scenario: str, rank: int, sub: object) -> None:
             dist.all_reduce(t)
     elif scenario == "size_mismatch":
         dist.all_reduce(torch.ones(8) if rank == 1 else t)
+    elif scenario == "dtype_mismatch":
+        # gloo aborts a rank that receives the float64 message: it never writes its dump.
+        dist.all_reduce(torch.ones(4, dtype=torch.float64) if rank == 3 else t)
     elif scenario == "subgroup_hang":
         if rank == 3:
             time.sleep(TIMEOUT_S + 2)
@@ -111,9 +116,20 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.start_processes(
-        _rank_main, args=(world, port, scenario, pdir, jdir), nprocs=world, start_method="spawn"
+    ctx = mp.start_processes(
+        _rank_main,
+        args=(world, port, scenario, pdir, jdir),
+        nprocs=world,
+        start_method="spawn",
+        join=False,
     )
+    # Every rank runs to its own end, as in a real job: a rank gloo aborted must not take the
+    # others down with it (spawn's join would terminate them before they write their dumps).
+    for proc in ctx.processes:
+        proc.join()
+    failed = [i for i, proc in enumerate(ctx.processes) if proc.exitcode != 0]
+    if failed:
+        raise SystemExit(f"ranks {failed} failed")
 
 
 if __name__ == "__main__":
