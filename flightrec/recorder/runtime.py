@@ -337,11 +337,16 @@ class Runtime:
         if any(ring.read(i).enqueue_ns < since + 10**9 for i in ring.pending_slots()):
             return  # one of our own entries is as overdue: our watchdog reports it, better
         self._hang_dumped_ns = now_ns
+        # As for a hang our own watchdog sees (_on_hang): the request others answer, then the
+        # verdict exchange for it.
+        seen = poller.seen if poller is not None else 0
+        if poller is not None:
+            poller.hang_ns = time.monotonic_ns()
         self.dump(pb.WATCHDOG_TIMEOUT, what)
         if poller is not None:
             threading.Thread(
                 target=_post,
-                args=(poller, _rank(), poller.seen),
+                args=(poller, self._rank(), seen, self.exchange),
                 name="flightrec-post",
                 daemon=True,
             ).start()
