@@ -86,8 +86,11 @@ def _write_stderr(text: str) -> None:
         sys.stderr.flush()  # the job's own lines first, in order
     try:
         fd = sys.stderr.fileno()
-    except Exception:
-        fd = 2
+    except Exception:  # stderr replaced by a stream without a file (a notebook, a test)
+        with contextlib.suppress(Exception):
+            sys.stderr.write(text)
+            sys.stderr.flush()
+        return
     data = text.encode("utf-8", "replace")
     try:
         while data:
