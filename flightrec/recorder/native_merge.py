@@ -124,6 +124,10 @@ def merge(
     matched = match(slots, ops, group_of, thread_of)
     used = {j for js in matched.values() for j in js}
     covered = {op.group for op in ops if not op.is_p2p}
+    oldest: dict[str, int] = {}  # per group, when torch's oldest entry of it was created
+    for op in ops:
+        if not op.is_p2p:
+            oldest[op.group] = min(oldest.get(op.group, op.created_ns), op.created_ns)
     timed: list[tuple[int, int, Slot | EntryValues]] = []
     dropped: dict[int, int] = defaultdict(int)
     for i, s in enumerate(slots):
@@ -131,10 +135,17 @@ def merge(
         if s.flags & pb.IS_P2P:
             timed.append((s.enqueue_ns, 0, s))  # flightrec's per-peer numbering stays
         elif js is None:
-            if group_of(s) in covered:
-                dropped[s.group] += 1  # numbered by flightrec alone: cannot be placed
-            else:
+            name = group_of(s)
+            if name not in covered:
                 timed.append((s.enqueue_ns, 0, s))
+            elif s.enqueue_ns >= oldest.get(name, 0):
+                # Within torch's window yet unmatched: the call never reached the ProcessGroup
+                # (it raised on the way in, a wrong-size buffer say). It stands where the group's
+                # next number would have gone, which is what its peers' call there holds.
+                before = [o.seq for o in ops if o.group == name and o.created_ns <= s.enqueue_ns]
+                timed.append((s.enqueue_ns, 0, s._replace(seq=max(before, default=0) + 1)))
+            else:
+                dropped[s.group] += 1  # older than torch's ring: cannot be numbered
         elif len(js) == 1:
             timed.append((s.enqueue_ns, 0, s._replace(seq=ops[js[0]].seq)))
         else:  # an object collective: the collectives torch ran for it, with its context

@@ -89,6 +89,16 @@ def test_entries_older_than_the_native_window_are_left_out_and_counted() -> None
     assert m.last_seq == {0: 42} and m.dropped == {0: 41}
 
 
+def test_a_call_that_raised_before_reaching_the_process_group_keeps_its_place() -> None:
+    # Three all_reduces, then an all_gather whose output gloo refused on the way in: torch
+    # never recorded it, and it stands where the group's fourth collective goes (its peers').
+    slots = [slot(i, 100 * i, 100 * i + 10, seq=i) for i in (1, 2, 3)]
+    failed = slot(4, 400, 405, seq=4, op=4, state=pb.FAILED)
+    m = merged([*slots, failed], [native(i - 1, 100 * i + 5, i) for i in (1, 2, 3)])
+    assert describe(m.rows) == [("fr", 0, 1), ("fr", 0, 2), ("fr", 0, 3), ("fr", 0, 4)]
+    assert m.rows[-1].state == pb.FAILED and m.dropped == {0: 0}
+
+
 def test_a_group_the_native_recorder_never_saw_keeps_flightrecs_numbering() -> None:
     slots = [slot(1, 100, 110, seq=1, group=1), slot(2, 300, 310, seq=2)]
     m = merged(slots, [native(0, 305, 9)])
