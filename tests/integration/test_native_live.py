@@ -17,13 +17,18 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = Path(__file__).resolve().parent / "native_scripts" / "fr_job.py"
 
 
+def _native_env(**extra: str) -> dict[str, str]:
+    """The source tree on the path, PyTorch's recorder only (not ours), and ``extra``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{ROOT / 'cli'}"
+    env.pop("FLIGHTREC", None)
+    return {**env, **extra}
+
+
 def test_live_gloo_hang_is_recorded_and_diagnosed(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed")
     analysis = pytest.importorskip("flightrec.analysis")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{ROOT / 'cli'}"
-    env.pop("FLIGHTREC", None)  # PyTorch's recorder only, not ours
-    env["FR_JOB_TIMEOUT_S"] = "1"
+    env = _native_env(FR_JOB_TIMEOUT_S="1")
     pdir, jdir = tmp_path / "pickle", tmp_path / "json"
     # Three ranks keep it short: rank 2 still skips the all_reduce that ranks 0 and 1 enter.
     subprocess.run(
@@ -51,9 +56,7 @@ STRAGGLER = Path(__file__).resolve().parent / "native_scripts" / "fr_straggler.p
 def test_live_gloo_straggler_is_found_from_enqueue_times(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed")
     analysis = pytest.importorskip("flightrec.analysis")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{ROOT / 'cli'}"
-    env.pop("FLIGHTREC", None)  # PyTorch's recorder only, not ours
+    env = _native_env()
     pdir, jdir = tmp_path / "pickle", tmp_path / "json"
     subprocess.run(
         [sys.executable, str(STRAGGLER), str(pdir), str(jdir), "2", "20"],
@@ -79,10 +82,7 @@ def test_live_gloo_abort_the_mismatch_outranks_the_missing_dump(tmp_path: Path) 
     consequence."""
     pytest.importorskip("torch.distributed")
     analysis = pytest.importorskip("flightrec.analysis")
-    env = dict(os.environ)
-    env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{ROOT / 'cli'}"
-    env.pop("FLIGHTREC", None)  # PyTorch's recorder only, not ours
-    env["FR_JOB_TIMEOUT_S"] = "2"
+    env = _native_env(FR_JOB_TIMEOUT_S="2")
     pdir, jdir = tmp_path / "pickle", tmp_path / "json"
     job = subprocess.run(
         [sys.executable, str(SCRIPT), "dtype_mismatch", str(pdir), str(jdir)],

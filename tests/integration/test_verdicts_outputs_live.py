@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import child_env, start_job
+from tests.integration.jobs import start_job
 from tests.integration.test_cli_analyze import flightrec
+from tests.integration.test_recorder_jobs import _trigger
 
 pytest.importorskip("torch")
 pytestmark = pytest.mark.integration
@@ -38,14 +37,6 @@ def test_all_gather_output_too_large_on_one_rank_blames_that_rank(tmp_path: Path
     assert first["field"] == "output_shape", first["summary"]
     assert "[40]" in first["summary"] and "[32]" in first["summary"]
     assert all(f["kind"] != "stuck" for f in report["findings"]), report["findings"]
-
-
-def _trigger(port: int) -> subprocess.CompletedProcess[str]:
-    code = "from flightrec_cli.app import main; main()"
-    return subprocess.run(
-        [sys.executable, "-c", code, "trigger", "--host", "127.0.0.1", "--port", str(port)],
-        env=child_env(flightrec=False), capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
 
 
 def test_triggered_snapshot_of_a_hang_below_the_timeout(tmp_path: Path) -> None:
