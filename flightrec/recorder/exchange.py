@@ -42,8 +42,11 @@ GATHER_S = 3.0
 """How long the reporter waits for the other ranks' summaries (less when all have answered):
 with the watchdog's tick and the dumps, the verdict is out within FLIGHTREC_TIMEOUT + 5 s."""
 REUSE_S = 30.0
-"""A SIGTERM this soon after a round this rank answered joins that round instead of a new one
-(torchrun stopping a job whose hang was just reported)."""
+"""A SIGTERM this soon after a round this rank took part in joins that round instead of a new
+one: torchrun stopping a job whose hang was just reported, or the other ranks' SIGTERM round,
+whose request reached this rank's request thread just before its own SIGTERM did."""
+ROUND_REASONS = ("WATCHDOG_TIMEOUT", "SIGNAL_TERM")
+"""The requests that start an exchange (a CLI trigger or SIGUSR1 only dumps)."""
 MAX_CLAIM_TRIES = 16
 LOOK_EVERY_NS = 1_000_000_000
 """How often ``tick`` looks for an operation pending long enough to load the reporter."""
@@ -127,10 +130,17 @@ class Exchange:
         self.namespace = namespace
         self._reporter = reporter
         self._lock = threading.Lock()  # one exchange at a time, on the one connection
+        self._publishing = threading.Lock()
+        """Held from taking the latest dump to starting the report: the signal thread and the
+        request thread may both answer one round, and whichever finds the dump taken waits
+        until the other has published it (and started the report, if this rank reports)."""
         self._store: Any = None
         self._latest: tuple[pb.Dump, Path | None] | None = None
         self._answered: dict[int, float] = {}
         """Rounds this process published into -> monotonic time."""
+        self._reasons: dict[int, str] = {}
+        self._reported: set[int] = set()
+        """Rounds this process started reporting (once each)."""
         self._reporting: threading.Thread | None = None
         self._warned = False
         self._prepared = False
@@ -146,24 +156,29 @@ class Exchange:
 
     def after_request(self, n: int, reason: str) -> None:
         """This rank dumped for request ``n``, posted for ``reason``."""
-        if reason in ("WATCHDOG_TIMEOUT", "SIGNAL_TERM"):
+        if reason in ROUND_REASONS:
             self._answer(n, reason, wait=False)
 
-    def after_term(self, seen: int) -> None:
+    def after_term(self) -> None:
         """SIGTERM was dumped: answer (or start) a round and, if reporting, finish the report
-        before returning (the process ends right after)."""
-        now = time.monotonic()
-        recent = [n for n, t in self._answered.items() if now - t < REUSE_S]
-        if recent:
-            n, reason = max(recent), ""
-        else:
-            try:
-                _, n = self._poller.start_round(self.rank, "SIGNAL_TERM", seen)
-            except Exception as exc:
-                self._warn(exc)
-                return
-            reason = "SIGNAL_TERM"
-        self._answer(n, reason, wait=True)
+        before returning (the process ends right after).
+
+        Under torchrun every surviving rank gets SIGTERM at once, and the first to post asks
+        the others to dump: a rank's request thread may have taken that request a moment
+        before its own SIGTERM came. Then the SIGTERM joins that round; starting a second one
+        would split the ranks' answers between two rounds and leave each report short.
+        """
+        poller = self._poller
+        n, reason, at_ns = poller.latest
+        if n and time.monotonic_ns() - at_ns < REUSE_S * 1e9 and reason in (*ROUND_REASONS, ""):
+            self._answer(n, reason or "SIGNAL_TERM", wait=True)
+            return
+        try:
+            _, n = poller.start_round(self.rank, "SIGNAL_TERM", poller.seen)
+        except Exception as exc:
+            self._warn(exc)
+            return
+        self._answer(n, "SIGNAL_TERM", wait=True)
 
     def close(self, wait_s: float) -> None:
         """At exit: let a report under way finish (a daemon thread inside a store call when
@@ -197,25 +212,27 @@ class Exchange:
             running.join(GATHER_S + 5.0)
 
     def _publish(self, n: int, reason: str) -> None:
-        latest, self._latest = self._latest, None
-        if latest is None:
-            return  # the dump could not be built, or another thread published it already
-        dump, path = latest
-        try:
-            data = encode(summarize(dump, n, str(path) if path else ""))
-            with self._lock:
-                store = self._connection()
-                store.set(summary_key(self.namespace, self.rank), data)
-                if n not in self._answered:
-                    store.append(round_key(self.namespace, n, "ranks"), f"{self.rank},")
-                self._answered[n] = time.monotonic()
-                holder = self._claim(store, round_key(self.namespace, n, "reporter"))
-        except Exception as exc:
-            self._warn(exc)
-            return
-        running = self._reporting
-        if holder == self.rank and reason and (running is None or not running.is_alive()):
-            self._start_report(n, reason)
+        with self._publishing:
+            self._reasons.setdefault(n, reason)
+            latest, self._latest = self._latest, None
+            if latest is None:
+                return  # the dump could not be built, or another thread published it already
+            dump, path = latest
+            try:
+                data = encode(summarize(dump, n, str(path) if path else ""))
+                with self._lock:
+                    store = self._connection()
+                    store.set(summary_key(self.namespace, self.rank), data)
+                    if n not in self._answered:
+                        store.append(round_key(self.namespace, n, "ranks"), f"{self.rank},")
+                    self._answered[n] = time.monotonic()
+                    holder = self._claim(store, round_key(self.namespace, n, "reporter"))
+            except Exception as exc:
+                self._warn(exc)
+                return
+            if holder == self.rank and n not in self._reported:
+                self._reported.add(n)
+                self._start_report(n, self._reasons[n])
 
     def _claim(self, store: Any, key: str) -> int:
         """Make ``key`` hold the lowest rank that offered; returns the holder."""

@@ -383,7 +383,7 @@ class Runtime:
         self.dump(reason, f"signal {signal.Signals(signum).name}")
         exchange, poller = self.exchange, self.poller
         if reason == pb.SIGNAL_TERM and exchange is not None and poller is not None:
-            exchange.after_term(poller.seen)  # the verdict, if this rank reports, before dying
+            exchange.after_term()  # the verdict, if this rank reports, before dying
 
     def _on_exception(self, x: RaisedException) -> None:
         """An exception ended a thread: keep it for every later dump and in the black box."""

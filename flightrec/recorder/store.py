@@ -206,6 +206,10 @@ class Poller:
         self._seen = int(self._store.add(request_key(namespace), 0))
         self.last_request_ns = 0
         """Monotonic time this process last dumped for another process's request."""
+        self.latest: tuple[int, str, int] = (0, "", 0)
+        """The newest request this process took part in: its number, its reason (empty when
+        another rank posted it and this one learned only its number) and when (monotonic ns).
+        A SIGTERM soon after joins that round instead of starting one of its own."""
         self.hang_ns = 0
         """Monotonic time this process declared a hang (its own dump stands for the requests
         other ranks post for the same hang)."""
@@ -252,6 +256,7 @@ class Poller:
             with self._post_lock:
                 n = post_request(self.connection(), self._namespace, rank, reason, 0)
                 self.own.add(n)
+                self.latest = (n, reason, time.monotonic_ns())
                 ring(self.connection(), self._namespace, self.world_size, skip=self.rank)
             return True
         return self.start_round(rank, reason, unless_past)[0]
@@ -274,13 +279,16 @@ class Poller:
             current = int(store.add(key, 0))
             if current > seen:  # posted meanwhile: that request stands for this event
                 self.own.add(current)
+                self.latest = (current, "", time.monotonic_ns())
                 return False, current
             now = bytes(store.compare_set(key, str(seen), str(seen + 1)))
             n = int(now) if now.isdigit() and len(now) < 20 else seen + 1
             self.own.add(n)
             if n != seen + 1:
+                self.latest = (n, "", time.monotonic_ns())
                 return False, n
             store.set(f"{key}/{n}", f"{rank} {reason}")
+            self.latest = (n, reason, time.monotonic_ns())
             ring(store, self._namespace, self.world_size, skip=self.rank)
             return True, n
 
@@ -359,6 +367,8 @@ class Poller:
                     requester, reason = -1, ""
                 first = (n, requester, reason)
                 break
+        if first is not None:  # before ``seen`` moves: a reader of both sees this round
+            self.latest = (first[0], first[2], now)
         self._seen = current
         if first is not None and first[2] == "WATCHDOG_TIMEOUT" and self._hang_is_recent(now):
             self.own.add(first[0])  # this rank dumped for the hang as it declared it

@@ -149,7 +149,9 @@ class Job:
         parts = []
         for i, log in enumerate(self.logs):
             text = log.read_text(errors="replace") if log.exists() else ""
-            parts.append(f"--- process {i} ---\n{text[-4000:]}")
+            if len(text) > 12000:  # the start (warnings, the first failure) and the end
+                text = f"{text[:4000]}\n[... {len(text) - 12000} characters ...]\n{text[-8000:]}"
+            parts.append(f"--- process {i} ---\n{text}")
         return "\n".join(parts)
 
 

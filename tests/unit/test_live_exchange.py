@@ -175,3 +175,58 @@ def test_other_requests_start_no_exchange() -> None:
     ex.after_request(1, "CLI_TRIGGER")
     ex.after_request(2, "")
     assert store.data == {}
+
+
+class TermPoller(FakePoller):
+    """The request counter of ``Poller``, shared by the ranks through ``counter``."""
+
+    def __init__(self, store: MemoryStore, counter: list[int]) -> None:
+        super().__init__(store)
+        self.counter = counter
+        self.seen = 0
+        self.latest: tuple[int, str, int] = (0, "", 0)
+
+    def start_round(self, rank: int, reason: str, seen: int) -> tuple[bool, int]:
+        if self.counter[0] > seen:
+            self.latest = (self.counter[0], "", time.monotonic_ns())
+            return False, self.counter[0]
+        self.counter[0] = seen + 1
+        self.latest = (self.counter[0], reason, time.monotonic_ns())
+        return True, self.counter[0]
+
+    def take(self, n: int, reason: str) -> None:
+        """The request thread sees request ``n`` (before it dumps for it)."""
+        self.latest = (n, reason, time.monotonic_ns())
+        self.seen = n
+
+
+def test_a_sigterm_just_after_the_others_round_reached_this_rank_joins_that_round(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun sends SIGTERM to every rank at once. Rank 0 posts round 1 first; on ranks 2
+    and 3 the request thread takes request 1 a moment before their own SIGTERM dump is
+    published. All three answer round 1, and one report names them all (once, a round 2
+    would leave both short)."""
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    store, counter = MemoryStore(), [0]
+    rounds: list[Round] = []
+    pollers = {r: TermPoller(store, counter) for r in (0, 2, 3)}
+    exchanges = {r: Exchange(p, r, 4, "job", rounds.append) for r, p in pollers.items()}  # type: ignore[arg-type]
+    dumps = hang_dumps()
+    exchanges[0].on_dump(dumps[0][1], Path(dumps[0][0]))
+    exchanges[0].after_term()  # rank 0: posts round 1, reports
+    for r in (2, 3):
+        path, dump = dumps[r]
+        exchanges[r].on_dump(dump, Path(path))  # its SIGTERM dump
+        pollers[r].take(1, "SIGNAL_TERM")
+        exchanges[r].on_dump(dump, Path(path))  # the request thread's dump for request 1
+        exchanges[r].after_term()  # the signal thread, which took the request thread's dump
+        exchanges[r].after_request(1, "SIGNAL_TERM")  # finds it taken: nothing left to do
+    for ex in exchanges.values():
+        if ex._reporting is not None:
+            ex._reporting.join(5)
+    assert counter == [1]
+    assert sorted(store.get("flightrec/job/round/1/ranks").decode().split(",")[:-1]) == [
+        "0", "2", "3",
+    ]  # fmt: skip
+    assert [(rnd.number, rnd.rank, rnd.reason) for rnd in rounds] == [(1, 0, "SIGNAL_TERM")]
