@@ -1,5 +1,5 @@
 """Ships ``flightrec-autostart.pth`` at the top of site-packages, and builds the optional C
-hot path ``flightrec.recorder._fast``.
+hot path ``flightrec.recorder.low_level._fast``.
 
 Everything else lives in pyproject.toml. The extension is optional: where it cannot be built
 (no compiler, a big-endian host) the install goes on and the recorder runs its pure-Python hot
@@ -31,8 +31,8 @@ class BuildWithPth(build_py):
 
 
 FAST = Extension(
-    "flightrec.recorder._fast",
-    sources=["flightrec/recorder/_fast.c"],
+    "flightrec.recorder.low_level._fast",
+    sources=["flightrec/recorder/low_level/_fast.c"],
     optional=True,  # a failed build leaves the pure-Python hot path, never a failed install
 )
 

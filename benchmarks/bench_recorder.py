@@ -9,6 +9,8 @@ shared machine hits them alike; each mode's figure is the median over its proces
 
   a  untraced: PyTorch's recorder off (TORCH_FR_BUFFER_SIZE=0), flightrec off
   b  PyTorch's recorder at its default (on)
+  u  FLIGHTREC=1 and nothing else, as users turn it on: PyTorch's recorder stays at its
+     default (flightrec reads it at dump time), so u - b is what turning flightrec on costs
   c  flightrec, 16-frame stacks (PyTorch's recorder off)
   d  flightrec, no stacks (FLIGHTREC_STACK_DEPTH=0)
   e  as c, without the black box (FLIGHTREC_BLACKBOX=0)
@@ -47,7 +49,7 @@ SOURCE = False
 """--source: children import this checkout instead of the installed package."""
 HERE = Path(__file__).resolve().parent
 PURE_PYTHON = (
-    "import runpy, sys; import flightrec.recorder.codegen as c; c.USE_FAST = False; "
+    "import runpy, sys; import flightrec.recorder.low_level.codegen as c; c.USE_FAST = False; "
     "runpy.run_path(sys.argv[1], run_name='__main__')"
 )
 """Runs a script with the pure-Python hot path: set before torch.distributed is imported, when
@@ -56,6 +58,7 @@ _FR = {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1"}
 MODES = {
     "a": ("untraced (TORCH_FR_BUFFER_SIZE=0)", {"TORCH_FR_BUFFER_SIZE": "0"}),
     "b": ("PyTorch's recorder on (its default)", {}),
+    "u": ("FLIGHTREC=1 alone (PyTorch's recorder on)", {"FLIGHTREC": "1"}),
     "c": ("flightrec, 16-frame stacks", {**_FR, "FLIGHTREC_STACK_DEPTH": "16"}),
     "d": ("flightrec, FLIGHTREC_STACK_DEPTH=0", {**_FR, "FLIGHTREC_STACK_DEPTH": "0"}),
     "e": ("flightrec, 16-frame stacks, no black box", {**_FR, "FLIGHTREC_BLACKBOX": "0"}),
@@ -94,7 +97,8 @@ def _at_depth(depth: int, fn, *args):  # type: ignore[no-untyped-def]
 def _python_path(fn):  # type: ignore[no-untyped-def]
     """``fn`` wrapped like the installed wrapper, but on the pure-Python hot path (what runs
     where the C extension is not built), recording into the same recorder."""
-    from flightrec.recorder import codegen, runtime
+    from flightrec.recorder import runtime
+    from flightrec.recorder.low_level import codegen
     from flightrec.recorder.specs import spec_for
 
     rt = runtime.current()
@@ -257,7 +261,7 @@ def _script(script: str, env_extra: dict[str, str], tmp: str, pure: bool = False
 
 def _hot_path() -> str:
     out = subprocess.run(
-        [sys.executable, "-c", "from flightrec.recorder import codegen; print(codegen.USE_FAST)"],
+        [sys.executable, "-c", "from flightrec.recorder.low_level import codegen; print(codegen.USE_FAST)"],
         capture_output=True, text=True,
         env={**os.environ, **({"PYTHONPATH": str(ROOT)} if SOURCE else {})},
     )  # fmt: skip
@@ -289,6 +293,8 @@ def harness(rounds: int, tmp: str) -> dict[str, float]:
     print(f"  flightrec with stacks adds {fr_cost:.2f} us/call (target <= 1.00), PyTorch's "
           f"recorder {torch_cost:.2f} us/call: "
           f"{'less' if fr_cost < torch_cost else 'NOT less'} than PyTorch's recorder")  # fmt: skip
+    print(f"  as users turn it on (u - b): FLIGHTREC=1 adds {med['u'] - med['b']:.2f} us/call to "
+          f"a default torch, {med['u'] - med['a']:.2f} over the untraced call")  # fmt: skip
     print(f"  C hot path against pure Python (p - c): {med['p'] - med['c']:+.2f} us/call")
     return med
 

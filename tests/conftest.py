@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "flightrec" / "recorder" / "_fast.c"
+SOURCE = ROOT / "flightrec" / "recorder" / "low_level" / "_fast.c"
 
 
 def _built() -> Path | None:

@@ -16,8 +16,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from flightrec.recorder.codegen import generate
 from flightrec.recorder.ddp import DDP_BUCKET
+from flightrec.recorder.low_level.codegen import generate
 from flightrec.recorder.specs import BATCH, TRACED, OpSpec, spec_for
 
 ORIGINAL_ATTR = "__flightrec_original__"

@@ -1,6 +1,6 @@
 """The recorder's live state: ring, intern tables, group counters, and the slow paths.
 
-The per-call hot path is generated per traced function (``codegen.py``): it interns what
+The per-call hot path is generated per traced function (``low_level/codegen.py``): it interns what
 repeats (group, op, tensors, stack, thread) through dict lookups on this object's tables,
 writes one binary slot, calls torch, and marks the slot finished, calling back into
 ``Recorder`` only on a cache miss, for async or GPU completion, and on failure. Only the
@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.format.builder import COALESCED, IS_P2P, SEND
-from flightrec.format.slot import COMPLETED, ENQUEUED, FAILED, SLOT_SIZE
+from flightrec.format.slot import COMPLETED, FAILED, SLOT_SIZE
 from flightrec.recorder import completion
 from flightrec.recorder.blackbox import BlackBox
 from flightrec.recorder.config import Config
 from flightrec.recorder.groups import GroupInfo, GroupRegistry
+from flightrec.recorder.low_level.python import PyPath
 from flightrec.recorder.ring import Ring
 from flightrec.recorder.stacks import StackTable
 from flightrec.recorder.tables import StringTable, TensorTable
@@ -141,6 +142,7 @@ class Recorder:
     """Everything one process records: the ring, the intern tables, the group counters."""
 
     def __init__(self, config: Config) -> None:
+        import torch
         import torch.distributed.distributed_c10d as c10d
 
         self.config = config
@@ -165,13 +167,16 @@ class Recorder:
         self._non_member = c10d.GroupMember.NON_GROUP_MEMBER
         self.tracker = completion.Tracker(self)
         self._fast_path: Any = None
-        """The C hot path's state, shared by every Site (``codegen``); None without it."""
+        """The C hot path's state, shared by every Site (``low_level.codegen``); None without it."""
         self.on_first_use: Callable[[], None] = lambda: None
         """Started once, at the first recorded call: the watchdog and the dump-request poller."""
         self._used = False
         self.on_error: Callable[[int, BaseException], None] = lambda rid, exc: None
         """Called (never raising) when a recorded call fails: the dumper hooks in here."""
         self._internal_warned = False
+        self.path = PyPath(self, torch.Tensor)
+        """Recording one call, in Python (``low_level.python``): the generated wrappers and
+        ``batch_isend_irecv`` record through it; the C Sites fall back to it."""
 
     @property
     def enabled(self) -> bool:
@@ -219,7 +224,7 @@ class Recorder:
         except Exception as exc:  # never into the job
             log.warning("flightrec: could not start the watchdog: %s", exc)
 
-    # -- slow paths of the generated wrappers (see codegen.py) ------------------------------
+    # -- slow paths of the hot path (see low_level/python.py) ------------------------------
     def group_slow(self, pg: Any) -> GroupInfo | None:
         """Group info for ``pg`` on a cache miss; None when the call must not be recorded.
 
@@ -384,32 +389,22 @@ class Recorder:
         ident = _ident()
         for op in ops:
             canon(op)
-        enqueue = _now()
         rids: list[int] = []
         info: GroupInfo | None = None
         name_send = self.strings.of("isend", lambda: "isend")
         name_recv = self.strings.of("irecv", lambda: "irecv")
-        stack = self.stacks.capture(sys._getframe(3), ident) if self.depth else 0
-        thread = self.thread_index(ident)
+        stack = self.path.stack(sys._getframe(3), ident)
         for op in ops:
             info = self.group_slow(op.group)
             if info is None:
                 return [], None
             send = getattr(op.op, "__name__", "") == "isend"
-            peer = op.peer if op.peer is not None else -1
-            if (
-                peer == -1
-                and getattr(op, "group_peer", None) is not None
-                and op.group_peer < len(info.ranks)
-            ):
-                peer = info.ranks[op.group_peer]
+            peer = self.path.peer(info, op.peer, getattr(op, "group_peer", None))
             flags = IS_P2P | COALESCED | 1 | (SEND if send else 0)
-            rid = self.ring.append(
-                enqueue, ENQUEUED, 0, info.next_p2p(peer, send), info.index,
-                name_send if send else name_recv, 0, peer, thread, stack,
-                self.tensors.of(op.tensor) if send else 0,
-                0 if send else self.tensors.of(op.tensor),
-                self.device(op.tensor), flags,
+            tensor = op.tensor
+            rid = self.path.write(
+                info, ident, name_send if send else name_recv, flags,
+                tensor if send else 0, 0 if send else tensor, 0, peer, stack,
             )  # fmt: skip
             rids.append(rid)
         return rids, info

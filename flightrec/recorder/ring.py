@@ -6,7 +6,7 @@ memory-mapped file so that a rank killed with SIGKILL still leaves its ring behi
 
 Writers do not lock: record ids come from ``itertools.count`` (atomic under the GIL) and each
 ``pack_into`` is a single C call, so a reader copying the buffer sees every slot either before
-or after a write, never half of one. The optional C hot path (``_fast.c``) writes the same
+or after a write, never half of one. The optional C hot path (``low_level/_fast.c``) writes the same
 layout into the same buffer, also in one step under the GIL.
 """
 

@@ -2,7 +2,7 @@
 tensors, the reduce op, the root or peer, and whether the call is asynchronous.
 
 Parameter names are checked against the installed torch's own signatures when tracing starts
-(``codegen.py`` builds each wrapper from that signature), so a parameter torch renames or drops
+(``low_level/codegen.py`` builds each wrapper from that signature), so a parameter torch renames or drops
 is simply not recorded rather than breaking the call.
 """
 

@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from flightrec.format.slot import COMPLETED, Slot, decode  # noqa: E402
-from flightrec.recorder import codegen  # noqa: E402
+from flightrec.recorder.low_level import codegen  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import spec_for  # noqa: E402
 from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
@@ -132,6 +132,43 @@ def test_enter_hits_only_when_every_cache_does(
     assert enter(*args, "x", "x", dist.ReduceOp.SUM, None, None, False, None) == -1
     rt.recorder.enabled = False
     assert enter(*args, fresh, fresh, dist.ReduceOp.SUM, None, None, False, None) == -1
+
+
+def test_both_enters_keep_one_contract(rt: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same ``enter(...)`` arguments, given to the Python path and to the C path (once
+    the Python path filled the caches), write the same entry; what the C path does not
+    handle (point-to-point, tensor lists) it hands back with -1, having consumed nothing."""
+    from flightrec.format.builder import IS_P2P, SEND
+
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    py, c = rt.recorder.path, w["c"].fast
+    op = rt.recorder.op_index("all_reduce")
+    t = torch.ones(3)
+    calls = [
+        (op, 0, None, t, t, dist.ReduceOp.SUM, None, None, False),
+        (op, 0, None, t, t, dist.ReduceOp.MAX, None, 0, True),
+        (op, 0, None, t, torch.zeros(3), 0, 0, None, False),
+    ]
+    for args in calls:
+        for enter, leave in ((py.enter, py.leave), (c.enter, c.leave)):
+            rid = call_site(enter, *args, None)
+            assert rid > 0, (enter, args)
+            leave(rid, None, False, None)
+        a, b = rows(rt)[-2:]
+        same_entry(a, b)
+        assert b.seq == a.seq + 1
+    before = len(rows(rt))
+    p2p = (op, IS_P2P | SEND, None, t, 0, 0, 0, None, True, None)
+    lists = (op, 0, None, [t, t], t, 0, None, None, False, None)
+    assert c.enter(*p2p) == -1 and c.enter(*lists) == -1
+    assert len(rows(rt)) == before
+    for args in (p2p, lists):
+        rid = py.enter(*args)
+        assert rid > 0
+        py.leave(rid, None, False, None)
+    p2p_row, list_row = rows(rt)[-2:]
+    assert (p2p_row.seq, p2p_row.p2p_seq, p2p_row.peer) == (0, 1, 0)
+    assert list_row.inputs != list_row.outputs and list_row.seq > 0
 
 
 def test_c_path_wraps_the_ring_and_keeps_slots_whole(

@@ -38,7 +38,7 @@ def rt(
     request: pytest.FixtureRequest, pg: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Runtime]:
     """A traced runtime whose wrappers take the C hot path, or only the Python one."""
-    from flightrec.recorder import codegen
+    from flightrec.recorder.low_level import codegen
 
     if request.param == "c" and codegen._fast is None:
         pytest.skip("C hot path not built (python setup.py build_ext --inplace)")
@@ -151,7 +151,7 @@ def test_watchdog_fires_once_per_overdue_entry(rt: Runtime) -> None:
 def test_only_the_outermost_call_is_recorded(rt: Runtime) -> None:
     # all_gather_object runs two all_gathers inside; with numpy missing here it cannot run
     # for real, so a stand-in with its signature calls the traced all_reduce twice.
-    from flightrec.recorder.codegen import generate
+    from flightrec.recorder.low_level.codegen import generate
     from flightrec.recorder.specs import spec_for
 
     def inner(object_list, obj, group=None):  # type: ignore[no-untyped-def]
@@ -239,7 +239,7 @@ def test_reduce_op_names_stay_bounded(rt: Runtime) -> None:
 
 
 def test_unrecorded_calls_run_torch_exactly_once(rt: Runtime) -> None:
-    from flightrec.recorder.codegen import generate
+    from flightrec.recorder.low_level.codegen import generate
     from flightrec.recorder.specs import spec_for
 
     calls: list[object] = []

@@ -8,9 +8,11 @@ import struct
 import pytest
 
 from flightrec.format import slot
+from flightrec.format.builder import IS_P2P
 
 _fast = pytest.importorskip(
-    "flightrec.recorder._fast", reason="C hot path not built (tests/conftest.py builds it)"
+    "flightrec.recorder.low_level._fast",
+    reason="C hot path not built (tests/conftest.py builds it)",
 )
 
 
@@ -34,5 +36,6 @@ def test_the_c_layout_is_the_slot_module_layout() -> None:
     layout = dict(_fast.LAYOUT)
     assert _fast.SLOT_SIZE == slot.SLOT_SIZE
     assert (layout.pop("ENQUEUED"), layout.pop("COMPLETED")) == (slot.ENQUEUED, slot.COMPLETED)
+    assert layout.pop("IS_P2P") == IS_P2P
     assert layout == offsets()
     assert (layout["complete_ns"], layout["state"]) == (slot.OFF_COMPLETE, slot.OFF_STATE)

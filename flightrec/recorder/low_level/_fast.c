@@ -1,13 +1,14 @@
 /* The recorder's hot path in C: one call before torch's function, one after.
  *
- * Why C: measured around a real gloo all_reduce, the ~150 bytecodes of the generated Python
- * hot path cost about three times what they cost in a tight loop (and torch's own call got
- * slower behind them), so the recording has to execute far fewer instructions, not merely
- * cheaper ones. Everything here mirrors the generated Python wrapper (codegen.py) line for
- * line, on cache hits only: any miss, surprise or error returns -1 before anything is
- * consumed (no sequence number, no record id), and the wrapper takes the Python path, which
- * fills the caches. The Python path stays the reference and the fallback when this extension
- * is not built.
+ * Why C: measured around a real gloo all_reduce, the generated Python hot path costs about
+ * 10 µs more per call (benchmarks/bench_recorder.py), so the recording has to execute far
+ * fewer instructions, not merely cheaper ones. ``enter`` and ``leave`` implement the contract
+ * of the Python path (python.py: PyPath.enter/leave, where recording one call is defined) for
+ * what repeats in training loops, collectives on single tensors, on cache hits only: any miss,
+ * surprise or error returns -1 before anything is consumed (no sequence number, no record id),
+ * and the generated wrapper takes the Python path, which fills the caches. The Python path
+ * stays the reference and the fallback when this extension is not built; one test suite runs
+ * against both (tests/integration/test_recorder_fast.py, test_recorder_hooks.py).
  *
  * The slot is written last, in one go, with the GIL held and no Python code running in
  * between: like ``struct.pack_into``, a reader copying the buffer sees it before or after.
@@ -44,6 +45,7 @@
 #define OFF_RID2 84
 #define ENQUEUED 1
 #define COMPLETED 3
+#define FLAG_IS_P2P 8 /* EntryFlag IS_P2P: per-peer counters, the Python path's */
 #define RED_CACHE 4
 
 static PyObject *s_enabled, *s_specs, *s_shape, *s_dtype, *s_counter, *s_seq, *s_index,
@@ -401,8 +403,8 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     uint32_t sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
     int32_t peer = -1;
 
-    if (!self->enabled) {
-        goto fallback; /* the Python path handles "off" */
+    if (!self->enabled || (base_flags & FLAG_IS_P2P)) {
+        goto fallback; /* the Python path handles "off", and point-to-point */
     }
     tid = thread_id(self);
     if (tid == NULL) {
@@ -847,7 +849,7 @@ static PyMemberDef FastPath_members[] = {
 };
 
 static PyTypeObject FastPathType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder._fast.FastPath",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.FastPath",
     .tp_basicsize = sizeof(FastPath),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The recorder's hot path over its live tables and ring buffer.",
@@ -1118,7 +1120,7 @@ static PyGetSetDef Site_getset[] = {
 };
 
 static PyTypeObject SiteType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder._fast.Site",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.Site",
     .tp_basicsize = sizeof(Site),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "A traced function: records through its FastPath, then calls torch's own.",
@@ -1179,12 +1181,12 @@ PyInit__fast(void)
     /* The offsets this file writes at, for the test that checks them against
      * flightrec.format.slot.SLOT (the layout's one definition). */
     PyObject *layout = Py_BuildValue(
-        "{sisisisisisisisisisisisisisisisisisisi}", "record_id", OFF_RID, "enqueue_ns", OFF_ENQ,
+        "{sisisisisisisisisisisisisisisisisisisisi}", "record_id", OFF_RID, "enqueue_ns", OFF_ENQ,
         "complete_ns", OFF_COMPLETE, "state", OFF_STATE, "seq", OFF_SEQ, "p2p_seq", OFF_P2P,
         "group", OFF_GROUP, "op", OFF_OP, "reduce_op", OFF_RED, "peer", OFF_PEER, "thread",
         OFF_THREAD, "stack", OFF_STACK, "inputs", OFF_IN, "outputs", OFF_OUT, "device", OFF_DEV,
         "flags", OFF_FLAGS, "record_id_again", OFF_RID2, "ENQUEUED", ENQUEUED, "COMPLETED",
-        COMPLETED);
+        COMPLETED, "IS_P2P", FLAG_IS_P2P);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
         Py_DECREF(m);
