@@ -46,6 +46,13 @@ class UnmatchedEvidence(Evidence):
     """The rank that issued more."""
 
 
+def _node_key(node: Node) -> tuple[int, int, str]:
+    """Ranks first, by number; then operations, by their text."""
+    if node[0] == "rank":
+        return (0, int(node[1]), "")  # type: ignore[call-overload]
+    return (1, 0, repr(node))
+
+
 def cycle_finding(
     graph: nx.DiGraph,
     members: Sequence[Node],
@@ -63,13 +70,21 @@ def cycle_finding(
     Returns:
         ``p2p_deadlock`` when a P2P operation is on the cycle, else ``deadlock``.
     """
-    sub = graph.subgraph(members)
     ranks = tuple(sorted(int(n[1]) for n in members if n[0] == "rank"))  # type: ignore[call-overload]
-    # Spell one actual cycle in order: rank -> op -> rank -> ...
+    # Spell one actual cycle in order: rank -> op -> rank -> ..., the same one on every run
+    # (the members come from a set): walk a graph built in sorted order, from the lowest rank,
+    # and start the cycle at its lowest rank.
+    order = sorted(members, key=_node_key)
+    sub = nx.DiGraph()
+    sub.add_nodes_from(order)
+    edges = graph.subgraph(members).edges()
+    sub.add_edges_from(sorted(edges, key=lambda e: (_node_key(e[0]), _node_key(e[1]))))
     try:
-        cycle = [u for u, _ in nx.find_cycle(sub)]
+        cycle = [u for u, _ in nx.find_cycle(sub, source=order[0])]
     except nx.NetworkXNoCycle:  # pragma: no cover - a component of size > 1 has a cycle
-        cycle = list(members)
+        cycle = order
+    first_at = min(range(len(cycle)), key=lambda i: _node_key(cycle[i]))
+    cycle = cycle[first_at:] + cycle[:first_at]
     steps: list[str] = []
     consequences: list[Consequence] = []
     is_p2p = False

@@ -159,6 +159,36 @@ def test_p2p_deadlock_names_every_rank_on_the_cycle() -> None:
     assert "P2P deadlock" in first.summary
 
 
+def test_a_deadlock_is_spelled_the_same_way_whatever_the_order_of_its_members() -> None:
+    """The cycle starts at its lowest rank and reads the same on every run (the wait-for
+    graph's components are sets: their order changes with the process's hash seed)."""
+    import random
+
+    import networkx as nx
+
+    from flightrec.analysis.p2p import cycle_finding
+
+    graph = nx.DiGraph()
+    ops = [("p2p", f"g:{r}->{(r + 1) % 3}") for r in range(3)]
+    for r, op in enumerate(ops):
+        sender, receiver = (r + 1) % 3, r
+        graph.add_node(op, op="recv", seq=1, group="0", sender=sender, receiver=receiver)
+        graph.add_edge(("rank", receiver), op)
+        graph.add_edge(op, ("rank", sender))
+    members = [*ops, *(("rank", r) for r in range(3))]
+    summaries = set()
+    for seed in range(8):
+        random.Random(seed).shuffle(members)
+        shuffled = nx.DiGraph()
+        shuffled.add_nodes_from(random.Random(seed).sample(list(graph.nodes), len(graph)))
+        for n in shuffled.nodes:
+            shuffled.nodes[n].update(graph.nodes[n])
+        shuffled.add_edges_from(random.Random(seed).sample(list(graph.edges), len(graph.edges)))
+        summaries.add(cycle_finding(shuffled, members, {}).summary)
+    assert len(summaries) == 1, summaries
+    assert summaries.pop().startswith("P2P deadlock: ranks 0-2 wait on each other: rank 0 waits")
+
+
 def test_matched_p2p_is_healthy_and_unmatched_is_reported() -> None:
     job = healthy(Job())
     job.p2p(0, 1)
