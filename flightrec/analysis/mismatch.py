@@ -25,8 +25,10 @@ from flightrec.analysis.model import (
 )
 from flightrec.analysis.signature import (
     FIELDS,
+    UNKNOWN,
     RawSignature,
     compared_tensors,
+    compatible,
     raw_signatures,
     resolve,
 )
@@ -129,6 +131,8 @@ def _collective_mismatch(
     values: dict[int, Hashable] = {r: rec.op for r, rec in records.items()}
     for name, getter in FIELDS:
         vals = {r: getter(rec) for r, rec in records.items()}
+        if name in UNKNOWN:  # ranks that did not record the field agree with any value
+            vals = {r: v for r, v in vals.items() if v != UNKNOWN[name]}
         if len(set(vals.values())) > 1:
             field, values = name, vals
             break
@@ -467,10 +471,17 @@ def find_mismatches(ctx: AnalysisContext) -> list[Finding]:
         if all(table.items() <= union.items() for table in sigs.values()):
             continue
         all_seqs = sorted(union)
+        by_id: dict[int, tuple[Hashable, ...]] = {
+            i: key for key, i in canon.items() if isinstance(key, tuple)
+        }
+        agree: dict[frozenset[int], bool] = {}
         bad: list[int] = []
         for seq in all_seqs:
-            seen = {table[seq] for table in sigs.values() if seq in table}
-            if len(seen) > 1:
+            seen = frozenset(table[seq] for table in sigs.values() if seq in table)
+            if len(seen) > 1 and not agree.setdefault(
+                seen,
+                compatible([by_id[i] for i in seen]),
+            ):
                 bad.append(seq)
         if not bad:
             continue

@@ -73,6 +73,28 @@ FIELDS: tuple[tuple[str, Callable[[CollectiveRecord], Hashable]], ...] = (
 )
 
 
+UNKNOWN: dict[str, Hashable] = {"reduce_op": "", "root": -1}
+"""Values that mean "not recorded" where the field applies: PyTorch's native recorder keeps
+neither the reduce op nor a collective's root (nor do entries merged from it into a flightrec
+dump). A rank whose value is unknown agrees with any other on that field; for ops without a
+reduce op or root every rank has these values, so they still agree."""
+UNKNOWN_AT = tuple((i, UNKNOWN[name]) for i, (name, _) in enumerate(FIELDS) if name in UNKNOWN)
+
+
+def compatible(signatures: Sequence[tuple[Hashable, ...]]) -> bool:
+    """Whether ``signatures`` (``signature`` tuples) agree on every field, reading an unknown
+    value (``UNKNOWN``) as agreeing with anything."""
+    first = signatures[0]
+    for i in range(len(first)):
+        unknown = next((u for at, u in UNKNOWN_AT if at == i), None)
+        seen = {s[i] for s in signatures} if unknown is None else {
+            s[i] for s in signatures if s[i] != unknown
+        }  # fmt: skip
+        if len(seen) > 1:
+            return False
+    return True
+
+
 def signature(r: CollectiveRecord) -> tuple[Hashable, ...]:
     """The values of every compared field of ``r``, in ``FIELDS`` order."""
     return tuple(getter(r) for _, getter in FIELDS)

@@ -78,3 +78,25 @@ def test_history_overwritten_differently_per_rank_still_lines_up() -> None:
     job.ranks[3].entries = job.ranks[3].entries[-5:]
     first = analyze(job.run()).findings[0]
     assert (first.field, first.ranks, first.seq) == ("dtype", (1,), 7)
+
+
+def test_a_rank_that_did_not_record_reduce_op_or_root_agrees_with_any() -> None:
+    """A rank whose entries came from PyTorch's native recorder (no reduce op, no root) in a
+    folder of flightrec dumps: not a mismatch, while a real disagreement still is one."""
+    unknown = {"reduce_op": "", "root": -1}
+    job = healthy(Job())
+    job.collective("broadcast", root=0, override={3: unknown})
+    job.collective("all_reduce", reduce_op="AVG", override={3: unknown})
+    job.collective("reduce", root=2, reduce_op="MAX", override={3: unknown})
+    assert find_mismatches(AnalysisContext(match(job.run()))) == []
+    job.collective("all_reduce", complete=False, override={3: unknown, 1: {"reduce_op": "MAX"}})
+    first = analyze(job.run()).findings[0]
+    assert (first.kind, first.field, first.ranks) == (FindingKind.MISMATCH, "reduce_op", (1,))
+    assert [g.ranks for g in first.evidence.values] == [(0, 2), (1,)]
+
+
+def test_an_unknown_reduce_op_does_not_hide_a_wrong_shape() -> None:
+    job = healthy(Job())
+    job.collective(complete=False, override={3: {"reduce_op": "", "shape": (8, 4)}})
+    first = analyze(job.run()).findings[0]
+    assert (first.kind, first.field, first.ranks) == (FindingKind.MISMATCH, "shape", (3,))
