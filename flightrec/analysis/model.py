@@ -18,6 +18,7 @@ from typing import ClassVar, Literal, TypeAlias
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.view import DumpView, EntriesView, GroupView
+from flightrec.frames import is_library_file
 from flightrec.readers.scrub import scrub
 
 
@@ -80,14 +81,6 @@ class FrameInfo:
         return f"{'/'.join(parts[-2:]) if len(parts) > 2 else self.file}:{self.line}"
 
 
-# Frames inside these are not "the line of code" a user wants: torch's own Python,
-# flightrec's hooks, the standard library (queue.get, threading waits) and import machinery.
-_LIBRARY_FRAME = re.compile(
-    r"(^<)|(/|^)(torch|flightrec)/|/lib/python3\.\d+/(?!site-packages/|dist-packages/)"
-    r"|/(site|dist)-packages/(torch|flightrec|typer|click|rich)/"
-)
-
-
 # flightrec's recorder itself (its package modules, the wrappers it compiles), and the stdlib
 # threading calls its handlers make: never where a rank is. Narrow on purpose: a user's
 # checkout in a folder named flightrec must not match.
@@ -117,7 +110,7 @@ def op_label(op: str, flags: int) -> str:
 
 def is_library_frame(frame: FrameInfo) -> bool:
     """True for frames of torch, flightrec or the standard library rather than user code."""
-    return bool(_LIBRARY_FRAME.search(frame.file.replace("\\", "/")))
+    return is_library_file(frame.file)
 
 
 def user_frame(stack: Sequence[FrameInfo]) -> FrameInfo | None:

@@ -27,6 +27,7 @@ from typing import Any
 
 from flightrec.errors import FlightrecError, printable
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.frames import keep_user_frames
 
 MAGIC = b"FRS1"
 MAX_BYTES = 2048
@@ -163,6 +164,12 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
         f = frames[i]
         return Frame(s[f.file][:MAX_TEXT], s[f.name][:MAX_TEXT], f.line, s[f.code][:MAX_TEXT])
 
+    def stack(i: int, limit: int) -> tuple[Frame, ...]:
+        """The innermost frame and the user's, within ``limit`` (``keep_user_frames``)."""
+        ids = stacks[i].frames
+        files = [s[frames[f].file] for f in ids] if len(ids) > limit else []
+        return tuple(frame(f) for f in keep_user_frames(ids, files, limit))
+
     def tensors(i: int) -> tuple[Tensor, ...]:
         spec = specs[i]
         out: list[Tensor] = []
@@ -178,7 +185,7 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
             e.record_id[i], e.seq[i], e.p2p_seq[i], s[e.op[i]][:MAX_TEXT],
             s[e.reduce_op[i]][:32], e.peer[i], e.state[i], e.flags[i], e.enqueue_ns[i],
             e.complete_ns[i], tensors(e.inputs[i]), tensors(e.outputs[i]),
-            tuple(frame(f) for f in stacks[e.stack[i]].frames[:MAX_ENTRY_FRAMES]),
+            stack(e.stack[i], MAX_ENTRY_FRAMES),
         )  # fmt: skip
 
     pending: dict[int, list[int]] = {}
@@ -219,12 +226,12 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
         )
     main = next((t for t in dump.threads if t.is_main), None)
     main = main or next((t for t in dump.threads if t.holds_recorder), None)
-    stack = tuple(frame(f) for f in stacks[main.stack].frames[:MAX_STACK]) if main else ()
+    main_stack = stack(main.stack, MAX_STACK) if main else ()
     return Summary(
         round_, h.rank, h.world_size, h.hostname[:MAX_TEXT], h.pid, h.local_rank,
         h.device[:MAX_TEXT], h.job_id[:MAX_TEXT], h.backend[:32],
         pb.DumpReason.Name(h.reason), h.wall_time_ns, h.mono_time_ns, h.timeout_s,
-        dump_path[:MAX_PATH], tuple(groups), stack,
+        dump_path[:MAX_PATH], tuple(groups), main_stack,
     )  # fmt: skip
 
 
@@ -403,7 +410,7 @@ def _parse(doc: object) -> Summary:
                 raise _Bad(f"unknown entry state {state}")
             entries.append(
                 Entry(
-                    _int(rid, 1),
+                    _int(rid, 0),  # 0: an entry only PyTorch's recorder saw (merged at dump)
                     _int(seq, 0),
                     _int(p2p_seq, 0),
                     _str(op),

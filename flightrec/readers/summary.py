@@ -62,11 +62,12 @@ def summary_view(s: Summary, label: str = "") -> DumpView:
                     outputs=[(t.shape, t.dtype) for t in e.outputs],
                 )
             )
-    entries.sort(key=lambda e: e.record_id)  # ring order
+    # Ring order. Entries only PyTorch's recorder saw (DDP's C++ reducer, functional
+    # collectives) were merged in by time and carry record id 0: order by enqueue time.
+    entries.sort(key=lambda e: (e.enqueue_ns, e.record_id))
     for values in entries:
         b.entry(values)
-    if entries:
-        h.entries_recorded = entries[-1].record_id
+    h.entries_recorded = max((e.record_id for e in entries), default=0)
     pending = any(e.state != pb.COMPLETED for e in entries)
     b.thread(1, "MainThread", [_raw(f) for f in s.stack], is_main=True, holds_recorder=pending)
     dump = b.build()

@@ -142,6 +142,11 @@ class StackTable:
         cache = self.threads.get(ident)
         if cache is None:
             cache = self.threads[ident] = _ThreadCache(depth)
+        top = frame
+        # A call flightrec itself made for the user (DDP's gradient-bucket hook) starts at
+        # the user's side: the hook's frame is not where the program was.
+        while frame is not None and is_own_file(frame.f_code.co_filename):
+            frame = frame.f_back
         frames = cache.frames
         key: list[int] = []
         f = frame
@@ -155,11 +160,8 @@ class StackTable:
                 index = self._index.get(k)
                 if index is None:
                     index = self._add_head(frame, level, k, cache.suffixes[level])
-                cache.top, cache.top_lasti, cache.top_index = (
-                    frame,
-                    f.f_lasti if frame is f else key[1],
-                    index,
-                )
+                if top is not None:
+                    cache.top, cache.top_lasti, cache.top_index = top, top.f_lasti, index
                 return index
             key.append(id(f.f_code))
             key.append(f.f_lasti)
@@ -170,8 +172,8 @@ class StackTable:
         if index is None:
             index = self._add(frame, level, k)
         self._remember(cache, frame, level, k)
-        if frame is not None:
-            cache.top, cache.top_lasti, cache.top_index = frame, frame.f_lasti, index
+        if top is not None:
+            cache.top, cache.top_lasti, cache.top_index = top, top.f_lasti, index
         return index
 
     def _remember(

@@ -63,6 +63,23 @@ def test_the_job_log_names_the_stalled_rank_the_collective_and_the_line(tmp_path
     own_folders_only(tmp_path)
 
 
+def test_a_ddp_job_gets_its_verdict_too(tmp_path: Path) -> None:
+    """DDP's C++ reducer issues collectives only PyTorch's recorder sees (merged into the
+    dumps with no record id of flightrec's) and its gradient buckets sit six frames below
+    ``loss.backward()``: the summaries keep both, and the log names the rank and the line."""
+    env = {"FLIGHTREC_TIMEOUT": str(TIMEOUT_S)}
+    with start_job("live_job.py", ["uneven", "--bad-rank", "1"], env=env, workdir=tmp_path) as job:
+        wait_for_text(job, "Dumps (on each rank's host)", 60)
+        out = job.output()
+    assert "hang declared; from 4 of 4 ranks' summaries" in out, out
+    assert re.search(r"Rank 1 \([^)]*\) called barrier as collective #\d+ on group 0", out), out
+    assert re.search(r"ranks 0,2-3 called all_reduce \(op mismatch\)", out.replace("\n", " ")), out
+    assert re.search(r"wait in DDP gradient-bucket all_reduce at\s+scripts/live_job.py:\d+", out), (
+        out
+    )
+    assert "recorder/ddp.py" not in out, out
+
+
 def test_flightrec_verdict_0_turns_it_off(tmp_path: Path) -> None:
     env = {"FLIGHTREC_TIMEOUT": str(TIMEOUT_S), "FLIGHTREC_VERDICT": "0"}
     with start_job("live_job.py", ["stall"], env=env, workdir=tmp_path) as job:

@@ -49,9 +49,12 @@ def test_gradient_buckets_are_recorded_with_the_backward_line(rt: Runtime) -> No
     assert rt.recorder.tensors.values[rows[0].inputs] == (((4 * 3 + 3,), "float32"),)
     frames = rt.recorder.stacks.symbolize(rows[0].stack)
     assert (__file__, "step", line) in frames
-    # Labeled as DDP gradient buckets, and the hook says what it is in any traceback.
+    # Labeled as DDP gradient buckets; the recorded stack starts on torch's side of the hook
+    # (flightrec's own frame is not where the program was; in a Python traceback the hook's
+    # name says what it is).
     assert all(r.flags & DDP_BUCKET for r in rows)
-    assert frames[0][1] == "ddp_allreduce_passthrough_recorded_by_flightrec"
+    assert "ddp_allreduce_passthrough_recorded_by_flightrec" not in [f[1] for f in frames]
+    assert "/torch/" in frames[0][0]
     dist.all_reduce(torch.ones(1))
     assert not decode(rt.recorder.ring.snapshot())[-1].flags & DDP_BUCKET
     # The hook keeps DDP's semantics: the gradient is the mean over ranks (here, of one).

@@ -72,6 +72,46 @@ def test_a_summary_round_trips_and_names_the_line() -> None:
     assert len(data) < 1200
 
 
+def ddp_rank() -> pb.Dump:
+    """A DDP rank: entries only PyTorch's recorder saw (record id 0, merged by time), then a
+    gradient-bucket all_reduce six frames below ``loss.backward()``, pending."""
+    torch_side = [
+        ("/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "_engine_run_backward", 9),
+        ("/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", "backward", 8),
+        ("/venv/lib/python3.11/site-packages/torch/_tensor.py", "backward", 7),
+        ("/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", "_call_impl", 6),
+        ("/venv/lib/python3.11/site-packages/torch/nn/modules/module.py", "_wrapped", 5),
+    ]
+    user = [("/job/train.py", "train_step", 22), ("/job/train.py", "main", 40)]
+    b = DumpBuilder()
+    b.header.rank, b.header.world_size = 1, 4
+    g = b.group("0", [0, 1, 2, 3], last_seq=3)
+    b.entry(EntryValues(0, g, "broadcast", seq=1, enqueue_ns=100, state=pb.COMPLETED))
+    b.entry(EntryValues(0, g, "all_reduce", seq=2, enqueue_ns=200, state=pb.COMPLETED))
+    b.entry(
+        EntryValues(
+            1, g, "all_reduce", seq=3, enqueue_ns=300, state=pb.STARTED,
+            stack=[*torch_side, *user], inputs=[((40,), "float32")],
+        )
+    )  # fmt: skip
+    b.thread(1, "MainThread", [*torch_side * 2, *user], is_main=True, holds_recorder=True)
+    return b.build()
+
+
+def test_entries_only_torch_saw_and_deep_torch_stacks_keep_the_users_line() -> None:
+    s = fs.decode(fs.encode(fs.summarize(ddp_rank(), 1, "")))
+    entries = s.groups[0].entries
+    assert [e.record_id for e in entries] == [0, 0, 1]
+    pending = entries[-1].stack
+    assert len(pending) == fs.MAX_ENTRY_FRAMES
+    assert pending[0].function == "_engine_run_backward"
+    assert [f.function for f in pending[1:]] == ["train_step", "main"]
+    assert [f.function for f in s.stack if f.file.startswith("/job/")] == ["train_step", "main"]
+    view = summary_view(s)
+    assert list(view.entries.seq) == [1, 2, 3]  # ring order, by time
+    assert view.header.entries_recorded == 1
+
+
 def monster() -> pb.Dump:
     """A rank with everything at its largest: 40 groups, long names, deep stacks, big tensors."""
     b = DumpBuilder()

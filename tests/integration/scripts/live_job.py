@@ -7,6 +7,8 @@ hosts that share no filesystem do, so the verdict can only come through the job'
          wait in the loss all_reduce.
   crash  after a few steps, ``--bad-rank`` dies (exit status 3) while the others are in a long
          step; under torchrun the agent then sends them SIGTERM.
+  uneven a DDP model trained on shards of uneven length: ``--bad-rank`` has one batch fewer,
+         so it enters the end-of-epoch barrier while the others all-reduce gradients.
 
 Progress markers on stdout: READY, WAITING, STALLING.
 """
@@ -32,13 +34,39 @@ def long_step() -> None:
     time.sleep(120)  # a long forward and backward pass
 
 
+def train_step(model: torch.nn.Module, opt: torch.optim.Optimizer, x: torch.Tensor) -> None:
+    loss = model(x).square().mean()
+    opt.zero_grad()
+    loss.backward()  # DDP all-reduces the gradient buckets from here
+    opt.step()
+
+
+def uneven(rank: int, bad_rank: int) -> None:
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = 3 if rank == bad_rank else 4
+    print("READY", flush=True)
+    for _ in range(batches):
+        train_step(model, opt, torch.randn(4, 8))
+    print("WAITING", time.time(), flush=True)
+    dist.barrier()  # the end of the epoch
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["stall", "crash"])
+    p.add_argument("scenario", choices=["stall", "crash", "uneven"])
     p.add_argument("--bad-rank", type=int, default=2)
     args = p.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
+    if args.scenario == "uneven":
+        uneven(rank, args.bad_rank)
+        dist.destroy_process_group()
+        return
     loss = torch.ones(1)
     for _ in range(3):
         dist.all_reduce(loss)
