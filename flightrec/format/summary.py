@@ -27,6 +27,7 @@ from typing import Any
 
 from flightrec.errors import FlightrecError, printable
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import members_of
 from flightrec.frames import keep_user_frames
 
 MAGIC = b"FRS1"
@@ -217,7 +218,7 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
                 pg.name[:MAX_TEXT],
                 pg.desc[:MAX_TEXT],
                 pg.backend[:32],
-                members(pg.ranks[:]),
+                members(members_of(pg)),
                 pg.members_known,
                 pg.last_seq,
                 tuple((p.peer, p.sends, p.recvs) for p in pg.p2p[:MAX_PEERS]),

@@ -112,6 +112,18 @@ def test_entries_only_torch_saw_and_deep_torch_stacks_keep_the_users_line() -> N
     assert view.header.entries_recorded == 1
 
 
+def test_members_written_as_a_grid_reach_the_summary() -> None:
+    """Schema 1.2 writes regular member lists as grids (``ranks`` empty): the summary must
+    expand them, or a group whose other members are missing reads as having none."""
+    s = fs.summarize(ddp_rank(), 1, "")
+    assert ddp_rank().groups[0].ranks[:] == []  # written as a grid
+    assert list(fs.decode(fs.encode(s)).groups[0].ranks) == [0, 1, 2, 3]
+    run = from_summaries({1: s})
+    first = analyze(run).findings[0]
+    assert first.kind.value == "missing_dump" and first.ranks == (0, 2, 3)
+    assert "group 0 [ranks 0-3]" in first.summary
+
+
 def monster() -> pb.Dump:
     """A rank with everything at its largest: 40 groups, long names, deep stacks, big tensors."""
     b = DumpBuilder()
