@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from flightrec.analysis.crashes import died_of
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import FrameInfo, Status, op_label, user_frame
+from flightrec.analysis.not_arrived import stuck_transfer
 from flightrec.analysis.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import died, ended
@@ -79,6 +80,14 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
             )
             continue
         exited = d.header.reason == pb.PROCESS_EXIT or ended(d.header)
+        transfer = None if exited else stuck_transfer(m, rank)
+        if transfer is not None:  # both ends entered: no wait edge, but it waits all the same
+            rec = transfer.mine
+            states[rank] = RankState(
+                rank, Status.WAITING, op_label(rec.op, rec.flags), rec.group, rec.p2p_seq,
+                user_frame(rec.stack),
+            )  # fmt: skip
+            continue
         status = Status.EXITED if exited else Status.OUTSIDE
         stack = d.current_stack()
         location, how = user_frame(stack), ""

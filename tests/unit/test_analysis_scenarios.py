@@ -189,6 +189,21 @@ def test_a_deadlock_is_spelled_the_same_way_whatever_the_order_of_its_members() 
     assert summaries.pop().startswith("P2P deadlock: ranks 0-2 wait on each other: rank 0 waits")
 
 
+def test_both_ends_of_one_stuck_transfer_are_named_together() -> None:
+    """Rank 0's send and rank 1's receive match (same pair, same number) but neither
+    completed (the tags differ, say): no wait edge explains them, yet both wait."""
+    job = healthy(Job())
+    job.p2p(0, 1, complete=False, line=21)
+    job.collective(ranks=[2, 3], complete=False)
+    report = analyze(job.run())
+    first = report.findings[0]
+    assert (first.kind, first.ranks) == (FindingKind.NOT_ARRIVED, (0, 1))
+    assert "they wait in the two ends of one transfer, rank 0 in send #1 to rank 1" in first.summary
+    assert "rank 1 in recv #1 from rank 0" in first.summary
+    states = {r: s.describe() for r, s in report.states.items()}
+    assert states[0].startswith("wait in send") and states[1].startswith("wait in recv")
+
+
 def test_matched_p2p_is_healthy_and_unmatched_is_reported() -> None:
     job = healthy(Job())
     job.p2p(0, 1)
