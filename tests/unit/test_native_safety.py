@@ -204,6 +204,12 @@ def test_every_pickle_protocol_is_refused_its_globals(tmp_path: Path, protocol: 
         ("input_sizes", [[None, True]], None),  # None and bools are read as numbers
         ("input_dtypes", [["Float"]], CorruptDumpError),
         ("process_group", ("0", ["tp"]), CorruptDumpError),
+        ("process_group", ("0", 5), CorruptDumpError),
+        ("process_group", ("0", "default_pg", "extra"), None),
+        ("process_group", ["0", "default_pg"], None),  # the JSON form's lists
+        ("process_group", None, None),
+        ("time_discovered_started_ns", [1], CorruptDumpError),  # among None values
+        ("time_discovered_started_ns", "12", None),
         ("collective_seq_id", "12", None),
         ("time_created_ns", 2.5, CorruptDumpError),
     ],
@@ -251,3 +257,33 @@ def test_a_parser_message_quoting_the_file_stays_one_line(tmp_path: Path) -> Non
     message = str(info.value)
     assert "\n" not in message and "\x1b" not in message and "\x07" not in message
     assert str(path) in message
+
+
+def test_entries_sharing_one_shape_keep_their_own_dtypes(tmp_path: Path) -> None:
+    # The pickle memo shares one sizes list between entries; their dtypes lists may still
+    # differ, and each entry keeps its own signature.
+    sizes = [[2, 3]]
+    floats = ["Float"]
+    entries = [
+        {
+            "record_id": i,
+            "process_group": ("0", "default_pg"),
+            "collective_seq_id": i + 1,
+            "profiling_name": "nccl:all_reduce",
+            "input_sizes": sizes,
+            "input_dtypes": ["Double"] if i == 70 else floats,
+            "state": "completed",
+        }
+        for i in range(100)
+    ]
+    dump = {
+        "version": "2.10",
+        "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 1]"}},
+        "entries": entries,
+    }
+    path = tmp_path / "nccl_trace_rank_0"
+    path.write_bytes(pickle.dumps(dump, protocol=2))
+    (d,), errors, _ = convert_paths([path])
+    assert not errors
+    dtypes = [d.strings[d.tensor_specs[i].dtype[0]] for i in d.entries.inputs]
+    assert dtypes == ["float32"] * 70 + ["float64"] + ["float32"] * 29

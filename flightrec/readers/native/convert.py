@@ -249,7 +249,7 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     h.buffer_capacity = n if wrapped else 0
     h.stack_depth = max(map(len, es.stacks))
     default_name = default.name if default else ""
-    timeouts = compress(es.timeout_ms, [name == default_name for name in names])
+    timeouts = compress(es.timeout_ms, map(eq, names, repeat(default_name)))
     h.timeout_s = max(timeouts, default=0) / 1000.0
     detail = [f"converted from PyTorch Flight Recorder dump format {d.version or '?'} ({d.form})"]
     dumped_ns, clamped = _dump_time_ns(d, h.timeout_s)

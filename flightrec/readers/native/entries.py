@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
-from operator import itemgetter
+from operator import is_, itemgetter
 
 from flightrec.format.native_names import DTYPES, SEND_RECV, parse_profiling_name
 from flightrec.readers.native.reader import Reader
@@ -41,6 +41,10 @@ _SEQS_OR_NONE = frozenset({list, tuple, _NONE})
 _TUPLES_OR_NONE = frozenset({tuple, _NONE})
 _INTS = frozenset({int})
 _STRS = frozenset({str})
+_TUPLES = frozenset({tuple})
+_PAIR = frozenset({2})
+_FIRST = itemgetter(0)
+_SECOND = itemgetter(1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,17 +152,18 @@ _KEYS = (
 _ALL_KEYS = itemgetter(*_KEYS)
 
 
-def _columns(entries: list[dict[object, object]]) -> dict[str, list[object]]:
+def _columns(entries: list[dict[object, object]]) -> dict[str, Sequence[object]]:
     """Every column ``read_entries`` reads, by key; a missing value is None.
 
     One pass when every entry has every key (what torch writes): each dict is looked up once
-    for all keys and the rows are transposed at C speed. Otherwise a pass per column.
+    for all keys and the rows are transposed at C speed into tuples (nothing downstream
+    writes to a column, so no list copies). Otherwise a pass per column.
     """
     try:
         rows = list(map(_ALL_KEYS, entries))
     except KeyError:
         return {key: _column(entries, key) for key in _KEYS}
-    return dict(zip(_KEYS, map(list, zip(*rows, strict=True)), strict=True))
+    return dict(zip(_KEYS, zip(*rows, strict=True), strict=True))
 
 
 def _first_bad(values: Sequence[object], allowed: frozenset[type]) -> int:
@@ -191,25 +196,34 @@ def _tensors_one(
 _SAMPLE = 64  # entries looked at to guess whether a column shares its objects
 
 
-def _per_object(columns: Sequence[list[object]], codes_of: Callable[..., list[int]]) -> list[int]:
+def _per_object(
+    columns: Sequence[Sequence[object]], codes_of: Callable[..., list[int]]
+) -> list[int]:
     """``codes_of(*columns)``, computed once per distinct combination of objects.
 
     The pickle memo keeps the sharing of the writer: where entries refer to one list (a
     stack, a shape), the unpickled entries share one object. Working per distinct object
     (by identity, which holds because the unpickled tree outlives the reading) makes the
     cost follow what the file holds, not how often entries refer to it.
+
+    Entries are keyed by the identity of their object in the first column alone (integers
+    hash for free, where a tuple of identities costs a tuple and its hash per entry); the
+    other columns must then hold the same object wherever the first does, which one C-speed
+    comparison per column checks. Where they do not, the key is the tuple of identities.
     """
-    head = columns[0][:_SAMPLE]
+    first = columns[0]
+    head = first[:_SAMPLE]
     if len(head) == _SAMPLE and len(set(map(id, head))) == _SAMPLE:
         return codes_of(*columns)  # no sharing where the ring starts: likely none at all
-    ids: list[object] = (
-        list(map(id, columns[0]))
-        if len(columns) == 1
-        else list(zip(*(map(id, c) for c in columns), strict=True))
-    )
+    ids: list[object] = list(map(id, first))
     where = dict(zip(ids, range(len(ids)), strict=True))
     if len(where) == len(ids):
         return codes_of(*columns)
+    if len(columns) > 1:
+        rep = list(map(where.__getitem__, ids))  # the entry standing for each entry's key
+        if not all(all(map(is_, c, map(c.__getitem__, rep))) for c in columns[1:]):
+            ids = list(zip(*(map(id, c) for c in columns), strict=True))
+            where = dict(zip(ids, range(len(ids)), strict=True))
     picks = list(where.values())
     distinct = codes_of(*([c[i] for i in picks] for c in columns))
     by_ids = dict(zip(where, distinct, strict=True))
@@ -217,14 +231,14 @@ def _per_object(columns: Sequence[list[object]], codes_of: Callable[..., list[in
 
 
 def _tensor_column(
-    r: Reader, sizes: list[object], dtypes: list[object], what: str, interned: _Interned
+    r: Reader, sizes: Sequence[object], dtypes: Sequence[object], what: str, interned: _Interned
 ) -> list[int]:
     """The tensor signature index of every entry, for ``what`` = "input" or "output"."""
     return _per_object((sizes, dtypes), lambda s, d: _tensor_codes(r, s, d, what, interned))
 
 
 def _tensor_codes(
-    r: Reader, sizes: list[object], dtypes: list[object], what: str, interned: _Interned
+    r: Reader, sizes: Sequence[object], dtypes: Sequence[object], what: str, interned: _Interned
 ) -> list[int]:
     size_label, dtype_label = f"{what}_sizes", f"{what}_dtypes"
     r.tick(len(sizes))
@@ -286,12 +300,12 @@ def _stack_one(r: Reader, value: object, interned: _Interned) -> StackTuple:
     return tuple(out)
 
 
-def _stack_column(r: Reader, frames: list[object], interned: _Interned) -> list[int]:
+def _stack_column(r: Reader, frames: Sequence[object], interned: _Interned) -> list[int]:
     """The stack index of every entry."""
     return _per_object((frames,), lambda f: _stack_codes(r, f, interned))
 
 
-def _stack_codes(r: Reader, frames: list[object], interned: _Interned) -> list[int]:
+def _stack_codes(r: Reader, frames: Sequence[object], interned: _Interned) -> list[int]:
     r.tick(len(frames))
     if set(map(type, frames)) <= _SEQS_OR_NONE:
         present: list[Sequence[object]] = [f for f in frames if f]  # type: ignore[misc]
@@ -320,14 +334,45 @@ def _group_one(r: Reader, pg: object) -> tuple[str, str]:
     return name, desc
 
 
-def _group_column(r: Reader, groups: list[object]) -> tuple[Sequence[str], Sequence[str]]:
+def _group_column(r: Reader, groups: Sequence[object]) -> tuple[Sequence[str], Sequence[str]]:
     """(name, desc) columns from the ``process_group`` tuples."""
+    if not groups:
+        return (), ()
+    if set(map(type, groups)) <= _TUPLES and set(map(len, groups)) <= _PAIR:  # type: ignore[arg-type]
+        # The pickle form: a (name, desc) tuple of two strings per entry. Both columns come
+        # out at C speed, checked by type; nothing to hash or to look up per entry.
+        names: Sequence[object] = list(map(_FIRST, groups))  # type: ignore[arg-type]
+        descs: Sequence[object] = list(map(_SECOND, groups))  # type: ignore[arg-type]
+        if set(map(type, names)) <= _STRS and set(map(type, descs)) <= _STRS:
+            r.tick(3 * len(groups))
+            return names, descs  # type: ignore[return-value]  # checked just above
+    pairs: list[tuple[str, str]] = []
+    codes = _per_object((groups,), lambda g: _group_codes(r, g, pairs))
+    if len(pairs) == 1:
+        ((name, desc),) = pairs
+        return [name] * len(groups), [desc] * len(groups)
+    name_of = [pair[0] for pair in pairs]
+    desc_of = [pair[1] for pair in pairs]
+    return list(map(name_of.__getitem__, codes)), list(map(desc_of.__getitem__, codes))
+
+
+def _group_codes(r: Reader, groups: Sequence[object], pairs: list[tuple[str, str]]) -> list[int]:
+    """Index into ``pairs`` (appended to: each distinct (name, desc) once) of every entry."""
+    index: dict[tuple[str, str], int] = {}
+
+    def code(pair: tuple[str, str]) -> int:
+        found = index.get(pair)
+        if found is None:
+            found = index[pair] = len(pairs)
+            pairs.append(pair)
+        return found
+
     types = set(map(type, groups))
     if types <= _SEQS_OR_NONE:
         r.tick(sum(map(len, filter(None, groups))))  # type: ignore[arg-type]  # hashed below
         try:
             # Tuples (the pickle form) are their own keys; lists (JSON) become tuples.
-            keys: list[Hashable] = (
+            keys: Sequence[Hashable] = (
                 groups  # type: ignore[assignment]
                 if types <= _TUPLES_OR_NONE
                 else [None if g is None else tuple(g[:2]) for g in groups]  # type: ignore[index]
@@ -337,17 +382,9 @@ def _group_column(r: Reader, groups: list[object]) -> tuple[Sequence[str], Seque
             pass  # unhashable parts: explained value by value below
         else:
             r.tick(2 * len(groups))
-            pairs = {key: _group_one(r, key) for key in distinct}  # (validated once each)
-            if len(pairs) == 1:
-                ((name, desc),) = pairs.values()
-                return [name] * len(groups), [desc] * len(groups)
-            name_of = {key: pair[0] for key, pair in pairs.items()}
-            desc_of = {key: pair[1] for key, pair in pairs.items()}
-            return list(map(name_of.__getitem__, keys)), list(map(desc_of.__getitem__, keys))
-    if not groups:
-        return (), ()
-    names, descs = zip(*(_group_one(r, g) for g in groups), strict=True)
-    return names, descs
+            of = {key: code(_group_one(r, key)) for key in distinct}  # (validated once each)
+            return list(map(of.__getitem__, keys))
+    return [code(_group_one(r, g)) for g in groups]
 
 
 # -- the table --------------------------------------------------------------------------

@@ -115,7 +115,7 @@ class Reader:
 
     # -- one column of the entries table ----------------------------------------------
 
-    def ints(self, column: list[object], what: str, default: int = 0) -> Sequence[int]:
+    def ints(self, column: Sequence[object], what: str, default: int = 0) -> Sequence[int]:
         """Every value of ``column`` as a 64-bit integer (see ``integer``).
 
         One C-speed pass checks type and range at once: building a signed 64-bit array
@@ -128,15 +128,17 @@ class Reader:
         except (TypeError, OverflowError):
             pass
         if None in column:  # missing values (the pickle form's unknown times)
-            column = [default if v is None else v for v in column]
             try:
+                # None -> default, every other value itself, at C speed (an unhashable
+                # value is explained value by value below).
+                column = list(map({None: default}.get, column, column))  # type: ignore[arg-type]
                 return array("q", column)  # type: ignore[arg-type]
             except (TypeError, OverflowError):
                 pass
         self.cells -= len(column)  # the value-by-value pass counts each value itself
         return [self.integer(v, what, default) for v in column]
 
-    def naturals(self, column: list[object], what: str) -> Sequence[int]:
+    def naturals(self, column: Sequence[object], what: str) -> Sequence[int]:
         """``ints`` with negative values (never meaningful here) read as 0."""
         values = self.ints(column, what)
         if isinstance(values, array):
@@ -150,7 +152,7 @@ class Reader:
             return array("q", [v if v > 0 else 0 for v in values])
         return values
 
-    def texts(self, column: list[object], what: str) -> list[str]:
+    def texts(self, column: Sequence[object], what: str) -> Sequence[str]:
         """Every value of ``column`` as a string (see ``text``); None is ""."""
         self.tick(len(column))
         types = set(map(type, column))
@@ -161,7 +163,7 @@ class Reader:
         self.cells -= len(column)
         return [self.text(v, what) for v in column]
 
-    def flags(self, column: list[object], what: str) -> list[bool]:
+    def flags(self, column: Sequence[object], what: str) -> Sequence[bool]:
         """Every value of ``column`` as a boolean (see ``flag``)."""
         self.tick(len(column))
         if set(map(type, column)) <= {bool}:
