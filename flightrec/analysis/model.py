@@ -199,7 +199,7 @@ class ThreadInfo:
     stack: tuple[FrameInfo, ...]
 
 
-_State: TypeAlias = "tuple[str, bytes, tuple[GroupView, ...], dict[str, array[int]]]"
+_State: TypeAlias = "tuple[str, bytes, tuple[GroupView, ...], dict[str, array[int]], int]"
 
 
 class RankDump:
@@ -223,13 +223,13 @@ class RankDump:
 
     def __getstate__(self) -> _State:
         d = self.dump
-        return (self.path, d.meta.SerializeToString(), d.groups, d.entries.columns())
+        return (self.path, d.meta.SerializeToString(), d.groups, d.entries.columns(), d.older)
 
     def __setstate__(self, state: _State) -> None:
-        path, meta_bytes, groups, columns = state
+        path, meta_bytes, groups, columns, older = state
         meta = pb.Dump()
         meta.ParseFromString(meta_bytes)
-        self.__init__(path, DumpView(meta, groups, EntriesView(columns)))  # type: ignore[misc]
+        self.__init__(path, DumpView(meta, groups, EntriesView(columns), older))  # type: ignore[misc]
 
     @property
     def header(self) -> pb.Header:
