@@ -76,7 +76,16 @@ def _short(
             first = next((s for s in gi.seqs if s > 0), None)
             if first is None or first > floor:
                 return True
-        if not g.p2p:
+        behind = [
+            (pc.peer, is_send, theirs)
+            for pc in g.p2p
+            for is_send, mine, theirs in (
+                (True, pc.sends, received.get((key, r, pc.peer))),
+                (False, pc.recvs, sent.get((key, pc.peer, r))),
+            )
+            if theirs is not None and theirs < mine  # level or ahead: the newest entries count
+        ]
+        if not behind:
             continue
         oldest: dict[tuple[int, bool], int] = {}
         for pos in gi.p2p_positions:
@@ -84,14 +93,8 @@ def _short(
             ordinal = cols["p2p_seq"][pos]
             if ordinal and ordinal < oldest.get(ident, ordinal + 1):
                 oldest[ident] = ordinal
-        for pc in g.p2p:
-            for is_send, mine, theirs in (
-                (True, pc.sends, received.get((key, r, pc.peer))),
-                (False, pc.recvs, sent.get((key, pc.peer, r))),
-            ):
-                if theirs is None or theirs >= mine:
-                    continue  # the peer is level or ahead: the newest entries are what counts
-                first = oldest.get((pc.peer, is_send))
-                if first is None or first > max(1, theirs):
-                    return True
+        for peer, is_send, theirs in behind:
+            first = oldest.get((peer, is_send))
+            if first is None or first > max(1, theirs):
+                return True
     return False

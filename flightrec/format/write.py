@@ -20,10 +20,15 @@ _OLDER_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["older_entries"].number << 3) | 
 
 def _entries(entries: pb.Entries, lo: int, hi: int) -> bytes:
     """``Dump`` field 10 holding entries ``lo`` to ``hi`` (b"" when empty)."""
-    part = pb.Entries()
-    for name in ENTRY_COLUMNS:
-        getattr(part, name).extend(getattr(entries, name)[lo:hi])
-    return pb.Dump(entries=part).SerializeToString() if hi > lo else b""
+    if hi <= lo:
+        return b""
+    part = pb.Dump()
+    part.entries.CopyFrom(entries)
+    for name in ENTRY_COLUMNS:  # (slice deletion runs in C; building lists would not)
+        column = getattr(part.entries, name)
+        del column[hi:]
+        del column[:lo]
+    return part.SerializeToString()
 
 
 def serialize(dump: pb.Dump, tail_entries: int = TAIL_ENTRIES) -> bytes:
