@@ -71,6 +71,15 @@ _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
 
 # Member lists by their packed bytes, per process (loader workers each keep their own).
 _MEMBERS_BY_BYTES: dict[bytes, Sequence[int]] = {}
+# The interned tables and what points into them (strings, frames, stacks, tensor signatures,
+# threads, exceptions), as bytes; a dump whose tables are bytes seen before needs only the
+# checks that depend on the rest. Per process, bounded: one job has a handful of variants.
+_TABLE_FIELDS = frozenset(
+    pb.Dump.DESCRIPTOR.fields_by_name[name].number
+    for name in ("strings", "frames", "stacks", "tensor_specs", "threads", "exceptions")
+)
+_CHECKED_TABLES: set[bytes] = set()
+_MAX_CHECKED = 4096
 
 
 class _Odd(Exception):
@@ -250,10 +259,13 @@ def read_compact(data: bytes, path: str, older: int = 0) -> DumpView | None:
             cuts += [at, end]
         cuts.append(len(data))
         rest = b"".join(data[cuts[i] : cuts[i + 1]] for i in range(0, len(cuts), 2))
+        tables = b"".join(data[at:b] for number, _, _, b, at in top if number in _TABLE_FIELDS)
         try:
-            dump = parse_dump(rest, path)
+            dump = parse_dump(rest, path, tables=tables not in _CHECKED_TABLES)
         except DumpError:
             raise _Odd from None
+        if len(_CHECKED_TABLES) < _MAX_CHECKED:
+            _CHECKED_TABLES.add(tables)
         columns = _columns(data, [(a, b) for a, b, _ in entries], dump)
         views = tuple(
             GroupView.of(g, _members(data, a, b, g))
@@ -265,4 +277,6 @@ def read_compact(data: bytes, path: str, older: int = 0) -> DumpView | None:
     # Layout, not content (as ``view.meta_of`` leaves them out).
     for name in ("groups", "tail_start", "older_entries"):
         dump.ClearField(name)  # type: ignore[arg-type]
-    return DumpView(dump, views, EntriesView(columns), older)
+    view = DumpView(dump, views, EntriesView(columns), older)
+    view.tables = tables
+    return view

@@ -5,8 +5,11 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
+import pytest
+
 from flightrec.analysis import analyze
 from flightrec.analysis.loader import load_dir
+from flightrec.errors import CorruptDumpError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.read import parse_dump, read_dump
@@ -146,3 +149,15 @@ def test_ranks_in_step_are_read_from_their_tail_only(tmp_path: Path) -> None:
     assert report.findings[0].ranks == (2,) and report.findings[0].seq == TAIL_ENTRIES + 101
     name = dump_filename(0, 0, "WATCHDOG_TIMEOUT", 1000)
     assert (tmp_path / name).exists()
+
+
+def test_tables_checked_once_are_trusted_only_as_identical_bytes(tmp_path: Path) -> None:
+    good = ring(300)
+    first = write_dump(good, tmp_path, "flightrec-rank00001-1-000-a.frdump")
+    assert read_views(first, tail=True)[0].older == 300 - TAIL_ENTRIES
+    bad = ring(300)
+    bad.threads.add(ident=7, name="MainThread", stack=99)  # a stack the table lacks
+    path = write_dump(bad, tmp_path, "flightrec-rank00001-1-000-b.frdump")
+    assert read_tail(str(path)) is None  # the fast reader declines...
+    with pytest.raises(CorruptDumpError, match="missing stack"):
+        read_views(path, tail=True)  # ...and the ordinary one names the problem
