@@ -229,7 +229,12 @@ class RankDump:
         path, meta_bytes, groups, columns, older = state
         meta = pb.Dump()
         meta.ParseFromString(meta_bytes)
-        self.__init__(path, DumpView(meta, groups, EntriesView(columns), older))  # type: ignore[misc]
+        # Scrubbed where it was pickled (the constructor's work; a tenth of unpickling).
+        self.path = path
+        self.dump = DumpView(meta, groups, EntriesView(columns), older)
+        self._frame_cache = {}
+        self._stack_cache = {}
+        self._spec_cache = {}
 
     @property
     def header(self) -> pb.Header:
