@@ -82,7 +82,7 @@ _CHECKED_TABLES: set[bytes] = set()
 _MAX_CHECKED = 4096
 
 
-class _Odd(Exception):
+class _Odd(ValueError):
     """The bytes are not in the layout this reader handles; read the file the ordinary way."""
 
 
@@ -102,10 +102,12 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
             raise _Odd
 
 
-def _fields(
+def walk_fields(
     buf: bytes, start: int, end: int, stop_after: int = 0
 ) -> list[tuple[int, int, int, int, int]]:
     """(field number, wire type, start, end, tag start) of each field in ``buf[start:end]``.
+
+    Raises ``ValueError`` (its subclass ``_Odd``) for bytes that are not a plain message.
 
     ``start``/``end`` delimit the value's bytes (for length-delimited fields, its payload);
     the field's encoding as a whole is ``buf[tag start:end]``. With ``stop_after``, the walk
@@ -159,7 +161,7 @@ def _columns(data: bytes, ranges: list[tuple[int, int]], dump: pb.Dump) -> dict[
     encoded: dict[str, list[bytes]] = {}
     for start, end in ranges:
         seen: set[str] = set()
-        for number, wire, a, b, at in _fields(data, start, end):
+        for number, wire, a, b, at in walk_fields(data, start, end):
             name = _COLUMN_OF.get(number)
             if name is None or wire != _WIRE_LEN or name in seen:
                 raise _Odd  # an unknown, unpacked or split column
@@ -219,7 +221,7 @@ def _members(data: bytes, start: int, end: int, group: pb.ProcessGroup) -> Seque
     if group.HasField("rank_grid"):  # (validated) O(1) bytes: a range, or expanded once per grid
         return intern_ranks(members_of(group))
     key: bytes | None = None
-    for number, wire, a, b, _ in _fields(data, start, end):
+    for number, wire, a, b, _ in walk_fields(data, start, end):
         if number == _RANKS:
             if key is not None or wire != _WIRE_LEN:
                 raise _Odd
@@ -248,7 +250,7 @@ def read_compact(data: bytes, path: str, older: int = 0) -> DumpView | None:
     if not data.startswith(MAGIC_PREFIX):
         return None
     try:
-        top = _fields(data, 0, len(data))
+        top = walk_fields(data, 0, len(data))
         entries = [(a, b, at) for number, wire, a, b, at in top if number == _ENTRIES]
         groups = [(a, b) for number, wire, a, b, _ in top if number == _GROUPS]
         if not entries or any(wire != _WIRE_LEN for n, wire, *_ in top if n == _ENTRIES):
