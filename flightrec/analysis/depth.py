@@ -18,8 +18,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from flightrec.analysis.model import RankDump
-from flightrec.analysis.rankindex import RankIndex, index_rank
+from flightrec.analysis.rankindex import RankGroupIndex, RankIndex, index_rank
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.view import GroupView
 
 _SEND = int(pb.SEND)
 
@@ -43,39 +44,49 @@ def needs_depth(dumps: Mapping[int, RankDump], indexes: Mapping[int, RankIndex])
     low: dict[str, int] = {}
     sent: dict[tuple[str, int, int], int] = {}  # (group, sender, receiver) -> sends
     received: dict[tuple[str, int, int], int] = {}  # (group, sender, receiver) -> receives
+    rows: dict[int, list[_Row]] = {}  # of the ranks read from their tail
     for r, d in dumps.items():
         ri = indexes.get(r) or index_rank(d)
+        mine: list[_Row] = []
         for key, g, gi in zip(d.group_keys, d.dump.groups, ri.groups, strict=True):
-            newest = max(g.last_seq, gi.seqs[-1] if gi.seqs else 0)
+            seqs = gi.seqs
+            newest = max(g.last_seq, seqs[-1] if seqs else 0)
             if newest:
-                low[key] = min(low.get(key, newest), newest)
+                old = low.get(key)
+                if old is None or newest < old:
+                    low[key] = newest
             for pc in g.p2p:
                 sent[(key, r, pc.peer)] = pc.sends
                 received[(key, pc.peer, r)] = pc.recvs
-    deep = []
-    for r, d in dumps.items():
-        if d.dump.older and _short(r, d, indexes.get(r) or index_rank(d), low, sent, received):
-            deep.append(r)
-    return sorted(deep)
+            mine.append((key, g, gi, newest))
+        if d.dump.older:
+            rows[r] = mine
+    return sorted(r for r, mine in rows.items() if _short(r, dumps[r], mine, low, sent, received))
+
+
+_Row = tuple[str, GroupView, RankGroupIndex, int]
+"""A group of one rank: its key, as the dump lists it, its index, the newest seq issued."""
 
 
 def _short(
     r: int,
     d: RankDump,
-    ri: RankIndex,
+    rows: list[_Row],
     low: dict[str, int],
     sent: dict[tuple[str, int, int], int],
     received: dict[tuple[str, int, int], int],
 ) -> bool:
     """Whether rank ``r``'s tail misses a collective or P2P ordinal a peer is at."""
     cols = d.columns
-    for key, g, gi in zip(d.group_keys, d.dump.groups, ri.groups, strict=True):
-        newest = max(g.last_seq, gi.seqs[-1] if gi.seqs else 0)
+    for key, g, gi, newest in rows:
         floor = max(1, low.get(key, newest) - _BEFORE_FRONTIER)
         if newest >= floor:
-            first = next((s for s in gi.seqs if s > 0), None)
+            seqs = gi.seqs
+            first = seqs[0] if seqs and seqs[0] > 0 else next((s for s in seqs if s > 0), None)
             if first is None or first > floor:
                 return True
+        if not g.p2p:
+            continue
         behind = [
             (pc.peer, is_send, theirs)
             for pc in g.p2p

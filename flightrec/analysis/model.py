@@ -239,7 +239,12 @@ class RankDump:
     @property
     def header(self) -> pb.Header:
         """The dump header."""
-        return self.dump.header
+        # Kept: looking a message field up makes a new wrapper each time, and the loader
+        # reads every rank's header a few dozen times (a second per 16,384 ranks).
+        found: pb.Header | None = self.__dict__.get("_header")
+        if found is None:
+            found = self.__dict__["_header"] = self.dump.header
+        return found
 
     @property
     def rank(self) -> int:
