@@ -57,11 +57,14 @@ class AnalysisOptions:
         view: which dump to use for ranks that dumped more than once.
         workers: processes that read dump files (None: the usable CPUs; 1: this process only).
         progress: called as ``progress(files_done, files_total)`` while files are read.
+        tail: read only the newest entries of dumps that allow it, deeper where needed
+            (``loader.load_dir``); False reads every file whole (a timeline of everything).
     """
 
     view: View = View.HANG
     workers: int | None = None
     progress: Progress | None = None
+    tail: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,7 +139,13 @@ def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:
     """
     options = options or AnalysisOptions()
     with gc_paused():
-        run = load_dir(path, options.view, workers=options.workers, progress=options.progress)
+        run = load_dir(
+            path,
+            options.view,
+            workers=options.workers,
+            progress=options.progress,
+            tail=options.tail,
+        )
         return analyze(run)
 
 

@@ -339,6 +339,25 @@ class _Spread(Mapping[int, float]):
         return len(self.diffs)
 
 
+def _may_share(m: Matched, group: str, recent: int) -> bool:
+    """Whether the members' newest ``recent`` seqs of ``group``, completed or not, have
+    ``MIN_LINK_SAMPLES`` in common: when not, no lane needs building (the world group of a
+    job read from its rings' tails, whose few world collectives each member holds)."""
+    common: set[int] | None = None
+    seen: Sequence[int] | None = None
+    for r in m.groups[group].ranks:
+        gi = m.index.get(r, {}).get(group)
+        if gi is None or not gi.seqs:
+            continue
+        window = gi.seqs[-recent:]
+        if window != seen:  # (most members hold the same window: one C comparison)
+            seen = window
+            common = set(window) if common is None else common.intersection(window)
+            if len(common) < MIN_LINK_SAMPLES:
+                return False
+    return common is not None
+
+
 def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals | None:
     """Arrivals of a group's members at the collectives all of them completed, on one clock.
 
@@ -351,6 +370,8 @@ def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals |
         The aligned arrivals, or None when fewer than two members have ``MIN_LINK_SAMPLES``
         collectives in common.
     """
+    if not _may_share(m, group, recent):
+        return None
     lanes = completed_lanes(m, group, recent)
     if len(lanes) < 2:
         return None

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from flightrec.analysis.depth import needs_depth
 from flightrec.analysis.model import FileProblem, RankDump
 from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
@@ -234,9 +235,9 @@ class _Outcome:
     skipped: bool = False
 
 
-def _read_one(file: Path, root: Path) -> _Outcome:
+def _read_one(file: Path, root: Path, tail: bool) -> _Outcome:
     try:
-        views = read_views(file)
+        views = read_views(file, tail=tail)
     except NotADumpError as exc:
         if file == root or looks_like_dump(file):
             return _Outcome(problem=FileProblem(str(file), exc.reason))
@@ -251,15 +252,23 @@ def _read_one(file: Path, root: Path) -> _Outcome:
     return _Outcome(dumps=compact, indexes=tuple(index_rank(d) for d in compact))
 
 
-def _read_chunk(args: tuple[Sequence[Path], Path]) -> list[_Outcome]:
-    files, root = args
-    return [_read_one(f, root) for f in files]
+def _read_chunk(args: tuple[Sequence[Path], Path, bool]) -> list[_Outcome]:
+    files, root, tail = args
+    return [_read_one(f, root, tail) for f in files]
 
 
 def _read_all(
-    files: list[Path], root: Path, workers: int, progress: Progress | None
+    files: list[Path],
+    root: Path,
+    workers: int,
+    progress: Progress | None,
+    tail: bool = True,
 ) -> Iterator[_Outcome]:
-    """Read every file, in worker processes when there are many; results in file order."""
+    """Read every file, in worker processes when there are many; results in file order.
+
+    With ``tail``, a flightrec dump with a tail section is read only that far (see
+    ``read_views``); ``deepen`` reads further where the analysis needs it.
+    """
     total = len(files)
     if progress:
         progress(0, total)
@@ -269,11 +278,11 @@ def _read_all(
         or "fork" not in multiprocessing.get_all_start_methods()
     ):
         for i, f in enumerate(files, 1):
-            yield _read_one(f, root)
+            yield _read_one(f, root, tail)
             if progress and (i % _CHUNK == 0 or i == total):
                 progress(i, total)
         return
-    chunks = [(files[i : i + _CHUNK], root) for i in range(0, total, _CHUNK)]
+    chunks = [(files[i : i + _CHUNK], root, tail) for i in range(0, total, _CHUNK)]
     # Workers parse and validate at C speed and send back compact RankDumps (typed arrays
     # pickle as raw bytes), never protobuf objects. fork: no re-import, and the parent's
     # memory is still small at this point.
@@ -321,12 +330,39 @@ def _agree_on_world_size(dumps: list[RankDump], problems: list[FileProblem]) -> 
     return kept
 
 
+def _deepen(
+    chosen: dict[int, RankDump],
+    indexes: dict[int, RankIndex],
+    root: Path,
+    workers: int,
+    notes: list[str],
+) -> None:
+    """Read whole the rings whose tail does not reach where a peer is (``depth``), in place."""
+    deep = needs_depth(chosen, indexes)
+    if not deep:
+        return
+    files = [Path(chosen[r].path) for r in deep]
+    for r, outcome in zip(deep, _read_all(files, root, workers, None, tail=False), strict=True):
+        old = chosen[r]
+        for d, ri in zip(outcome.dumps, outcome.indexes, strict=True):
+            h, was = d.header, old.header
+            if (h.pid, h.dump_index, h.wall_time_ns) != (was.pid, was.dump_index, was.wall_time_ns):
+                continue  # (the file changed since: keep what was read)
+            h.rank, h.world_size, h.job_id = was.rank, was.world_size, was.job_id
+            chosen[r], indexes[r] = d, ri
+    notes.append(
+        f"read the whole ring of {_ranks(deep)}: their newest entries do not reach back to where "
+        "a peer in one of their groups is"
+    )
+
+
 def load_dir(
     path: str | Path,
     view: View = View.HANG,
     *,
     workers: int | None = None,
     progress: Progress | None = None,
+    tail: bool = True,
 ) -> Run:
     """Read every dump under ``path`` and choose one dump per rank.
 
@@ -335,6 +371,9 @@ def load_dir(
         view: which dump to keep for a rank that dumped several times.
         workers: loader processes (default: the usable CPUs; 1 reads in this process).
         progress: called as ``progress(files_done, files_total)`` while files are read.
+        tail: read only the tail section of dumps that have one (schema 1.3), and whole
+            only the rings whose tail does not reach where a peer is (``depth``); False
+            reads every file whole.
 
     Returns:
         The chosen dumps, the problems met (one per bad file) and notes about choices made.
@@ -351,7 +390,7 @@ def load_dir(
     skipped = 0
     built: dict[int, RankIndex] = {}
     files = list(discover(root))
-    for outcome in _read_all(files, root, workers or default_workers(), progress):
+    for outcome in _read_all(files, root, workers or default_workers(), progress, tail):
         if outcome.problem is not None:
             problems.append(outcome.problem)
         skipped += outcome.skipped
@@ -439,4 +478,5 @@ def load_dir(
         )
     world_size = max(max(d.header.world_size for d in chosen.values()), max(chosen) + 1)
     indexes = {r: built[id(d)] for r, d in chosen.items() if id(d) in built}
+    _deepen(chosen, indexes, root, workers or default_workers(), notes)
     return Run(chosen, world_size, tuple(problems), tuple(notes), indexes, later, hang_ns)

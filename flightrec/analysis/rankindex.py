@@ -162,6 +162,25 @@ def _same(raw: RawSignature) -> RawSignature:
     return raw
 
 
+# Resolved signatures by (tables, raw signature), per loader process: ranks whose dumps hold
+# the same table bytes resolve a raw signature alike (``DumpView.tables``). Bounded.
+_RESOLVED: dict[tuple[bytes, RawSignature], tuple[Hashable, ...]] = {}
+_MAX_RESOLVED = 1 << 16
+
+
+def _resolve(d: RankDump, raw: RawSignature) -> tuple[Hashable, ...]:
+    tables = d.dump.tables
+    if tables is None:
+        return resolve(d, raw)
+    key = (tables, raw)
+    found = _RESOLVED.get(key)
+    if found is None:
+        found = resolve(d, raw)
+        if len(_RESOLVED) < _MAX_RESOLVED:
+            _RESOLVED[key] = found
+    return found
+
+
 def index_rank(d: RankDump) -> RankIndex:
     """Index one rank's ring by local group and fingerprint each group's sequence.
 
@@ -208,7 +227,7 @@ def index_rank(d: RankDump) -> RankIndex:
         raws = take(raw_all)
         ids: dict[Hashable, int] = {}
         for raw in set(raws):
-            ids[raw] = signatures.setdefault(resolve(d, decode(raw)), len(signatures))
+            ids[raw] = signatures.setdefault(_resolve(d, decode(raw)), len(signatures))
         if len(signatures) <= _MAX_LOCAL_SIGNATURES:
             gi.signature_ids = bytes(map(ids.__getitem__, raws))
     if len(signatures) > _MAX_LOCAL_SIGNATURES:

@@ -32,8 +32,14 @@ def has_magic(path: str | Path) -> bool:
         return False
 
 
-def parse_dump(data: bytes, path: str | Path = "<bytes>") -> pb.Dump:
+def parse_dump(data: bytes, path: str | Path = "<bytes>", tables: bool = True) -> pb.Dump:
     """Parse and validate the bytes of one dump file.
+
+    Args:
+        data: the bytes.
+        path: the file, for messages.
+        tables: check the interned tables too (False: the caller checked identical bytes of
+            them before; see ``validate``).
 
     Raises:
         NotADumpError: the bytes do not start with the flightrec magic.
@@ -54,7 +60,7 @@ def parse_dump(data: bytes, path: str | Path = "<bytes>") -> pb.Dump:
             f"written with dump schema {dump.schema_major}.{dump.schema_minor}; "
             f"this flightrec reads schema {SCHEMA_MAJOR}.x (upgrade torch-flightrec)",
         )
-    validate(dump, path)
+    validate(dump, path, tables)
     return dump
 
 
@@ -91,8 +97,17 @@ def _check_index(path: str | Path, what: str, values: object, bound: int) -> Non
         raise CorruptDumpError(path, f"{what} points outside its table (size {bound})")
 
 
-def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
+def validate(dump: pb.Dump, path: str | Path = "<dump>", tables: bool = True) -> None:
     """Check the internal consistency a reader relies on: equal column lengths, indices in range.
+
+    Args:
+        dump: the dump.
+        path: its file, for messages.
+        tables: check the interned tables (strings, frames, stacks, tensor signatures) and
+            what points into them from outside the entries (threads, exceptions). False
+            skips that, for a caller that validated identical bytes of those fields before:
+            the ranks of one job mostly intern the same tables, and checking them again is
+            a tenth of reading a dump's tail.
 
     Raises:
         CorruptDumpError: naming the first inconsistency found.
@@ -116,12 +131,12 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
     _check_index(path, "entry column inputs", e.inputs, len(dump.tensor_specs))
     _check_index(path, "entry column outputs", e.outputs, len(dump.tensor_specs))
     nf = len(dump.frames)
-    for frame in dump.frames:
+    for frame in dump.frames if tables else ():
         if frame.file >= ns or frame.name >= ns or frame.code >= ns:
             raise CorruptDumpError(path, "a stack frame names a string outside the table")
-    for stack in dump.stacks:
+    for stack in dump.stacks if tables else ():
         _check_index(path, "a stack", stack.frames, nf)
-    for spec in dump.tensor_specs:
+    for spec in dump.tensor_specs if tables else ():
         if len(spec.ndim) != len(spec.dtype) or sum(spec.ndim) != len(spec.dims):
             raise CorruptDumpError(path, "a tensor signature's dims do not add up")
         _check_index(path, "a tensor dtype", spec.dtype, ns)
@@ -137,10 +152,10 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>") -> None:
         problem = grid_problem(grid, dump.header.world_size)
         if problem is not None:
             raise CorruptDumpError(path, f"group {group.name!r}: {problem}")
-    for thread in dump.threads:
+    for thread in dump.threads if tables else ():
         if thread.stack >= len(dump.stacks):
             raise CorruptDumpError(path, f"thread {thread.name!r} points at a missing stack")
-    for exc in getattr(dump, "exceptions", ()):  # a DumpView (native dumps) has none
+    for exc in getattr(dump, "exceptions", ()) if tables else ():  # (none in a DumpView)
         if exc.stack >= len(dump.stacks):
             raise CorruptDumpError(path, "an exception's traceback points at a missing stack")
     h = dump.header

@@ -1,8 +1,10 @@
 """The dump file's fixed facts: magic bytes, schema version, file names, size limits.
 
-A dump file is one serialized ``flightrec.v1.Dump``. Because field 1 is the constant magic
-string and protobuf serializes fields in number order, every valid file starts with
-``MAGIC_PREFIX``; readers check it before handing the bytes to the parser.
+A dump file is one serialized ``flightrec.v1.Dump``. Field 1, the constant magic string, is
+always written first, so every valid file starts with ``MAGIC_PREFIX``; readers check it
+before handing the bytes to the parser. Since schema 1.3 the rest is laid out so that the
+file's end can be read on its own (``flightrec.format.write.serialize``, the proto's "tail
+layout").
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from flightrec.format import flightrec_pb2 as pb
 MAGIC = "flightrec.dump"
 MAGIC_PREFIX = b"\x0a" + bytes([len(MAGIC)]) + MAGIC.encode()
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 2
+SCHEMA_MINOR = 3
+TAIL_ENTRIES = 256
+"""Newest entries a 1.3 writer puts after the tables, readable without the rest of the file:
+a few steps of training (the frontier where ranks diverge and every group's recent past);
+the loader reads deeper where that is not enough."""
+FOOTER = 14
+"""Bytes of the ``tail_start`` and ``older_entries`` fields that end a 1.3 file."""
 SUFFIX = ".frdump"
 # A 16,384-entry ring with deep stacks is a few MB; anything past this is not a dump we wrote,
 # and reading it whole could exhaust the analysis machine's memory.

@@ -229,15 +229,29 @@ class DumpView:
     Attributes:
         meta: the dump without its entries and groups (header, interned tables, threads).
         groups: the process groups, in local index order.
-        entries: the entry columns.
+        entries: the entry columns: the whole ring, or its newest part (``older`` > 0).
+        older: entries of the file's ring before ``entries`` (0: the view holds them all).
+            A view of a 1.3 file's tail section leaves those out until the loader reads deeper.
+        tables: the bytes of the interned tables as the file held them, where the reader
+            kept them: equal bytes mean equal tables, so what is derived from them (a
+            signature, a check) can be reused across the ranks read by one process. Never
+            pickled (None after).
     """
 
-    __slots__ = ("entries", "groups", "meta")
+    __slots__ = ("entries", "groups", "meta", "older", "tables")
 
-    def __init__(self, meta: pb.Dump, groups: tuple[GroupView, ...], entries: EntriesView) -> None:
+    def __init__(
+        self,
+        meta: pb.Dump,
+        groups: tuple[GroupView, ...],
+        entries: EntriesView,
+        older: int = 0,
+    ) -> None:
         self.meta = meta
         self.groups = groups
         self.entries = entries
+        self.older = older
+        self.tables: bytes | None = None
 
     @classmethod
     def of(cls, dump: pb.Dump) -> DumpView:

@@ -71,9 +71,18 @@ _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
 
 # Member lists by their packed bytes, per process (loader workers each keep their own).
 _MEMBERS_BY_BYTES: dict[bytes, Sequence[int]] = {}
+# The interned tables and what points into them (strings, frames, stacks, tensor signatures,
+# threads, exceptions), as bytes; a dump whose tables are bytes seen before needs only the
+# checks that depend on the rest. Per process, bounded: one job has a handful of variants.
+_TABLE_FIELDS = frozenset(
+    pb.Dump.DESCRIPTOR.fields_by_name[name].number
+    for name in ("strings", "frames", "stacks", "tensor_specs", "threads", "exceptions")
+)
+_CHECKED_TABLES: set[bytes] = set()
+_MAX_CHECKED = 4096
 
 
-class _Odd(Exception):
+class _Odd(ValueError):
     """The bytes are not in the layout this reader handles; read the file the ordinary way."""
 
 
@@ -93,10 +102,12 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
             raise _Odd
 
 
-def _fields(
+def walk_fields(
     buf: bytes, start: int, end: int, stop_after: int = 0
 ) -> list[tuple[int, int, int, int, int]]:
     """(field number, wire type, start, end, tag start) of each field in ``buf[start:end]``.
+
+    Raises ``ValueError`` (its subclass ``_Odd``) for bytes that are not a plain message.
 
     ``start``/``end`` delimit the value's bytes (for length-delimited fields, its payload);
     the field's encoding as a whole is ``buf[tag start:end]``. With ``stop_after``, the walk
@@ -143,21 +154,27 @@ def _count_varints(chunk: bytes) -> int:
     return len(chunk) - len(chunk.translate(None, _LOW7))
 
 
-def _columns(data: bytes, start: int, end: int, dump: pb.Dump) -> dict[str, array[int]]:
-    chunks: dict[str, bytes] = {}
-    encoded: dict[str, tuple[int, int]] = {}
-    for number, wire, a, b, at in _fields(data, start, end):
-        name = _COLUMN_OF.get(number)
-        if name is None or wire != _WIRE_LEN or name in chunks:
-            raise _Odd  # an unknown, unpacked or split column
-        chunks[name] = data[a:b]
-        encoded[name] = (at, b)
-    if len(chunks) != len(ENTRY_COLUMNS):
-        raise _Odd  # an empty column (no entries, or damage): the ordinary reader decides
+def _columns(data: bytes, ranges: list[tuple[int, int]], dump: pb.Dump) -> dict[str, array[int]]:
+    """The entry columns of the ``entries`` fields at ``ranges`` (one, or two in the 1.3 tail
+    layout, whose packed columns concatenate, oldest first)."""
+    parts: dict[str, list[bytes]] = {}
+    encoded: dict[str, list[bytes]] = {}
+    for start, end in ranges:
+        seen: set[str] = set()
+        for number, wire, a, b, at in walk_fields(data, start, end):
+            name = _COLUMN_OF.get(number)
+            if name is None or wire != _WIRE_LEN or name in seen:
+                raise _Odd  # an unknown, unpacked or split column
+            seen.add(name)
+            parts.setdefault(name, []).append(data[a:b])
+            encoded.setdefault(name, []).append(data[at:b])
+        if len(seen) != len(ENTRY_COLUMNS):
+            raise _Odd  # an empty column (no entries, or damage): the ordinary reader decides
+    chunks = {name: b"".join(p) for name, p in parts.items()}
     # The columns with a value of 128 or more, parsed together (and only those) at C speed.
     counts = {name: _count_varints(chunk) for name, chunk in chunks.items()}
     wide = [name for name, chunk in chunks.items() if counts[name] != len(chunk)]
-    parsed = pb.Entries.FromString(b"".join(data[slice(*encoded[name])] for name in wide))
+    parsed = pb.Entries.FromString(b"".join(b"".join(encoded[name]) for name in wide))
     columns: dict[str, array[int]] = {}
     n = -1
     for name in ENTRY_COLUMNS:
@@ -204,7 +221,7 @@ def _members(data: bytes, start: int, end: int, group: pb.ProcessGroup) -> Seque
     if group.HasField("rank_grid"):  # (validated) O(1) bytes: a range, or expanded once per grid
         return intern_ranks(members_of(group))
     key: bytes | None = None
-    for number, wire, a, b, _ in _fields(data, start, end):
+    for number, wire, a, b, _ in walk_fields(data, start, end):
         if number == _RANKS:
             if key is not None or wire != _WIRE_LEN:
                 raise _Odd
@@ -217,12 +234,14 @@ def _members(data: bytes, start: int, end: int, group: pb.ProcessGroup) -> Seque
     return members
 
 
-def read_compact(data: bytes, path: str) -> DumpView | None:
+def read_compact(data: bytes, path: str, older: int = 0) -> DumpView | None:
     """The dump in ``data`` as a compact ``DumpView``; None when the ordinary reader must decide.
 
     Args:
-        data: the whole file.
+        data: the whole file, or the bytes of a 1.3 file's tail section behind its head
+            (``flightrec.format.tail``).
         path: its path, for messages.
+        older: entries of the file that ``data`` leaves out (before its first).
 
     Returns:
         The dump, or None for bytes that are not a plainly laid out flightrec dump (damaged,
@@ -231,22 +250,25 @@ def read_compact(data: bytes, path: str) -> DumpView | None:
     if not data.startswith(MAGIC_PREFIX):
         return None
     try:
-        # Groups come before the entries (fields are written in number order); the rest
-        # of the file is left to the parser.
-        top = _fields(data, 0, len(data), stop_after=_ENTRIES)
+        top = walk_fields(data, 0, len(data))
         entries = [(a, b, at) for number, wire, a, b, at in top if number == _ENTRIES]
         groups = [(a, b) for number, wire, a, b, _ in top if number == _GROUPS]
-        if len(entries) != 1:
+        if not entries or any(wire != _WIRE_LEN for n, wire, *_ in top if n == _ENTRIES):
             raise _Odd
-        start, end, at = entries[0]
         # The dump without its entries, parsed and validated by the one validator.
+        cuts = [0]
+        for _, end, at in entries:
+            cuts += [at, end]
+        cuts.append(len(data))
+        rest = b"".join(data[cuts[i] : cuts[i + 1]] for i in range(0, len(cuts), 2))
+        tables = b"".join(data[at:b] for number, _, _, b, at in top if number in _TABLE_FIELDS)
         try:
-            dump = parse_dump(data[:at] + data[end:], path)
+            dump = parse_dump(rest, path, tables=tables not in _CHECKED_TABLES)
         except DumpError:
             raise _Odd from None
-        if dump.entries.ByteSize():
-            raise _Odd  # a second entries field further on: the parser merges them
-        columns = _columns(data, start, end, dump)
+        if len(_CHECKED_TABLES) < _MAX_CHECKED:
+            _CHECKED_TABLES.add(tables)
+        columns = _columns(data, [(a, b) for a, b, _ in entries], dump)
         views = tuple(
             GroupView.of(g, _members(data, a, b, g))
             for (a, b), g in zip(groups, dump.groups, strict=True)
@@ -254,5 +276,9 @@ def read_compact(data: bytes, path: str) -> DumpView | None:
     except (_Odd, ValueError, OverflowError, DecodeError):
         # ValueError: the parser saw other groups than the walk; DecodeError: damaged entries.
         return None
-    dump.ClearField("groups")
-    return DumpView(dump, views, EntriesView(columns))
+    # Layout, not content (as ``view.meta_of`` leaves them out).
+    for name in ("groups", "tail_start", "older_entries"):
+        dump.ClearField(name)  # type: ignore[arg-type]
+    view = DumpView(dump, views, EntriesView(columns), older)
+    view.tables = tables
+    return view

@@ -18,6 +18,7 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import TABLES_SUFFIX
 from flightrec.format.read import has_magic, read_dump, validate
 from flightrec.format.schema import MAGIC_PREFIX, MAX_DUMP_BYTES, SUFFIX
+from flightrec.format.tail import read_tail
 from flightrec.format.view import DumpView
 from flightrec.format.wire import read_compact
 from flightrec.readers import native
@@ -75,18 +76,28 @@ def _read_flightrec_compact(file: Path) -> DumpView | None:
     return read_compact(data, str(file))
 
 
-def read_views(path: str | Path) -> list[DumpView]:
+def read_views(path: str | Path, tail: bool = False) -> list[DumpView]:
     """Read one file in any format into the analysis's view, one per rank it holds.
 
     The fast paths (``format.wire`` for flightrec dumps, ``native.view`` for native ones) go
     straight from bytes to columns; anything they decline is read by ``read_any``, which
     reports damage precisely.
 
+    Args:
+        path: the file.
+        tail: of a flightrec dump with a tail section (schema 1.3), read only that: the
+            view holds the newest entries and says how many it left out (``older``).
+            Other files are read whole.
+
     Raises:
         DumpError: (a subclass) naming the file and the problem in one line.
         OSError: the file cannot be read.
     """
     file = Path(path)
+    if tail:
+        end = read_tail(str(file))
+        if end is not None:
+            return [end]
     fast = _read_flightrec_compact(file)
     if fast is not None:
         return [fast]

@@ -48,5 +48,5 @@ def scrub(view: DumpView) -> DumpView:
         groups = tuple(
             dataclasses.replace(g, name=printable(g.name), desc=printable(g.desc)) for g in groups
         )
-        view = DumpView(meta, groups, view.entries)
+        view = DumpView(meta, groups, view.entries, view.older)
     return view

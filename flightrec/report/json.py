@@ -8,6 +8,8 @@ import json
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from flightrec.text import compress
+
 if TYPE_CHECKING:  # the renderer only reads the report; no import cycle at run time
     from flightrec.analysis import Report
     from flightrec.analysis.model import Finding
@@ -91,27 +93,94 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
     return out
 
 
-def report_to_dict(report: Report) -> dict[str, Any]:
-    """The whole report as a JSON-ready dict."""
+# In the compact report, rank lists longer than this are spelled as ranges ("0-131071 except 517").
+COMPACT_LIST = 16
+
+
+def _compact(value: Any) -> Any:
+    """``value`` with every list of more than ``COMPACT_LIST`` ranks as a string of ranges."""
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items()}
+    if isinstance(value, list):
+        if len(value) > COMPACT_LIST and all(type(v) is int for v in value):
+            return compress(value)
+        return [_compact(v) for v in value]
+    return value
+
+
+def rank_evidence(report: Report, rank: int) -> dict[str, Any]:
+    """What the report knows about one rank: its dump and where it was at dump time."""
+    d = report.run.dumps.get(rank)
+    state = report.states.get(rank)
+    out: dict[str, Any] = {"rank": rank, "dump": d.path if d is not None else None}
+    if d is not None:
+        out["process"] = d.describe_process()
+    if state is not None:
+        out["state"] = to_json(state)
+        out["where"] = state.describe()
+    out["blamed_by"] = [i for i, f in enumerate(report.findings) if rank in f.ranks]
+    return out
+
+
+def compact_report_to_dict(report: Report, ranks: tuple[int, ...] = ()) -> dict[str, Any]:
+    """The report for jobs too large to list every rank (``--json --compact``).
+
+    The same keys as ``report_to_dict``, except: rank lists of more than ``COMPACT_LIST``
+    ranks (``ranks_with_dump``, ``missing_ranks``, ``pg_ranks``, ``waiting_ranks``, ...) are
+    strings of ranges as ``flightrec.text.compress`` spells them, ``dumps`` (a path per
+    rank) is left out, a finding lists its first ``COMPACT_LIST`` consequences (and says
+    how many there are in ``consequence_count``), and ``rank_evidence`` holds the dump, process and state of each rank
+    asked for in ``ranks`` (and of every rank a finding blames).
+    """
+    out: dict[str, Any] = _compact(report_to_dict(report, dumps=False))
+    out["dump_count"] = len(report.run.dumps)
+    for finding in out["findings"]:
+        waits = finding.get("consequences", [])
+        if len(waits) > COMPACT_LIST:
+            finding["consequences"] = waits[:COMPACT_LIST]
+            finding["consequence_count"] = len(waits)
+    wanted = sorted({*ranks, *(r for f in report.findings for r in f.ranks)})
+    out["rank_evidence"] = [rank_evidence(report, r) for r in wanted]
+    return out
+
+
+def report_to_dict(report: Report, dumps: bool = True) -> dict[str, Any]:
+    """The whole report as a JSON-ready dict (``dumps``: with the path of every rank's dump)."""
     run = report.run
-    return {
+    out = {
         "schema": SCHEMA,
         "world_size": report.world_size,
         "ranks_with_dump": list(report.ranks_with_dump),
         "missing_ranks": list(run.missing_ranks),
         "findings": [finding_to_dict(f) for f in report.findings],
-        "dumps": {str(r): d.path for r, d in sorted(run.dumps.items())},
+        "dumps": {str(r): d.path for r, d in sorted(run.dumps.items())} if dumps else None,
         "problems": [{"path": p.path, "reason": p.reason} for p in run.problems],
         "notes": list(report.notes),
     }
+    if not dumps:
+        del out["dumps"]
+    return out
 
 
 class JsonRenderer:
-    """Renders a report as one JSON object (a single line unless ``indent`` is given)."""
+    """Renders a report as one JSON object (a single line unless ``indent`` is given).
 
-    def __init__(self, indent: int | None = None) -> None:
+    Args:
+        indent: pretty-print with this indent.
+        compact: the compact form (``compact_report_to_dict``), for the largest jobs.
+        ranks: with ``compact``, ranks whose own evidence to add.
+    """
+
+    def __init__(
+        self, indent: int | None = None, compact: bool = False, ranks: tuple[int, ...] = ()
+    ) -> None:
         self.indent = indent
+        self.compact = compact
+        self.ranks = ranks
 
     def render(self, report: Report) -> str:
         """The JSON text, newline-terminated."""
-        return json.dumps(report_to_dict(report), indent=self.indent, default=str) + "\n"
+        data = (
+            compact_report_to_dict(report, self.ranks) if self.compact else report_to_dict(report)
+        )
+        return json.dumps(data, indent=self.indent, default=str) + "\n"

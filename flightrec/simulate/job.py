@@ -23,6 +23,7 @@ from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND, DumpBuilder
 from flightrec.format.schema import dump_filename
+from flightrec.format.write import serialize
 from flightrec.simulate.faults import Fault, Outcome, mismatched, op_keys, play_out
 from flightrec.simulate.layout import GroupKind, Layout, SimGroup
 from flightrec.simulate.native import write_native
@@ -431,7 +432,7 @@ def _write_range(args: tuple[str, int, int, str]) -> None:
         # Straight to the final name: these are test files in a fresh folder, and the atomic
         # write's temporary file, fsync and rename were a fifth of a rank's time.
         name = dump_filename(rank, 0, reason, dump.header.pid)
-        (Path(out) / name).write_bytes(dump.SerializeToString())
+        (Path(out) / name).write_bytes(serialize(dump))
 
 
 def _init(p: _Plan) -> None:

@@ -83,3 +83,25 @@ def test_any_evidence_is_written_field_by_field() -> None:
     assert finding_to_dict(
         Finding(FindingKind.STUCK, (3,), "s", evidence=_NewEvidence(1.0, frame, {}))
     )["evidence"]["where"] == {"file": "train.py", "function": "step", "line": 3}
+
+
+def test_compact_report_spells_long_rank_lists_as_ranges_and_gives_evidence_on_request() -> None:
+    job = healthy(Job(world_size=40))
+    job.collective(ranks=[r for r in range(40) if r != 17], complete=False)
+    job.stall(17)
+    report = analyze(job.run(ranks=[r for r in range(40) if r != 39]))
+    data = json.loads(JsonRenderer(compact=True, ranks=(3,)).render(report))
+    assert data["ranks_with_dump"] == "0-38" and data["missing_ranks"] == [39]
+    assert "dumps" not in data and data["dump_count"] == 39
+    first = data["findings"][0]
+    assert first["ranks"] == [17] and first["pg_ranks"] == "0-39"
+    assert first["consequences"][0]["waiting_ranks"] == "0-38 except 17"
+    evidence = {e["rank"]: e for e in data["rank_evidence"]}
+    assert set(evidence) == {3, 17, 39}  # asked for, and blamed (39 left no dump)
+    assert evidence[17]["blamed_by"] == [0] and evidence[3]["blamed_by"] == []
+    assert evidence[39]["dump"] is None and evidence[39]["blamed_by"]
+    assert evidence[3]["state"]["status"] == "waiting" and evidence[3]["dump"] == "<rank 3>"
+    assert "load_batch" in evidence[17]["where"]
+    # The full report of the same run still lists every rank.
+    full = json.loads(JsonRenderer().render(report))
+    assert full["ranks_with_dump"] == list(range(39)) and len(full["dumps"]) == 39

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from flightrec.analysis import AnalysisOptions, View, analyze_dir
 from flightrec.analysis import Progress as ProgressCallback
+from flightrec.format.schema import TAIL_ENTRIES
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.report.trace import TraceRenderer
@@ -93,21 +94,41 @@ def analyze_command(
         bool,
         typer.Option("--trace-all", help="Every recorded operation in the --trace timeline."),
     ] = False,
+    compact: Annotated[
+        bool,
+        typer.Option(
+            "--compact",
+            help="With --json, for the largest jobs: long rank lists as ranges ('0-131071 "
+            "except 517'), no per-rank dump paths; the blamed ranks' evidence (and --rank's).",
+        ),
+    ] = False,
+    ranks: Annotated[
+        list[int] | None,
+        typer.Option(
+            "--rank",
+            metavar="RANK",
+            help="With --json --compact: also give this rank's dump, process and state (repeatable).",
+        ),
+    ] = None,
 ) -> None:
     """Diagnose a hung or slow job from its dumps: which rank, which collective, which line.
 
     Exit status: 0 nothing found, 1 findings reported, 2 usage error or no readable dump.
     Files that cannot be read get one line each on stderr; the rest are still analysed.
     """
+    # A timeline of more than the newest entries of each ring needs every file read whole.
+    whole = trace is not None and (trace_all or (trace_recent or 0) > TAIL_ENTRIES)
     with _loading_bar() as progress:
-        report = analyze_dir(str(path), AnalysisOptions(view=view, progress=progress))
+        report = analyze_dir(
+            str(path), AnalysisOptions(view=view, progress=progress, tail=not whole)
+        )
     for problem in report.run.problems:
         typer.echo(f"flightrec: skipped {problem}", err=True)
     if trace is not None:
         recent = None if trace_all else trace_recent or trace_window(report.world_size)
         trace.write_text(TraceRenderer(recent).render(report), encoding="utf-8")
-    if as_json:
-        sys.stdout.write(JsonRenderer().render(report))
+    if as_json or compact:
+        sys.stdout.write(JsonRenderer(compact=compact, ranks=tuple(ranks or ())).render(report))
     else:
         TerminalRenderer(report_console()).render(report)
     raise typer.Exit(1 if report.findings else 0)
