@@ -157,26 +157,24 @@ def transfer_phrase(t: Transfer) -> str:
     return phrase
 
 
-def stuck_pair(m: Matched, rank: int, culprits: Sequence[int]) -> int | None:
-    """The other culprit sitting in the other end of ``rank``'s stuck transfer, if any."""
-    t = stuck_transfer(m, rank)
+def stuck_pair(rank: int, transfers: Mapping[int, Transfer | None]) -> int | None:
+    """The other culprit sitting in the other end of ``rank``'s stuck transfer, if any
+    (``transfers``: ``stuck_transfer`` of every culprit)."""
+    t = transfers.get(rank)
     if t is None or t.theirs is None or t.theirs.state not in _PENDING:
         return None
-    peer = t.mine.peer
-    other = stuck_transfer(m, peer) if peer in culprits else None
-    return peer if other is not None and other.mine.peer == rank else None
+    other = transfers.get(t.mine.peer)
+    return t.mine.peer if other is not None and other.mine.peer == rank else None
 
 
-def transfer_pair_phrase(m: Matched, a: int, b: int) -> str:
+def transfer_pair_phrase(a: Transfer, b: Transfer) -> str:
     """Two culprits stuck in the two ends of one transfer, said once."""
 
-    def end(r: int) -> str:
-        t = stuck_transfer(m, r)
-        assert t is not None
+    def end(t: Transfer) -> str:
         frame = user_frame(t.mine.stack)
         word = "to" if "send" in t.mine.op else "from"
         at = f" at {frame.where()}" if frame else ""
-        return f"rank {r} in {t.mine.op} #{t.mine.p2p_seq} {word} rank {t.mine.peer}{at}"
+        return f"rank {t.mine.rank} in {t.mine.op} #{t.mine.p2p_seq} {word} rank {t.mine.peer}{at}"
 
     return (
         f"they wait in the two ends of one transfer, {end(a)} and {end(b)}: both entered it and "
@@ -306,16 +304,19 @@ def rank_finding(
     else:
         phrases: list[str] = []
         culprits = {}
+        transfers = {r: stuck_transfer(m, r) for r in ranks} if len(ranks) > 1 else {}
         told: set[int] = set()  # ranks already named as the other end of a transfer
         for r in ranks:
             phrase, ev = doing(m, r)
             culprits[r] = ev
             if r in told:
                 continue
-            pair = stuck_pair(m, r, ranks)
+            pair = stuck_pair(r, transfers)
             if pair is not None:
                 told.add(pair)
-                phrases.append(transfer_pair_phrase(m, r, pair))
+                a, b = transfers[r], transfers[pair]
+                assert a is not None and b is not None
+                phrases.append(transfer_pair_phrase(a, b))
             elif len(ranks) == 1:
                 phrases.append(phrase)
             else:
