@@ -169,6 +169,8 @@ def find_crashes(ctx: AnalysisContext) -> list[Finding]:
         ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
         after = bool(hang) and first.wall_time_ns > hang + HANG_SLACK_NS
         never = "" if any(len(m.dump(r)) for r in ranks) else ", before any collective"
+        if after:  # a consequence: said so where it is listed
+            never += f", {(first.wall_time_ns - hang) / 1e9:.0f} s after the hang was declared"
         evidence = CrashEvidence(
             in_collective=first.in_collective,
             raised_after_hang=after,

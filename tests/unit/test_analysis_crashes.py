@@ -66,6 +66,24 @@ def test_an_exception_after_the_hang_is_evidence_not_the_verdict(tmp_path: Path)
     assert first.exception is not None and first.exception.type == "RuntimeError"
 
 
+def test_peers_that_died_of_the_timeout_after_the_hang_are_said_to_be_a_consequence(
+    tmp_path: Path,
+) -> None:
+    job = healthy(Job())
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.stall(2)
+    for r in range(4):
+        write_dump(job.build(r), tmp_path, f"r{r}-0.frdump")
+    for r in (0, 1, 3):  # gloo's timeout ends the waiting ranks 30 s on
+        late = job.build(r, dump_index=1, reason=pb.PROCESS_EXIT, wall_offset_s=30)
+        write_dump(with_exception(late, "RuntimeError", "timed out"), tmp_path, f"r{r}-1.frdump")
+    findings = analyze_dir(str(tmp_path)).findings
+    assert findings[0].kind == "not_arrived" and findings[0].ranks == (2,)
+    dead = [f for f in findings if f.kind == "dead_rank"]
+    assert [f.ranks for f in dead] == [(0, 1, 3)]
+    assert "s after the hang was declared" in dead[0].summary, dead[0].summary
+
+
 def test_a_stalled_rank_whose_loader_thread_died_says_so(tmp_path: Path) -> None:
     job = healthy(Job())
     job.collective(ranks=[0, 1, 3], complete=False)
