@@ -275,7 +275,7 @@ def limit(folder: Path, cpus: int, deep: int = 0, sample: int = 2000) -> str:
     picked = list(zip(files[::step], sizes[::step], strict=True))
     read_bytes = [_tail_section(p, n) for p, n in picked]
     per_file = sum(read_bytes) / len(picked)
-    total = per_file * len(files) + deep * sum(sizes) / len(files)
+    total = per_file * (len(files) - deep) + deep * sum(sizes) / len(files)
     start = time.perf_counter()
     blobs = []
     for (p, n), r in zip(picked, read_bytes, strict=True):
@@ -293,7 +293,7 @@ def limit(folder: Path, cpus: int, deep: int = 0, sample: int = 2000) -> str:
     floor = (total / read_bw + total / parse_bw) / cpus
     return (
         f"limit {floor:.1f} s = {total / 2**20:,.0f} MB to read "
-        f"({per_file / 1024:.1f} KB/rank{f', {deep} rings whole' if deep else ''}) / "
+        f"({per_file / 1024:.1f} KB per tail{f', {deep} rings whole' if deep else ''}) / "
         f"(read {read_bw / 2**20:,.0f} MB/s + parse {parse_bw / 2**20:,.0f} MB/s) / {cpus} CPUs"
     )
 

@@ -58,13 +58,15 @@ class AnalysisOptions:
         workers: processes that read dump files (None: the usable CPUs; 1: this process only).
         progress: called as ``progress(files_done, files_total)`` while files are read.
         tail: read only the newest entries of dumps that allow it, deeper where needed
-            (``loader.load_dir``); False reads every file whole (a timeline of everything).
+            (``loader.load_dir``); False reads every file whole (a timeline of everything);
+            None (the default) reads tails only in folders of more than
+            ``loader.TAIL_FROM_FILES`` files.
     """
 
     view: View = View.HANG
     workers: int | None = None
     progress: Progress | None = None
-    tail: bool = True
+    tail: bool | None = None
 
 
 @dataclass(frozen=True, slots=True)

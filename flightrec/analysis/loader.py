@@ -221,6 +221,11 @@ Progress = Callable[[int, int], None]
 
 # Below this many files a worker pool costs more than it saves.
 _PARALLEL_FROM = 256
+TAIL_FROM_FILES = 4096
+"""Above this many files, read each ring's tail first (whole only where a peer is deeper).
+Up to it, every ring is read whole, a few seconds at most: what only older entries show (a
+mismatch that did not hang, a call skipped long before the hang, a longer straggler window)
+is then never missed."""
 _CHUNK = 32
 
 
@@ -362,7 +367,7 @@ def load_dir(
     *,
     workers: int | None = None,
     progress: Progress | None = None,
-    tail: bool = True,
+    tail: bool | None = None,
 ) -> Run:
     """Read every dump under ``path`` and choose one dump per rank.
 
@@ -373,7 +378,8 @@ def load_dir(
         progress: called as ``progress(files_done, files_total)`` while files are read.
         tail: read only the tail section of dumps that have one (schema 1.3), and whole
             only the rings whose tail does not reach where a peer is (``depth``); False
-            reads every file whole.
+            reads every file whole; None (the default) reads tails only in a folder of more
+            than ``TAIL_FROM_FILES`` files, where reading whole would cost tens of seconds.
 
     Returns:
         The chosen dumps, the problems met (one per bad file) and notes about choices made.
@@ -390,6 +396,8 @@ def load_dir(
     skipped = 0
     built: dict[int, RankIndex] = {}
     files = list(discover(root))
+    if tail is None:
+        tail = len(files) > TAIL_FROM_FILES
     for outcome in _read_all(files, root, workers or default_workers(), progress, tail):
         if outcome.problem is not None:
             problems.append(outcome.problem)

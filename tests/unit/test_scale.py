@@ -88,7 +88,7 @@ def test_reading_the_tails_of_long_rings_gives_the_verdict_of_reading_them_whole
     """Rings of 1,000 entries: the loader reads the newest 256 of each (schema 1.3)."""
     config = SimConfig(parse_layout("tp=8,pp=4", 64), 1000, fault, 17)
     expected = simulate(config, tmp_path, processes=1)
-    tail = analyze_dir(str(tmp_path), AnalysisOptions(workers=1))
+    tail = analyze_dir(str(tmp_path), AnalysisOptions(workers=1, tail=True))
     assert all(d.dump.older for d in tail.run.dumps.values()), "expected tails only"
     whole = analyze_dir(str(tmp_path), AnalysisOptions(workers=1, tail=False))
     if expected:

@@ -114,7 +114,7 @@ def far_behind() -> Job:
 
 def test_ranks_whose_tail_misses_where_a_peer_is_are_read_whole(tmp_path: Path) -> None:
     far_behind().write(tmp_path)
-    run = load_dir(tmp_path, workers=1)
+    run = load_dir(tmp_path, workers=1, tail=True)
     assert all(d.dump.older == 0 for d in run.dumps.values())
     assert len(run.dumps[2]) == 20 + TAIL_ENTRIES + 300
     assert any("read the whole ring of ranks 2-3" in n for n in run.notes)
@@ -137,7 +137,7 @@ def test_ranks_in_step_are_read_from_their_tail_only(tmp_path: Path) -> None:
     job.collective(ranks=[0, 1, 3], complete=False)
     job.stall(2)
     job.write(tmp_path)
-    run = load_dir(tmp_path, workers=1)
+    run = load_dir(tmp_path, workers=1, tail=True)
     assert {r: d.dump.older for r, d in run.dumps.items()} == {
         0: 101,
         1: 101,
@@ -161,3 +161,18 @@ def test_tables_checked_once_are_trusted_only_as_identical_bytes(tmp_path: Path)
     assert read_tail(str(path)) is None  # the fast reader declines...
     with pytest.raises(CorruptDumpError, match="missing stack"):
         read_views(path, tail=True)  # ...and the ordinary one names the problem
+
+
+def test_a_folder_of_a_few_thousand_dumps_or_fewer_is_read_whole(tmp_path: Path) -> None:
+    """Reading tails is for the largest jobs: up to ``TAIL_FROM_FILES`` files every ring is
+    read whole, so what only older entries show is never missed."""
+    from flightrec.analysis import loader
+
+    job = Job()
+    for _ in range(TAIL_ENTRIES + 100):
+        job.collective()
+    job.write(tmp_path)
+    assert len(list(tmp_path.glob("*.frdump"))) <= loader.TAIL_FROM_FILES
+    assert all(d.dump.older == 0 for d in load_dir(tmp_path, workers=1).dumps.values())
+    tails = load_dir(tmp_path, workers=1, tail=True).dumps.values()
+    assert any(d.dump.older > 0 for d in tails)

@@ -120,7 +120,7 @@ def analyze_command(
     whole = trace is not None and (trace_all or (trace_recent or 0) > TAIL_ENTRIES)
     with _loading_bar() as progress:
         report = analyze_dir(
-            str(path), AnalysisOptions(view=view, progress=progress, tail=not whole)
+            str(path), AnalysisOptions(view=view, progress=progress, tail=False if whole else None)
         )
     for problem in report.run.problems:
         typer.echo(f"flightrec: skipped {problem}", err=True)
