@@ -85,6 +85,7 @@ class Hooks:
         recorder: Any,
         after_init: Callable[[], None],
         after_destroy: Callable[[], None] = lambda: None,
+        before_destroy: Callable[[Any], None] = lambda group: None,
     ) -> None:
         """Wrap every traced function the installed torch has.
 
@@ -92,6 +93,8 @@ class Hooks:
             recorder: the ``Recorder`` the generated wrappers record into.
             after_init: run after ``init_process_group`` returns (starts the watchdog).
             after_destroy: run after ``destroy_process_group`` returns.
+            before_destroy: run with the group argument before ``destroy_process_group``
+                runs (None: every group, and with the default one, usually the store).
         """
         import torch.distributed.distributed_c10d as c10d
 
@@ -124,6 +127,10 @@ class Hooks:
 
         # Not recorded, only watched: a new or destroyed default group changes what
         # ``group=None`` means, and creating one is when the background threads start.
+        def before(name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            if name == "destroy_process_group":
+                before_destroy(args[0] if args else kwargs.get("group"))
+
         for name, after in (
             ("init_process_group", on_init),
             ("destroy_process_group", on_destroy),
@@ -132,7 +139,7 @@ class Hooks:
             if orig is not None:
                 orig = getattr(orig, ORIGINAL_ATTR, orig)
                 self.originals[name] = orig
-                self.wrappers[name] = self._wrap_after(orig, after)
+                self.wrappers[name] = self._wrap_around(orig, name, before, after)
         _rebind({id(o): (o, self.wrappers[n]) for n, o in self.originals.items()})
 
     def uninstall(self) -> None:
@@ -164,9 +171,18 @@ class Hooks:
         return batch_isend_irecv
 
     @staticmethod
-    def _wrap_after(orig: Callable[..., Any], after: Callable[[], None]) -> Callable[..., Any]:
+    def _wrap_around(
+        orig: Callable[..., Any],
+        name: str,
+        before: Callable[[str, tuple[Any, ...], dict[str, Any]], None],
+        after: Callable[[], None],
+    ) -> Callable[..., Any]:
         @functools.wraps(orig)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                before(name, args, kwargs)
+            except Exception as exc:  # torch's call runs whatever happens here
+                log.warning("flightrec: could not prepare for %s: %s", name, exc)
             try:
                 return orig(*args, **kwargs)
             finally:

@@ -95,7 +95,9 @@ class Runtime:
             # torch reads this when its recorder is first used (after start-up): its ring then
             # spans at least ours, so merging leaves none of our older entries out.
             os.environ["TORCH_FR_BUFFER_SIZE"] = str(max(self.config.buffer, 2000))
-        self.hooks.install(self.recorder, self.start_background, self._after_destroy)
+        self.hooks.install(
+            self.recorder, self.start_background, self._after_destroy, self._before_destroy
+        )
         try:
             self.exception_hooks.install()
         except Exception as exc:  # a bonus, as DDP coverage is
@@ -150,6 +152,16 @@ class Runtime:
             self.ddp.install(lambda: self.recorder.enabled, lambda: self.hooks.ddp_all_reduce)
         except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
             log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
+
+    def _before_destroy(self, group: Any) -> None:
+        """The default group is about to go, and with it, usually, the store (rank 0's process
+        hosts it outside torchrun): the request poller leaves its store wait now, while the
+        store still answers. Stopped after, its wait would fail inside torch, which logs a
+        C++ warning with a stack trace into the job's log at every normal exit."""
+        import torch.distributed as dist
+
+        if group is None or group is dist.GroupMember.WORLD:
+            self._stop_poller()
 
     def _after_destroy(self) -> None:
         """Every group (and with it, usually, the store) is gone: stop polling it, and let go

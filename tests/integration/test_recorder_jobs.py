@@ -148,6 +148,34 @@ def test_healthy_job_records_every_kind_of_call(tmp_path: Path) -> None:
     assert d0.strings[frame.file].endswith("scenario.py") and frame.line > 0
 
 
+ENDS_NORMALLY = """
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for _ in range(3):
+    dist.all_reduce(t)
+dist.destroy_process_group()
+print("DONE", flush=True)
+"""
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_a_job_that_ends_normally_leaves_nothing_in_its_log(tmp_path: Path, world: int) -> None:
+    # Rank 0's process hosts the store here (no torchrun agent): destroy_process_group takes
+    # it down. flightrec's request thread must be out of its store wait by then, or torch
+    # logs a C++ warning with a stack trace into the job's log ("Connection was likely
+    # closed") at every normal exit. The tests quiet torch's C++ log; users do not.
+    script = tmp_path / "ends_normally.py"
+    script.write_text(ENDS_NORMALLY)
+    env = {"TORCH_CPP_LOG_LEVEL": "WARNING"}
+    with start_job(script, world_size=world, env=env, workdir=tmp_path) as job:
+        assert job.wait(60) == [0] * world, job.output()
+    out = job.output()
+    assert out.count("DONE") == world, out
+    for sign in ("recvValueWithTimeout", "likely closed", "terminate called", "Traceback"):
+        assert sign not in out, out
+
+
 def test_stalled_rank_outside_collectives_is_caught_by_peer_request(tmp_path: Path) -> None:
     env = {"FLIGHTREC_TIMEOUT": "2"}
     with start_job("scenario.py", ["stall", "--stall-rank", "2"], env=env, workdir=tmp_path) as job:
