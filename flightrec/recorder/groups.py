@@ -8,12 +8,12 @@ here, outside the ring, so they survive the ring overwriting old entries.
 
 from __future__ import annotations
 
-import itertools
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from flightrec.recorder.completion import is_gpu
+from flightrec.recorder.low_level.state import new_counter
 
 
 class GroupInfo:
@@ -29,7 +29,6 @@ class GroupInfo:
         "name",
         "p2p",
         "ranks",
-        "seq",
         "specs",
     )
 
@@ -41,11 +40,9 @@ class GroupInfo:
         self.backend = backend
         self.gpu = is_gpu(backend)
         """Completion is tracked through CUDA events, not on return."""
-        self.seq = 0
-        """Collectives issued on the group so far (the last sequence number used)."""
-        # itertools.count hands out numbers atomically under the GIL: two threads issuing
-        # collectives on one group never get the same sequence number.
-        self.counter = itertools.count(1)
+        # Numbers are handed out atomically under the GIL: two threads issuing collectives on
+        # one group never get the same sequence number.
+        self.counter = new_counter()
         self._lock = threading.Lock()
         self.specs: dict[Any, tuple[int, int]] = {}
         """(shape, dtype) -> (tensor signature index, device string index), for the hot path.
@@ -56,12 +53,14 @@ class GroupInfo:
         self.p2p: dict[tuple[int, bool], int] = {}
         """(peer global rank, is_send) -> operations issued so far."""
 
+    @property
+    def seq(self) -> int:
+        """Collectives issued on the group so far (the last sequence number used)."""
+        return int(self.counter.value)
+
     def next_seq(self) -> int:
         """The sequence number of a new collective on this group (1, 2, ...)."""
-        seq = next(self.counter)
-        if seq > self.seq:
-            self.seq = seq
-        return seq
+        return int(next(self.counter))
 
     def next_p2p(self, peer: int, send: bool) -> int:
         """The 1-based ordinal of a new send to (or receive from) ``peer``."""

@@ -29,6 +29,7 @@ from flightrec.recorder.blackbox import BlackBox
 from flightrec.recorder.config import Config
 from flightrec.recorder.groups import GroupInfo, GroupRegistry
 from flightrec.recorder.low_level.python import PyPath
+from flightrec.recorder.low_level.state import new_active
 from flightrec.recorder.ring import Ring
 from flightrec.recorder.stacks import StackTable
 from flightrec.recorder.tables import StringTable, TensorTable
@@ -157,8 +158,9 @@ class Recorder:
             bb = self.blackbox
             self.strings.on_new, self.tensors.on_new = bb.on_string, bb.on_tensors
             self.stacks.on_new, self.groups.on_new = bb.on_stack, bb.on_group
-        self.active: dict[int, int] = {}
-        """Thread ident -> record id of the call it is inside (reentrancy guard + holds_recorder)."""
+        self.active: Any = new_active()
+        """Thread ident -> record id of the call it is inside (reentrancy guard + holds_recorder);
+        a dict, or the C path's ``Active``, which behaves as one."""
         self._enabled = True
         self.depth = config.stack_depth
         self.thread_cache: dict[int, int] = {}
@@ -216,6 +218,8 @@ class Recorder:
     def forget_thread_names(self) -> None:
         """Thread idents are reused; a dump refreshes the ident -> name cache."""
         self.thread_cache.clear()
+        if self._fast_path is not None:
+            self._fast_path.forget_threads()
 
     def _start(self) -> None:
         self._used = True

@@ -4,7 +4,7 @@ No Python object is created per entry beyond the argument tuple, and a dump copi
 ring with one ``bytes()`` call (``flightrec.recorder.blackbox`` backs the buffer with a
 memory-mapped file so that a rank killed with SIGKILL still leaves its ring behind).
 
-Writers do not lock: record ids come from ``itertools.count`` (atomic under the GIL) and each
+Writers do not lock: record ids come from a counter (``low_level.state``, atomic under the GIL) and each
 ``pack_into`` is a single C call, so a reader copying the buffer sees every slot either before
 or after a write, never half of one. The optional C hot path (``low_level/_fast.c``) writes the same
 layout into the same buffer, also in one step under the GIL.
@@ -12,7 +12,6 @@ layout into the same buffer, also in one step under the GIL.
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 from flightrec.format.slot import (
@@ -31,6 +30,7 @@ from flightrec.format.slot import (
     decode,
     iter_pending,
 )
+from flightrec.recorder.low_level.state import new_counter
 
 __all__ = [
     "COMPLETED",
@@ -57,8 +57,8 @@ class Ring:
         if buffer is not None and len(buffer) != capacity * SLOT_SIZE:
             raise ValueError("ring buffer size does not match its capacity")
         self.buffer: Any = bytearray(capacity * SLOT_SIZE) if buffer is None else buffer
-        self.ids = itertools.count(1)
-        """Record ids; ``next()`` on it is atomic under the GIL."""
+        self.ids = new_counter()
+        """Record ids; ``next()`` on it is atomic under the GIL, ``ids.value`` the last one."""
 
     def append(
         self,

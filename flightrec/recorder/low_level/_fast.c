@@ -48,7 +48,7 @@
 #define FLAG_IS_P2P 8 /* EntryFlag IS_P2P: per-peer counters, the Python path's */
 #define RED_CACHE 4
 
-static PyObject *s_enabled, *s_specs, *s_shape, *s_dtype, *s_counter, *s_seq, *s_index,
+static PyObject *s_enabled, *s_specs, *s_shape, *s_dtype, *s_counter, *s_index,
     *s_gpu, *s_top, *s_top_lasti, *s_top_index, *s_settle, *s_ranks;
 
 /* A thread's stack cache in C. The stack of a call is its caller's (code, offset) followed by
@@ -72,15 +72,281 @@ typedef struct {
     uint32_t index[TC_HEADS];
 } TCache;
 
+/* -- Counter and Active: state the C and Python paths share, readable without objects ------
+ *
+ * ``Counter`` is itertools.count(1) that also exposes its last number (``value``): the group
+ * sequence counters and the ring's record ids. Under the GIL ``next()`` is atomic, as with
+ * itertools.count; the C path takes a number without creating an int object, and the last
+ * number issued is the group's ``seq`` (no attribute to keep up to date on every call).
+ *
+ * ``Active`` is the reentrancy guard, a mapping from thread ident to the record id of the
+ * call the thread is inside (``Recorder.active``): a call made inside a recorded one (object
+ * collectives call others) is not recorded, and dumps mark the threads inside a call. The C
+ * path sets and clears it by ident, without int objects or hashing; the Python path and the
+ * dumper use it as a dict. A handful of threads call collectives at once: a small array. */
+typedef struct {
+    PyObject_HEAD
+    unsigned long long value; /* the last number issued; 0 before the first */
+} Counter;
+
+static PyObject *
+Counter_next(Counter *self)
+{
+    return PyLong_FromUnsignedLongLong(++self->value);
+}
+
+static PyMemberDef Counter_members[] = {
+    {"value", T_ULONGLONG, offsetof(Counter, value), READONLY,
+     "The last number issued (0 before the first)."},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject CounterType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.Counter",
+    .tp_basicsize = sizeof(Counter),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Counter(): 1, 2, 3, ... like itertools.count(1); .value is the last one issued.",
+    .tp_new = PyType_GenericNew,
+    .tp_iter = PyObject_SelfIter,
+    .tp_iternext = (iternextfunc)Counter_next,
+    .tp_members = Counter_members,
+};
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t n, cap;
+    unsigned long *ident;
+    long long *rid;
+} Active;
+
+static Py_ssize_t
+active_find(Active *a, unsigned long ident)
+{
+    for (Py_ssize_t i = 0; i < a->n; i++) {
+        if (a->ident[i] == ident) {
+            return i;
+        }
+    }
+    return -1;
+}
+
+static int
+active_put(Active *a, unsigned long ident, long long rid)
+{
+    Py_ssize_t i = active_find(a, ident);
+    if (i < 0) {
+        if (a->n == a->cap) {
+            Py_ssize_t cap = a->cap ? a->cap * 2 : 8;
+            unsigned long *idents = PyMem_Realloc(a->ident, cap * sizeof *idents);
+            if (idents == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            a->ident = idents;
+            long long *rids = PyMem_Realloc(a->rid, cap * sizeof *rids);
+            if (rids == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            a->rid = rids;
+            a->cap = cap;
+        }
+        i = a->n++;
+        a->ident[i] = ident;
+    }
+    a->rid[i] = rid;
+    return 0;
+}
+
+static int
+active_drop(Active *a, unsigned long ident)
+{
+    Py_ssize_t i = active_find(a, ident);
+    if (i < 0) {
+        return 0;
+    }
+    a->n--;
+    a->ident[i] = a->ident[a->n];
+    a->rid[i] = a->rid[a->n];
+    return 1;
+}
+
+/* A key as a thread ident; -1 (no exception set) when it cannot be one. */
+static int
+active_key(PyObject *key, unsigned long *ident)
+{
+    if (!PyLong_Check(key)) {
+        return -1;
+    }
+    *ident = PyLong_AsUnsignedLong(key);
+    if (*ident == (unsigned long)-1 && PyErr_Occurred()) {
+        PyErr_Clear();
+        return -1;
+    }
+    return 0;
+}
+
+static int
+Active_contains(Active *self, PyObject *key)
+{
+    unsigned long ident;
+    return active_key(key, &ident) == 0 && active_find(self, ident) >= 0;
+}
+
+static Py_ssize_t
+Active_length(Active *self)
+{
+    return self->n;
+}
+
+static PyObject *
+Active_getitem(Active *self, PyObject *key)
+{
+    unsigned long ident;
+    Py_ssize_t i = active_key(key, &ident) == 0 ? active_find(self, ident) : -1;
+    if (i < 0) {
+        PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return PyLong_FromLongLong(self->rid[i]);
+}
+
+static int
+Active_setitem(Active *self, PyObject *key, PyObject *value)
+{
+    unsigned long ident;
+    if (active_key(key, &ident) < 0) {
+        PyErr_SetString(PyExc_TypeError, "Active keys are thread idents");
+        return -1;
+    }
+    if (value == NULL) {
+        if (!active_drop(self, ident)) {
+            PyErr_SetObject(PyExc_KeyError, key);
+            return -1;
+        }
+        return 0;
+    }
+    long long rid = PyLong_AsLongLong(value);
+    if (rid == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    return active_put(self, ident, rid);
+}
+
+static PyObject *
+Active_pop(Active *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "pop() takes a key and an optional default");
+        return NULL;
+    }
+    unsigned long ident;
+    Py_ssize_t i = active_key(args[0], &ident) == 0 ? active_find(self, ident) : -1;
+    if (i < 0) {
+        if (nargs == 2) {
+            Py_INCREF(args[1]);
+            return args[1];
+        }
+        PyErr_SetObject(PyExc_KeyError, args[0]);
+        return NULL;
+    }
+    PyObject *rid = PyLong_FromLongLong(self->rid[i]);
+    if (rid != NULL) {
+        active_drop(self, ident);
+    }
+    return rid;
+}
+
+static PyObject *
+Active_keys(Active *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(self->n);
+    for (Py_ssize_t i = 0; out != NULL && i < self->n; i++) {
+        PyObject *k = PyLong_FromUnsignedLong(self->ident[i]);
+        if (k == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, k);
+    }
+    return out;
+}
+
+static PyObject *
+Active_items(Active *self, PyObject *Py_UNUSED(ignored))
+{
+    PyObject *out = PyList_New(self->n);
+    for (Py_ssize_t i = 0; out != NULL && i < self->n; i++) {
+        PyObject *pair = Py_BuildValue("(kL)", self->ident[i], self->rid[i]);
+        if (pair == NULL) {
+            Py_CLEAR(out);
+            break;
+        }
+        PyList_SET_ITEM(out, i, pair);
+    }
+    return out;
+}
+
+static PyObject *
+Active_iter(Active *self)
+{
+    PyObject *keys = Active_keys(self, NULL);
+    if (keys == NULL) {
+        return NULL;
+    }
+    PyObject *it = PyObject_GetIter(keys);
+    Py_DECREF(keys);
+    return it;
+}
+
+static void
+Active_dealloc(Active *self)
+{
+    PyMem_Free(self->ident);
+    PyMem_Free(self->rid);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef Active_methods[] = {
+    {"pop", (PyCFunction)(void (*)(void))Active_pop, METH_FASTCALL,
+     "pop(ident[, default]): remove a thread and return its record id."},
+    {"keys", (PyCFunction)Active_keys, METH_NOARGS, "The thread idents inside a call."},
+    {"items", (PyCFunction)Active_items, METH_NOARGS, "(thread ident, record id) pairs."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Active_as_sequence = {
+    .sq_contains = (objobjproc)Active_contains,
+};
+
+static PyMappingMethods Active_as_mapping = {
+    .mp_length = (lenfunc)Active_length,
+    .mp_subscript = (binaryfunc)Active_getitem,
+    .mp_ass_subscript = (objobjargproc)Active_setitem,
+};
+
+static PyTypeObject ActiveType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.Active",
+    .tp_basicsize = sizeof(Active),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Active(): thread ident -> record id of the recorded call it is inside.",
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Active_dealloc,
+    .tp_iter = (getiterfunc)Active_iter,
+    .tp_as_sequence = &Active_as_sequence,
+    .tp_as_mapping = &Active_as_mapping,
+    .tp_methods = Active_methods,
+};
+
 typedef struct {
     PyObject_HEAD
     PyObject *rec;     /* Recorder: .enabled, .settle() */
     PyObject *by_pg;   /* dict: group (or None) -> GroupInfo */
-    PyObject *active;  /* dict: thread ident -> record id */
+    Active *active;    /* thread ident -> record id (the reentrancy guard) */
     PyObject *threads; /* dict: thread ident -> thread name index */
     PyObject *tcaches; /* dict: thread ident -> stacks._ThreadCache */
     PyObject *reds;    /* dict: reduce op -> string index */
-    PyObject *ids;     /* itertools.count of record ids (shared with Ring.append) */
+    Counter *ids;      /* record ids (shared with the Python path) */
     PyObject *capture; /* StackTable.capture(frame, ident) -> int */
     Py_buffer buf;     /* the ring's buffer (bytearray or the black box's mmap) */
     int has_buf;
@@ -95,13 +361,18 @@ typedef struct {
     /* The fields of the GroupInfo seen last (strong references): attribute lookups cost a
      * tenth of the C path, and a GroupInfo's specs, counter, ranks, index and backend never
      * change. Valid while by_pg still maps the call's group to that same object. */
-    PyObject *g_info, *g_specs, *g_counter, *g_ranks;
+    PyObject *g_info, *g_specs, *g_ranks;
+    Counter *g_counter;
     uint32_t g_index;
     int g_gpu;
     /* The calling thread's ident as an int object, for the dict keys (one allocation per
      * thread switch instead of two per call). */
     unsigned long tid_ident;
     PyObject *tid_obj;
+    /* The thread name index of the thread seen last (``threads``' value for it), until the
+     * recorder forgets thread names at a dump (``forget_threads``). 0: none cached. */
+    unsigned long th_ident;
+    uint32_t th_index;
     /* Recorder.enabled, pushed here by its setter (reading the attribute cost a sixth of the
      * path). */
     int enabled;
@@ -167,7 +438,8 @@ group_fields(FastPath *self, PyObject *info)
     PyObject *gpu = PyObject_GetAttr(info, s_gpu);
     uint32_t idx = 0;
     int g = gpu == NULL ? -1 : PyObject_IsTrue(gpu);
-    int ok = specs != NULL && PyDict_CheckExact(specs) && counter != NULL && ranks != NULL &&
+    int ok = specs != NULL && PyDict_CheckExact(specs) && counter != NULL &&
+             Py_IS_TYPE(counter, &CounterType) && ranks != NULL &&
              PyTuple_CheckExact(ranks) && index != NULL && as_index(index, &idx) == 0 && g >= 0;
     Py_XDECREF(index);
     Py_XDECREF(gpu);
@@ -180,7 +452,7 @@ group_fields(FastPath *self, PyObject *info)
     Py_INCREF(info);
     Py_XSETREF(self->g_info, info);
     Py_XSETREF(self->g_specs, specs);
-    Py_XSETREF(self->g_counter, counter);
+    Py_XSETREF(self->g_counter, (Counter *)counter);
     Py_XSETREF(self->g_ranks, ranks);
     self->g_index = idx;
     self->g_gpu = g;
@@ -396,9 +668,9 @@ stack_of(FastPath *self, PyObject *frame, PyObject *tid, uint32_t *out)
 static long
 do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyObject *tin,
          PyObject *tout, PyObject *red, PyObject *root, PyObject *group_root, PyObject *async_op,
-         PyObject *frame)
+         PyObject *frame, int *gpu)
 {
-    PyObject *tid = NULL, *info = NULL, *seqobj = NULL, *ridobj = NULL;
+    PyObject *tid = NULL, *info = NULL;
     long result = -1;
     uint32_t sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
     int32_t peer = -1;
@@ -410,9 +682,9 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     if (tid == NULL) {
         goto fallback;
     }
-    int inside = PyDict_Contains(self->active, tid);
-    if (inside != 0) {
-        result = inside > 0 ? 0 : -1;
+    unsigned long ident = self->tid_ident;
+    if (active_find(self->active, ident) >= 0) {
+        result = 0; /* inside a recorded call */
         goto fallback;
     }
     info = PyDict_GetItemWithError(self->by_pg, group);
@@ -423,7 +695,8 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     Py_INCREF(info);
     /* Borrowed from info's attributes, which info (held) keeps alive even if another
      * thread's call replaces the cache while a stack walk below runs Python code. */
-    PyObject *specs = self->g_specs, *counter = self->g_counter, *ranks = self->g_ranks;
+    PyObject *specs = self->g_specs, *ranks = self->g_ranks;
+    Counter *counter = self->g_counter;
     uint32_t group_i = self->g_index;
     int64_t t0 = now_ns();
 
@@ -507,9 +780,16 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
             peer = (int32_t)v;
         }
     }
-    PyObject *th = PyDict_GetItemWithError(self->threads, tid);
-    if (th == NULL || as_index(th, &thread) < 0) {
-        goto fallback;
+    if (self->th_ident == ident && ident != 0) {
+        thread = self->th_index;
+    }
+    else {
+        PyObject *th = PyDict_GetItemWithError(self->threads, tid);
+        if (th == NULL || as_index(th, &thread) < 0) {
+            goto fallback;
+        }
+        self->th_ident = ident;
+        self->th_index = thread;
     }
     int is_async = PyObject_IsTrue(async_op);
     if (is_async < 0) {
@@ -520,24 +800,14 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
         goto fallback;
     }
 
-    /* From here on nothing can miss: take the sequence number and the record id. */
-    seqobj = PyIter_Next(counter);
-    if (seqobj == NULL || PyObject_SetAttr(info, s_seq, seqobj) < 0) {
-        goto fallback;
+    if (active_put(self->active, ident, 0) < 0) {
+        goto fallback; /* no memory for the guard: let the Python path decide */
     }
-    unsigned long long seq = PyLong_AsUnsignedLongLong(seqobj);
-    ridobj = PyIter_Next(self->ids);
-    if (ridobj == NULL) {
-        goto fallback;
-    }
-    unsigned long long rid = PyLong_AsUnsignedLongLong(ridobj);
-    if (rid == 0 || PyErr_Occurred()) {
-        goto fallback;
-    }
+    /* From here on nothing can fail: take the sequence number and the record id (the
+     * counters are C integers; no Python code runs between here and the slot's write). */
+    unsigned long long seq = ++counter->value;
+    unsigned long long rid = ++self->ids->value;
     Py_ssize_t off = (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;
-    if (off + SLOT_SIZE > self->buf.len) {
-        goto fallback;
-    }
     char *p = (char *)self->buf.buf + off;
     char slot[SLOT_SIZE];
     memset(slot, 0, sizeof slot);
@@ -557,12 +827,9 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     put_u32(slot + OFF_FLAGS, base_flags | (is_async ? 1u : 0u));
     put_u64(slot + OFF_RID2, rid);
     memcpy(p, slot, SLOT_SIZE);
-    if (PyDict_SetItem(self->active, tid, ridobj) < 0) {
-        PyErr_Clear(); /* the entry is written; only the reentrancy guard is missing */
-    }
+    active_put(self->active, ident, (long long)rid); /* the thread's entry exists: no growth */
+    *gpu = self->g_gpu;
     result = (long)rid;
-    Py_DECREF(ridobj);
-    Py_DECREF(seqobj);
     Py_DECREF(info);
     Py_DECREF(tid);
     return result;
@@ -570,8 +837,6 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
 fallback:
     /* Errors here are the Python path's to meet again (and to report as torch would). */
     PyErr_Clear();
-    Py_XDECREF(ridobj);
-    Py_XDECREF(seqobj);
     Py_XDECREF(info);
     Py_XDECREF(tid);
     return result;
@@ -589,35 +854,34 @@ FastPath_enter(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         return PyLong_FromLong(-1);
     }
+    int gpu = 0;
     return PyLong_FromLong(do_enter(self, op, base_flags, args[2], args[3], args[4], args[5],
-                                    args[6], args[7], args[8], args[9]));
+                                    args[6], args[7], args[8], args[9], &gpu));
 }
 
+/* ``gpu``: the group's backend tracks completion through CUDA events (1), or not (0), as
+ * enter() found it; -1: unknown (the Python-level leave()), looked up here. */
 static void
-do_leave(FastPath *self, long rid_l, PyObject *result, PyObject *async_op, PyObject *group)
+do_leave(FastPath *self, long rid_l, PyObject *result, PyObject *async_op, PyObject *group,
+         int gpu)
 {
-    PyObject *tid = thread_id(self);
-    if (tid == NULL || PyDict_DelItem(self->active, tid) < 0) {
-        PyErr_Clear();
-    }
-    Py_XDECREF(tid);
+    active_drop(self->active, PyThread_get_thread_ident());
     if (rid_l <= 0) {
         return;
     }
     unsigned long long rid = (unsigned long long)rid_l;
-    int is_async = PyObject_IsTrue(async_op);
-    int gpu = 0;
-    PyObject *info = PyDict_GetItemWithError(self->by_pg, group); /* borrowed */
-    if (info != NULL && info == self->g_info) {
-        gpu = self->g_gpu;
+    int is_async = async_op == Py_False ? 0 : PyObject_IsTrue(async_op);
+    PyObject *info = NULL;
+    if (is_async != 0 || gpu != 0) {
+        info = PyDict_GetItemWithError(self->by_pg, group); /* borrowed */
+        if (info != NULL && gpu < 0) {
+            PyObject *g = PyObject_GetAttr(info, s_gpu);
+            gpu = g == NULL ? 1 : PyObject_IsTrue(g); /* unsure: let settle() decide */
+            Py_XDECREF(g);
+        }
+        PyErr_Clear();
     }
-    else if (info != NULL) {
-        PyObject *g = PyObject_GetAttr(info, s_gpu);
-        gpu = g == NULL ? 1 : PyObject_IsTrue(g); /* unsure: let settle() decide */
-        Py_XDECREF(g);
-    }
-    PyErr_Clear();
-    if (is_async != 0 || gpu != 0 || info == NULL) {
+    if (is_async != 0 || gpu != 0) {
         if (info == NULL) {
             return; /* the group left the cache: the entry stays as recorded */
         }
@@ -662,7 +926,7 @@ FastPath_leave(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         rid = 0;
     }
-    do_leave(self, rid, args[1], args[2], args[3]);
+    do_leave(self, rid, args[1], args[2], args[3], -1);
     Py_RETURN_NONE;
 }
 
@@ -708,6 +972,14 @@ FastPath_purge(FastPath *self, PyObject *live)
     Py_RETURN_NONE;
 }
 
+/* forget_threads(): the recorder forgot its thread names (at a dump): so does the cache. */
+static PyObject *
+FastPath_forget_threads(FastPath *self, PyObject *Py_UNUSED(ignored))
+{
+    self->th_ident = 0;
+    Py_RETURN_NONE;
+}
+
 static int
 FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
 {
@@ -716,10 +988,10 @@ FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
     PyObject *rec, *by_pg, *active, *threads, *tcaches, *reds, *ids, *capture, *buffer;
     Py_ssize_t capacity;
     int depth;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!OOOni", kw, &rec, &PyDict_Type,
-                                     &by_pg, &PyDict_Type, &active, &PyDict_Type, &threads,
-                                     &PyDict_Type, &tcaches, &PyDict_Type, &reds, &ids, &capture,
-                                     &buffer, &capacity, &depth)) {
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!O!OOni", kw, &rec, &PyDict_Type,
+                                     &by_pg, &ActiveType, &active, &PyDict_Type, &threads,
+                                     &PyDict_Type, &tcaches, &PyDict_Type, &reds, &CounterType,
+                                     &ids, &capture, &buffer, &capacity, &depth)) {
         return -1;
     }
     if (capacity < 1) {
@@ -743,7 +1015,7 @@ FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
     Py_INCREF(by_pg);
     Py_XSETREF(self->by_pg, by_pg);
     Py_INCREF(active);
-    Py_XSETREF(self->active, active);
+    Py_XSETREF(self->active, (Active *)active);
     Py_INCREF(threads);
     Py_XSETREF(self->threads, threads);
     Py_INCREF(tcaches);
@@ -751,7 +1023,7 @@ FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
     Py_INCREF(reds);
     Py_XSETREF(self->reds, reds);
     Py_INCREF(ids);
-    Py_XSETREF(self->ids, ids);
+    Py_XSETREF(self->ids, (Counter *)ids);
     Py_INCREF(capture);
     Py_XSETREF(self->capture, capture);
     self->capacity = capacity;
@@ -839,6 +1111,8 @@ static PyMethodDef FastPath_methods[] = {
      "Record that a call entered with enter() returned."},
     {"purge", (PyCFunction)FastPath_purge, METH_O,
      "Forget cached frames that are no longer on their thread's stack."},
+    {"forget_threads", (PyCFunction)FastPath_forget_threads, METH_NOARGS,
+     "Forget the cached thread name index (the recorder's thread names were forgotten)."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -977,9 +1251,10 @@ Site_vectorcall(Site *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         }
         frame = (PyObject *)f;
     }
+    int gpu = 0;
     long rid = do_enter(self->fast, self->op, self->flags, group, ROLE(R_IN, zero),
                         ROLE(R_OUT, zero), ROLE(R_RED, zero), ROLE(R_ROOT, Py_None),
-                        ROLE(R_GROUP_ROOT, Py_None), async_op, frame);
+                        ROLE(R_GROUP_ROOT, Py_None), async_op, frame, &gpu);
 #undef ROLE
     if (rid <= 0) {
         goto python;
@@ -992,7 +1267,7 @@ Site_vectorcall(Site *self, PyObject *const *args, size_t nargsf, PyObject *kwna
         report_failure(self->fast, rid);
     }
     else {
-        do_leave(self->fast, rid, result, async_op, group);
+        do_leave(self->fast, rid, result, async_op, group, gpu);
     }
     Py_DECREF(group);
     Py_DECREF(async_op);
@@ -1153,7 +1428,6 @@ PyInit__fast(void)
     INTERN(s_shape, "shape");
     INTERN(s_dtype, "dtype");
     INTERN(s_counter, "counter");
-    INTERN(s_seq, "seq");
     INTERN(s_index, "index");
     INTERN(s_gpu, "gpu");
     INTERN(s_top, "top");
@@ -1167,7 +1441,8 @@ PyInit__fast(void)
         return NULL;
     }
 #undef INTERN
-    if (PyType_Ready(&FastPathType) < 0 || PyType_Ready(&SiteType) < 0) {
+    if (PyType_Ready(&CounterType) < 0 || PyType_Ready(&ActiveType) < 0 ||
+        PyType_Ready(&FastPathType) < 0 || PyType_Ready(&SiteType) < 0) {
         return NULL;
     }
     PyObject *m = PyModule_Create(&fastmodule);
@@ -1189,6 +1464,18 @@ PyInit__fast(void)
         COMPLETED, "IS_P2P", FLAG_IS_P2P);
     if (layout == NULL || PyModule_AddObject(m, "LAYOUT", layout) < 0) {
         Py_XDECREF(layout);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&CounterType);
+    if (PyModule_AddObject(m, "Counter", (PyObject *)&CounterType) < 0) {
+        Py_DECREF(&CounterType);
+        Py_DECREF(m);
+        return NULL;
+    }
+    Py_INCREF(&ActiveType);
+    if (PyModule_AddObject(m, "Active", (PyObject *)&ActiveType) < 0) {
+        Py_DECREF(&ActiveType);
         Py_DECREF(m);
         return NULL;
     }

@@ -1,10 +1,26 @@
 """Type stub of the optional C hot path (``_fast.c``); see that file for the semantics."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 SLOT_SIZE: int
 LAYOUT: dict[str, int]
+
+class Counter:
+    value: int
+    def __iter__(self) -> Counter: ...
+    def __next__(self) -> int: ...
+
+class Active:
+    def __contains__(self, ident: object, /) -> bool: ...
+    def __len__(self) -> int: ...
+    def __getitem__(self, ident: int, /) -> int: ...
+    def __setitem__(self, ident: int, rid: int, /) -> None: ...
+    def __delitem__(self, ident: int, /) -> None: ...
+    def __iter__(self) -> Iterator[int]: ...
+    def pop(self, ident: int, default: Any = ..., /) -> Any: ...
+    def keys(self) -> list[int]: ...
+    def items(self) -> list[tuple[int, int]]: ...
 
 class FastPath:
     enabled: int
@@ -12,11 +28,11 @@ class FastPath:
         self,
         recorder: Any,
         by_pg: dict[Any, Any],
-        active: dict[int, int],
+        active: Active,
         threads: dict[int, int],
         tcaches: dict[int, Any],
         reds: dict[Any, int],
-        ids: Any,
+        ids: Counter,
         capture: Callable[[Any, int], int],
         buffer: Any,
         capacity: int,
@@ -38,6 +54,7 @@ class FastPath:
     ) -> int: ...
     def leave(self, rid: int, result: Any, async_op: Any, group: Any, /) -> None: ...
     def purge(self, live: dict[int, Any], /) -> None: ...
+    def forget_threads(self) -> None: ...
 
 class Site:
     """A traced function: records through ``fast``, then calls torch's own function."""

@@ -147,7 +147,7 @@ def _fast_path(rec: Recorder) -> Any:
             threads=rec.thread_cache,
             tcaches=rec.stacks.threads,
             reds=rec.strings.index,
-            ids=rec.ring.ids,
+            ids=cast("_fast.Counter", rec.ring.ids),  # a _fast.Counter where _fast is built
             capture=rec.stacks.capture,
             buffer=rec.ring.buffer,
             capacity=rec.ring.capacity,

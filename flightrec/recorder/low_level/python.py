@@ -143,11 +143,7 @@ class PyPath:
         if flags & IS_P2P:
             seq, p2p = 0, info.next_p2p(peer, bool(flags & SEND))
         else:
-            # The counter is atomic; the high-water mark is only raised, so a thread
-            # preempted between the two cannot set it back below a number already issued.
             seq, p2p = next(info.counter), 0
-            if seq > info.seq:
-                info.seq = seq
         # Packed here rather than through Ring.append (the same slot): measured by callgrind,
         # the extra call costs this path 5.4K instructions per call.
         rid = self.next_id()

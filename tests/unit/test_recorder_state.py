@@ -1,0 +1,89 @@
+"""The counters and the reentrancy guard both hot paths share (``low_level.state``): the C
+types behave as their pure-Python twins do, so the Python path, the dumper and the C path can
+use either."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import pytest
+
+from flightrec.recorder.groups import GroupInfo
+from flightrec.recorder.low_level import state
+
+try:
+    from flightrec.recorder.low_level import _fast
+except ImportError:  # not built: only the pure-Python twins are checked
+    _fast = None  # type: ignore[assignment]
+
+COUNTERS: list[Any] = [state.Counter] + ([_fast.Counter] if _fast is not None else [])
+GUARDS: list[Any] = [dict] + ([_fast.Active] if _fast is not None else [])
+
+
+@pytest.mark.parametrize("make", COUNTERS)
+def test_a_counter_counts_from_one_and_keeps_the_last_number(make: Any) -> None:
+    c = make()
+    assert c.value == 0
+    assert iter(c) is c
+    assert [next(c) for _ in range(3)] == [1, 2, 3]
+    assert c.value == 3
+
+
+@pytest.mark.parametrize("make", COUNTERS)
+def test_threads_never_share_a_number(make: Any) -> None:
+    c = make()
+    got: list[list[int]] = [[] for _ in range(4)]
+
+    def take(out: list[int]) -> None:
+        for _ in range(5000):
+            out.append(next(c))
+
+    threads = [threading.Thread(target=take, args=(g,)) for g in got]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    issued = [n for g in got for n in g]
+    assert sorted(issued) == list(range(1, 20001))
+    assert c.value == 20000
+
+
+@pytest.mark.parametrize("make", GUARDS)
+def test_the_guard_is_a_dict_of_thread_idents(make: Any) -> None:
+    a = make()
+    assert not a and len(a) == 0 and 5 not in a and "x" not in a
+    a[5] = 11
+    a[2**63 + 7] = 12  # idents are unsigned longs
+    assert 5 in a and 2**63 + 7 in a and len(a) == 2 and a
+    assert a[5] == 11 and dict(a) == {5: 11, 2**63 + 7: 12}
+    assert sorted(a.keys()) == [5, 2**63 + 7] and sorted(a) == [5, 2**63 + 7]
+    assert sorted(a.items()) == [(5, 11), (2**63 + 7, 12)]
+    a[5] = 13  # a thread's newest call replaces its entry
+    assert a[5] == 13 and len(a) == 2
+    assert a.pop(5, None) == 13 and a.pop(5, None) is None
+    with pytest.raises(KeyError):
+        a.pop(5)
+    with pytest.raises(KeyError):
+        a[5]
+    del a[2**63 + 7]
+    with pytest.raises(KeyError):
+        del a[2**63 + 7]
+    assert not a
+
+
+@pytest.mark.parametrize("make", GUARDS)
+def test_the_guard_holds_many_threads(make: Any) -> None:
+    a = make()
+    for ident in range(1, 101):
+        a[ident] = ident * 10
+    for ident in range(1, 101, 2):
+        del a[ident]
+    assert dict(a) == {i: i * 10 for i in range(2, 101, 2)}
+
+
+def test_a_group_s_seq_is_its_counter_s_last_number() -> None:
+    info = GroupInfo(0, "0", "default_pg", (0, 1), "gloo")
+    assert info.seq == 0 and info.recorded == 0
+    assert [info.next_seq(), next(info.counter), info.next_seq()] == [1, 2, 3]
+    assert info.seq == 3 and info.recorded == 3
