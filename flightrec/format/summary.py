@@ -8,6 +8,9 @@ needs to name the culprit, taken from the dump the rank just built:
   counters, and the entries that had not completed (oldest first) with the newest completed
   one: op, sequence numbers, peer, state, shapes and dtypes, the user's call site;
 - where the rank is now: the innermost frames of its main thread, with their source lines;
+- what ended its threads, when one died of an exception: type, message, the user's frames of
+  the traceback (a rank that died publishes its summary on the way out, so the verdict names
+  the crash and not a rank that left nothing);
 - who it is (rank, host, pid, device) and where its full dump went.
 
 On the wire: ``MAGIC`` + zlib-compressed compact JSON, at most ``MAX_BYTES``. ``encode`` trims
@@ -53,6 +56,10 @@ MAX_FRAMES = 64
 MAX_MEMBERS = 64
 """Members listed one by one; a longer list must be a range (else it is marked unknown)."""
 MAX_PEERS = 8
+MAX_EXCEPTIONS = 2
+"""Exceptions kept (the one that ended the main thread first, then the newest)."""
+MAX_EXCEPTION_FRAMES = 4
+"""Frames per exception's traceback (the raising frame and the user's)."""
 MAX_TEXT = 160
 MAX_PATH = 512
 MAX_RANK = (1 << 24) - 1
@@ -120,6 +127,20 @@ class Group:
 
 
 @dataclass(frozen=True, slots=True)
+class Raised:
+    """An exception that ended one of the rank's threads."""
+
+    type: str
+    message: str
+    thread: str
+    is_main: bool
+    """It ended the main thread: the process died of it."""
+    wall_ns: int
+    stack: tuple[Frame, ...]
+    """The traceback, raising frame first."""
+
+
+@dataclass(frozen=True, slots=True)
 class Summary:
     """What one rank publishes for one round of the exchange."""
 
@@ -143,6 +164,8 @@ class Summary:
     groups: tuple[Group, ...]
     stack: tuple[Frame, ...]
     """The main thread's innermost frames at dump time, innermost first."""
+    exceptions: tuple[Raised, ...] = ()
+    """Exceptions that ended threads of the process (the main thread's first)."""
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -228,11 +251,17 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
     main = next((t for t in dump.threads if t.is_main), None)
     main = main or next((t for t in dump.threads if t.holds_recorder), None)
     main_stack = stack(main.stack, MAX_STACK) if main else ()
+    raised = sorted(dump.exceptions, key=lambda x: not x.is_main)[:MAX_EXCEPTIONS]
+    exceptions = tuple(
+        Raised(x.type[:MAX_TEXT], x.message[:MAX_TEXT], x.thread[:MAX_TEXT], x.is_main,
+               x.wall_time_ns, stack(x.stack, MAX_EXCEPTION_FRAMES))
+        for x in raised
+    )  # fmt: skip
     return Summary(
         round_, h.rank, h.world_size, h.hostname[:MAX_TEXT], h.pid, h.local_rank,
         h.device[:MAX_TEXT], h.job_id[:MAX_TEXT], h.backend[:32],
         pb.DumpReason.Name(h.reason), h.wall_time_ns, h.mono_time_ns, h.timeout_s,
-        dump_path[:MAX_PATH], tuple(groups), main_stack,
+        dump_path[:MAX_PATH], tuple(groups), main_stack, exceptions,
     )  # fmt: skip
 
 
@@ -251,7 +280,11 @@ def members(ranks: Sequence[int]) -> Sequence[int]:
 def _frame_table(s: Summary) -> tuple[list[Frame], dict[Frame, int]]:
     table: list[Frame] = []
     index: dict[Frame, int] = {}
-    for f in [*s.stack, *(f for g in s.groups for en in g.entries for f in en.stack)]:
+    for f in [
+        *s.stack,
+        *(f for g in s.groups for en in g.entries for f in en.stack),
+        *(f for x in s.exceptions for f in x.stack),
+    ]:
         if f not in index:
             index[f] = len(table)
             table.append(f)
@@ -290,6 +323,8 @@ def _to_json(s: Summary) -> bytes:
         "wall": s.wall_ns, "mono": s.mono_ns, "to": s.timeout_s, "dump": s.dump_path,
         "f": [[f.file, f.function, f.line, f.code] for f in table],
         "st": [index[f] for f in s.stack], "g": groups,
+        "x": [[x.type, x.message, x.thread, int(x.is_main), x.wall_ns, [index[f] for f in x.stack]]
+              for x in s.exceptions],
     }  # fmt: skip
     return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
 
@@ -308,7 +343,12 @@ def _trimmed(s: Summary, step: int) -> Summary:
             for g in s.groups
         )
         return replace(s, groups=groups, stack=tuple(no_code[f] for f in s.stack[:4]))
-    return replace(s, groups=(), stack=s.stack[:1], dump_path=s.dump_path[-200:])
+    exceptions = tuple(
+        replace(x, stack=tuple(no_code[f] for f in x.stack[:1])) for x in s.exceptions
+    )
+    return replace(
+        s, groups=(), stack=s.stack[:1], dump_path=s.dump_path[-200:], exceptions=exceptions
+    )
 
 
 def encode(s: Summary) -> bytes:
@@ -438,6 +478,13 @@ def _parse(doc: object) -> Summary:
                 tuple(entries),
             )
         )
+    exceptions = []
+    for x in _list(doc.get("x", []), MAX_EXCEPTIONS):
+        kind, message, thread, is_main, wall, st = _fixed(x, 6)
+        exceptions.append(
+            Raised(_str(kind), _str(message), _str(thread), bool(_int(is_main, 0, 1)),
+                   _int(wall), stack(st, MAX_EXCEPTION_FRAMES))
+        )  # fmt: skip
     reason = _str(doc.get("why"), 32)
     if reason not in REASONS:
         raise _Bad(f"unknown dump reason {_show(reason)}")
@@ -450,6 +497,7 @@ def _parse(doc: object) -> Summary:
         _str(doc.get("dev")), _str(doc.get("job")), _str(doc.get("be"), 32), reason,
         _int(doc.get("wall")), _int(doc.get("mono")), float(timeout),  # type: ignore[arg-type]
         _str(doc.get("dump"), MAX_PATH), tuple(groups), stack(doc.get("st", []), MAX_STACK),
+        tuple(exceptions),
     )  # fmt: skip
 
 

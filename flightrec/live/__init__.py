@@ -56,17 +56,18 @@ def report(rnd: Round) -> None:
         # The analysis and the renderer load while the other ranks answer, not after.
         from flightrec.live.verdict import render
 
-        answered = rnd.answered()
-        while len(answered) < rnd.world_size and time.monotonic() < rnd.deadline:
+        answered, died = rnd.answered(), rnd.died()
+        while len({*answered, *died}) < rnd.world_size and time.monotonic() < rnd.deadline:
             time.sleep(POLL_S)
             if rnd.reporter() != rnd.rank:
                 return
-            answered = rnd.answered()
+            answered, died = rnd.answered(), rnd.died()
         if rnd.reporter() != rnd.rank:
             return
-        raw = rnd.summaries(answered)
+        dead = sorted(set(died) - set(answered))
+        raw = rnd.summaries(sorted({*answered, *dead}))
         gathered = time.monotonic() - started
-        text = render(raw, rnd.number, rnd.reason, rnd.world_size, gathered)
+        text = render(raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead))
     except Exception as exc:
         why = (str(exc) or type(exc).__name__).splitlines()[0][:200]
         log.warning("flightrec: no verdict in the log: %s", why)

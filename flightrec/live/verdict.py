@@ -10,6 +10,7 @@ import io
 import os
 from collections import defaultdict
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 
 from rich.console import Console
 
@@ -29,11 +30,15 @@ TERM_STUCK_S = 5.0
 """In a round started by SIGTERM, an operation pending this long is a hang worth reporting."""
 
 
-def load(raw: Mapping[int, bytes], number: int, world_size: int) -> tuple[Run, dict[int, Summary]]:
+def load(
+    raw: Mapping[int, bytes], number: int, world_size: int, dead: AbstractSet[int] = frozenset()
+) -> tuple[Run, dict[int, Summary]]:
     """Decode every rank's summary and build the run the analysis takes.
 
     A summary that does not decode, or that answers an older round (the rank published nothing
-    for this one in time), leaves its rank missing, with one line saying why.
+    for this one in time), leaves its rank missing, with one line saying why. Ranks in
+    ``dead`` listed themselves as dead of an exception: their summary, published on the way
+    out, stands whatever round it names, if it says what ended the main thread.
     """
     dumps: dict[int, RankDump] = {}
     summaries: dict[int, Summary] = {}
@@ -44,7 +49,8 @@ def load(raw: Mapping[int, bytes], number: int, world_size: int) -> tuple[Run, d
             s = decode(data, label)
             if s.rank != rank:
                 raise SummaryError(f"{label}: says it is rank {s.rank}")
-            if s.round < number:
+            died = rank in dead and any(x.is_main for x in s.exceptions)
+            if s.round < number and not died:
                 raise SummaryError(f"{label}: answers request {s.round}, not {number}")
             dumps[rank] = RankDump(label, summary_view(s, label))
             summaries[rank] = s
@@ -63,6 +69,8 @@ def worth_printing(report: Report, reason: str, summaries: Mapping[int, Summary]
         return False
     if report.run.missing_ranks:
         return True
+    if any(x.is_main for s in summaries.values() for x in s.exceptions):
+        return True  # a rank died of an exception: why the job is being stopped
     for s in summaries.values():
         for g in s.groups:
             for e in g.entries:
@@ -74,7 +82,12 @@ def worth_printing(report: Report, reason: str, summaries: Mapping[int, Summary]
 
 
 def render(
-    raw: Mapping[int, bytes], number: int, reason: str, world_size: int, gathered_s: float
+    raw: Mapping[int, bytes],
+    number: int,
+    reason: str,
+    world_size: int,
+    gathered_s: float,
+    dead: AbstractSet[int] = frozenset(),
 ) -> str:
     """The text to print for one round ("" when there is nothing worth printing).
 
@@ -84,8 +97,9 @@ def render(
         reason: what started the round (``WATCHDOG_TIMEOUT``, ``SIGNAL_TERM``).
         world_size: ranks expected.
         gathered_s: how long gathering took.
+        dead: ranks that died of an exception and published on the way out (``load``).
     """
-    run, summaries = load(raw, number, world_size)
+    run, summaries = load(raw, number, world_size, dead)
     if not run.dumps:
         return (
             f"flightrec verdict: none, no rank's summary could be read for request {number} "

@@ -70,13 +70,22 @@ def summary_view(s: Summary, label: str = "") -> DumpView:
     h.entries_recorded = max((e.record_id for e in entries), default=0)
     pending = any(e.state != pb.COMPLETED for e in entries)
     b.thread(1, "MainThread", [_raw(f) for f in s.stack], is_main=True, holds_recorder=pending)
+    for x in s.exceptions:
+        b.exception(
+            x.type, x.message, [_raw(f) for f in x.stack], thread=x.thread, is_main=x.is_main,
+            wall_time_ns=x.wall_ns, via="summary",
+        )  # fmt: skip
     dump = b.build()
     validate(dump, label or f"rank {s.rank}'s summary")
     return DumpView.of(dump)
 
 
 def _frames(s: Summary) -> list[Frame]:
-    return [*s.stack, *(f for g in s.groups for e in g.entries for f in e.stack)]
+    return [
+        *s.stack,
+        *(f for g in s.groups for e in g.entries for f in e.stack),
+        *(f for x in s.exceptions for f in x.stack),
+    ]
 
 
 def _raw(f: Frame) -> tuple[str, str, int]:

@@ -12,7 +12,11 @@ Keys, under ``flightrec/<namespace>/``:
 - ``summary/<rank>``: the rank's latest summary (at most ``summary.MAX_BYTES``), overwritten by
   the next, so the store never holds more than one per rank;
 - ``round/<n>/ranks``: ``"<rank>,"`` appended by each rank that published for request ``n``;
-- ``round/<n>/reporter``: the lowest such rank (a ``compare_set`` loop).
+- ``round/<n>/reporter``: the lowest such rank (a ``compare_set`` loop);
+- ``died/<restart>``: ``"<rank>,"`` appended by each rank whose main thread died of an
+  exception, after publishing its summary on the way out (``<restart>``: torchrun's restart
+  count, so a crash of an earlier attempt is never read as this one's). A dead rank answers
+  no round; the reporter reads its summary from there, and the verdict names the crash.
 
 Nothing here blocks the job: store calls run on flightrec's threads, on a connection of the
 exchange's own, and any failure costs one warning for the whole process.
@@ -21,6 +25,7 @@ exchange's own, and any failure costs one warning for the whole process.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -62,6 +67,23 @@ def round_key(namespace: str, n: int, what: str) -> str:
     return f"flightrec/{namespace or DEFAULT_NAMESPACE}/round/{n}/{what}"
 
 
+def died_key(namespace: str, restart: str) -> str:
+    """Where ranks that died of an exception in attempt ``restart`` list themselves."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/died/{restart}"
+
+
+def restart_count() -> str:
+    """torchrun's restart count of this attempt ("0" outside torchrun, or when unreadable)."""
+    value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
+    return value if value.isdigit() and len(value) < 9 else "0"
+
+
+def _ranks_in(raw: bytes, world_size: int) -> list[int]:
+    """The ranks of a ``"<rank>,"`` list (in range, each once, sorted)."""
+    ranks = {int(t) for t in raw[: 10 * world_size + 16].split(b",") if t.isdigit() and len(t) < 9}
+    return sorted(r for r in ranks if r < world_size)
+
+
 @dataclass(frozen=True, slots=True)
 class Round:
     """One exchange, as the reporter sees it.
@@ -74,6 +96,7 @@ class Round:
         namespace: the job's key namespace.
         deadline: monotonic time by which gathering must end.
         store: a connection of the reporter's own, for the keys above.
+        restart: torchrun's restart count of this attempt (``died_key``).
     """
 
     number: int
@@ -83,6 +106,7 @@ class Round:
     namespace: str
     deadline: float
     store: Any
+    restart: str = "0"
 
     def reporter(self) -> int:
         """The lowest rank that answered so far (-1 when the key is unreadable)."""
@@ -94,9 +118,14 @@ class Round:
         key = round_key(self.namespace, self.number, "ranks")
         if not self.store.check([key]):
             return []
-        raw = bytes(self.store.get(key))[: 10 * self.world_size + 16]
-        ranks = {int(t) for t in raw.split(b",") if t.isdigit() and len(t) < 9}
-        return sorted(r for r in ranks if r < self.world_size)
+        return _ranks_in(bytes(self.store.get(key)), self.world_size)
+
+    def died(self) -> list[int]:
+        """Ranks of this attempt that died of an exception and published on the way out."""
+        key = died_key(self.namespace, self.restart)
+        if not self.store.check([key]):
+            return []
+        return _ranks_in(bytes(self.store.get(key)), self.world_size)
 
     def summaries(self, ranks: list[int]) -> dict[int, bytes]:
         """The published summaries of ``ranks`` (which all answered), as raw bytes."""
@@ -145,6 +174,7 @@ class Exchange:
         self._warned = False
         self._prepared = False
         self._next_look_ns = 0
+        self.restart = restart_count()
 
     def on_dump(self, dump: pb.Dump, path: Path | None) -> None:
         """The dumper's hook: remember the dump just built (written to ``path``, or not)."""
@@ -179,6 +209,24 @@ class Exchange:
             self._warn(exc)
             return
         self._answer(n, "SIGNAL_TERM", wait=True)
+
+    def after_death(self) -> None:
+        """This process is dying of an exception and just dumped: publish the summary (it
+        carries the exception) and list this rank as dead, so that whichever rank reports
+        the hang that follows names the crash. No round, no report from here."""
+        with self._publishing:
+            latest, self._latest = self._latest, None
+            if latest is None:
+                return
+            dump, path = latest
+            try:
+                data = encode(summarize(dump, self._poller.seen, str(path) if path else ""))
+                with self._lock:
+                    store = self._connection()
+                    store.set(summary_key(self.namespace, self.rank), data)
+                    store.append(died_key(self.namespace, self.restart), f"{self.rank},")
+            except Exception as exc:
+                self._warn(exc)
 
     def close(self, wait_s: float) -> None:
         """At exit: let a report under way finish (a daemon thread inside a store call when
@@ -252,7 +300,7 @@ class Exchange:
             return
         rnd = Round(
             n, reason, self.rank, self.world_size, self.namespace,
-            time.monotonic() + GATHER_S, store,
+            time.monotonic() + GATHER_S, store, self.restart,
         )  # fmt: skip
         t = threading.Thread(target=self._report, args=(rnd,), name="flightrec-verdict")
         t.daemon = True
@@ -280,4 +328,4 @@ class Exchange:
             )
 
 
-__all__ = ["MAX_BYTES", "Exchange", "Reporter", "Round", "round_key", "summary_key"]
+__all__ = ["MAX_BYTES", "Exchange", "Reporter", "Round", "died_key", "round_key", "summary_key"]

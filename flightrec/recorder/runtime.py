@@ -441,6 +441,9 @@ class Runtime:
             detail += f": {x.type}: {x.message}"[:4000]
         if self.dump(pb.PROCESS_EXIT, detail) is not None:
             self.dumper.exit_dumped = True
+        exchange = self.exchange
+        if died and exchange is not None:
+            exchange.after_death()  # the verdict in the log names the crash
 
     def _on_dump(self, dump: pb.Dump, path: Path | None) -> None:
         exchange = self.exchange

@@ -89,6 +89,30 @@ def test_flightrec_verdict_0_turns_it_off(tmp_path: Path) -> None:
     assert "Verdict" not in out and "flightrec:" not in out, out
 
 
+def test_under_torchrun_a_rank_that_died_of_an_exception_is_named_with_it(
+    tmp_path: Path,
+) -> None:
+    # The dead rank answers no round: it published its summary, exception included, on its
+    # way out, and the reporter (a rank stopped by SIGTERM) reads it from there.
+    env = {"FLIGHTREC_TIMEOUT": "60"}
+    with start_job(
+        "live_job.py", ["raise", "--bad-rank", "1"], env=env, workdir=tmp_path, launch="torchrun"
+    ) as job:
+        job.wait(90)
+        out = job.output()
+    assert "stopped by SIGTERM; from 4 of 4 ranks' summaries" in out, out
+    assert "Verdict: dead_rank" in out, out
+    line = next(
+        i
+        for i, text in enumerate((SCRIPTS / "live_job.py").read_text().splitlines(), 1)
+        if "raise ValueError" in text
+    )
+    verdict = re.search(r"Rank 1 \(.*?\) died of ValueError: bad batch: label 12 out of range", out)
+    assert verdict is not None, out
+    assert f"scripts/live_job.py:{line}" in out, out
+    assert "left no dump" not in out and "no answer from" not in out, out
+
+
 def test_under_torchrun_a_crashed_rank_is_named_before_the_others_are_stopped(
     tmp_path: Path,
 ) -> None:

@@ -61,6 +61,23 @@ def test_a_hostile_or_stale_summary_costs_its_rank_and_one_line() -> None:
     assert not CONTROL.search(text.replace("\n", ""))
 
 
+def test_a_rank_that_died_stands_in_a_later_round_only_with_its_exception() -> None:
+    from tests.unit.test_summary import died_rank
+
+    raw = published(7)
+    raw[1] = fs.encode(fs.summarize(died_rank(), 2, "/dumps/rank1.frdump"))  # before the round
+    text = render(raw, 7, "SIGNAL_TERM", 4, 0.1, frozenset({1}))
+    assert "from 4 of 4 ranks' summaries" in text, text
+    assert "Rank 1 (host not recorded, pid not recorded) died of ValueError: bad batch" in text, (
+        text
+    )
+    # Not listed as dead: a stale summary, as before.
+    assert "answers request 2, not 7" in render(raw, 7, "SIGNAL_TERM", 4, 0.1)
+    # Listed, but nothing ended its main thread: no reason to take an older round's summary.
+    raw[1] = fs.encode(fs.summarize(hang_dumps()[1][1], 2, "old"))
+    assert "answers request 2, not 7" in render(raw, 7, "SIGNAL_TERM", 4, 0.1, frozenset({1}))
+
+
 def test_a_healthy_job_stopped_by_sigterm_gets_one_line() -> None:
     folder = SAMPLE.parent / "healthy"
     raw = {}

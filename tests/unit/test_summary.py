@@ -248,3 +248,74 @@ def test_every_hostile_value_anywhere_is_refused_or_harmless() -> None:
             run.dumps[0] = RankDump("rank 0", view)
             analyze(run)
     assert tried > 500 and refused > tried // 2
+
+
+def died_rank(message: str = "bad batch: label 12 out of range") -> pb.Dump:
+    """Rank 1, which died of a ValueError its data pipeline raised after all_reduce #5."""
+    b = DumpBuilder()
+    b.header.rank, b.header.world_size, b.header.reason = 1, 4, pb.PROCESS_EXIT
+    g = b.group("0", [0, 1, 2, 3], last_seq=5)
+    for seq in range(1, 6):
+        b.entry(
+            EntryValues(seq, g, "all_reduce", seq=seq, enqueue_ns=seq * 100, complete_ns=seq * 100 + 50,
+                        state=pb.COMPLETED, stack=[("/job/train.py", "main", 30)])
+        )  # fmt: skip
+    traceback = [("/job/data.py", "next_batch", 12), ("/job/train.py", "main", 28)]
+    b.exception("ValueError", message, traceback, thread="MainThread", is_main=True,
+                wall_time_ns=123, via="sys.excepthook")  # fmt: skip
+    b.thread(1, "MainThread", traceback, is_main=True)
+    return b.build()
+
+
+def test_a_rank_that_died_carries_its_exception_to_the_verdict() -> None:
+    s = fs.decode(fs.encode(fs.summarize(died_rank(), 0, "/dumps/rank1.frdump")))
+    (x,) = s.exceptions
+    assert (x.type, x.message, x.thread, x.is_main) == (
+        "ValueError", "bad batch: label 12 out of range", "MainThread", True,
+    )  # fmt: skip
+    assert [(f.file, f.line) for f in x.stack] == [("/job/data.py", 12), ("/job/train.py", 28)]
+    # The others wait in all_reduce #6; the analysis of the summaries names the crash.
+    others = {}
+    for rank in (0, 2, 3):
+        b = DumpBuilder()
+        b.header.rank, b.header.world_size, b.header.reason = rank, 4, pb.SIGNAL_TERM
+        g = b.group("0", [0, 1, 2, 3], last_seq=6)
+        b.entry(EntryValues(6, g, "all_reduce", seq=6, enqueue_ns=700, state=pb.STARTED,
+                            stack=[("/job/train.py", "main", 30)]))  # fmt: skip
+        b.thread(1, "MainThread", [("/job/train.py", "main", 30)], is_main=True)
+        others[rank] = fs.decode(fs.encode(fs.summarize(b.build(), 3, "")))
+    report = analyze(from_summaries({**others, 1: s}))
+    top = report.findings[0]
+    assert (top.kind, top.ranks) == ("dead_rank", (1,))
+    assert top.exception is not None and top.exception.type == "ValueError"
+    assert top.exception.traceback[0].file == "/job/data.py"
+
+
+def test_the_exception_survives_every_trimming_step() -> None:
+    dump = died_rank("x" * 5000)
+    deep = monster()
+    dump.groups.extend(deep.groups)  # a rank that also holds the most a summary may
+    s = fs.summarize(dump, 1, "/" + "d" * 10_000)
+    back = fs.decode(fs.encode(s))
+    assert back.exceptions and back.exceptions[0].type == "ValueError"
+    assert len(back.exceptions[0].message) == fs.MAX_TEXT
+    assert back.exceptions[0].stack[0].line == 12
+
+
+def test_hostile_exception_values_are_refused_or_harmless() -> None:
+    base = doc_of(fs.encode(fs.summarize(died_rank(), 1, "")))
+    tried = refused = 0
+    for path in [p for p in paths(base) if p[0] == "x"]:
+        for value in HOSTILE:
+            tried += 1
+            try:
+                s = fs.decode(wire(replaced(base, path, value)), "rank 1's summary")
+            except fs.SummaryError as exc:
+                refused += 1
+                assert "\n" not in str(exc) and not CONTROL.search(str(exc))
+                continue
+            try:
+                summary_view(s)
+            except DumpError:
+                continue
+    assert tried > 50 and refused > tried // 3

@@ -7,6 +7,7 @@ hosts that share no filesystem do, so the verdict can only come through the job'
          wait in the loss all_reduce.
   crash  after a few steps, ``--bad-rank`` dies (exit status 3) while the others are in a long
          step; under torchrun the agent then sends them SIGTERM.
+  raise  the same, but ``--bad-rank`` dies of an exception its data pipeline raises.
   uneven a DDP model trained on shards of uneven length: ``--bad-rank`` has one batch fewer,
          so it enters the end-of-epoch barrier while the others all-reduce gradients.
 
@@ -28,6 +29,10 @@ import torch.distributed as dist
 
 def save_checkpoint_shard() -> None:
     time.sleep(3600)  # a write to a hung network filesystem
+
+
+def next_batch() -> None:
+    raise ValueError("bad batch: label 12 out of range")
 
 
 def long_step() -> None:
@@ -58,7 +63,7 @@ def uneven(rank: int, bad_rank: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["stall", "crash", "uneven"])
+    p.add_argument("scenario", choices=["stall", "crash", "raise", "uneven"])
     p.add_argument("--bad-rank", type=int, default=2)
     args = p.parse_args()
     dist.init_process_group("gloo")
@@ -72,9 +77,11 @@ def main() -> None:
         dist.all_reduce(loss)
     dist.barrier()
     print("READY", flush=True)
-    if args.scenario == "crash":
+    if args.scenario in ("crash", "raise"):
         if rank == args.bad_rank:
             time.sleep(0.5)
+            if args.scenario == "raise":
+                next_batch()
             os._exit(3)
         long_step()
     elif rank == args.bad_rank:
