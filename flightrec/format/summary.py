@@ -253,7 +253,7 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
     main_stack = stack(main.stack, MAX_STACK) if main else ()
     raised = sorted(dump.exceptions, key=lambda x: not x.is_main)[:MAX_EXCEPTIONS]
     exceptions = tuple(
-        Raised(x.type[:MAX_TEXT], x.message[:MAX_TEXT], x.thread[:MAX_TEXT], x.is_main,
+        Raised(x.type[:MAX_TEXT], _cut(x.message), x.thread[:MAX_TEXT], x.is_main,
                x.wall_time_ns, stack(x.stack, MAX_EXCEPTION_FRAMES))
         for x in raised
     )  # fmt: skip
@@ -263,6 +263,11 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
         pb.DumpReason.Name(h.reason), h.wall_time_ns, h.mono_time_ns, h.timeout_s,
         dump_path[:MAX_PATH], tuple(groups), main_stack, exceptions,
     )  # fmt: skip
+
+
+def _cut(text: str) -> str:
+    """``text`` within ``MAX_TEXT`` characters, ending in an ellipsis where it was cut."""
+    return text if len(text) <= MAX_TEXT else text[: MAX_TEXT - 1] + "…"
 
 
 def members(ranks: Sequence[int]) -> Sequence[int]:

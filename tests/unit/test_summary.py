@@ -299,6 +299,7 @@ def test_the_exception_survives_every_trimming_step() -> None:
     back = fs.decode(fs.encode(s))
     assert back.exceptions and back.exceptions[0].type == "ValueError"
     assert len(back.exceptions[0].message) == fs.MAX_TEXT
+    assert back.exceptions[0].message.endswith("x…")  # the reader sees it was cut
     assert back.exceptions[0].stack[0].line == 12
 
 
