@@ -10,10 +10,13 @@ from typing import TypeVar
 T = TypeVar("T")
 
 # Frames inside these are not "the line of code" a user wants: torch's own Python,
-# flightrec's hooks, the standard library (queue.get, threading waits) and import machinery.
+# flightrec's hooks, the standard library (queue.get, threading waits), import machinery, and
+# typing_extensions' ``deprecated`` wrapper, which torch puts around deprecated collectives
+# (``all_gather_into_tensor`` in torch 2.13).
 _LIBRARY_FILE = re.compile(
     r"(^<)|(/|^)(torch|flightrec)/|/lib/python3\.\d+/(?!site-packages/|dist-packages/)"
     r"|/(site|dist)-packages/(torch|flightrec|typer|click|rich)/"
+    r"|/(site|dist)-packages/typing_extensions\.py$"
 )
 
 

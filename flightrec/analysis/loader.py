@@ -59,6 +59,9 @@ class Run:
     happened next (an exit, the exception it died of)."""
     hang_wall_ns: int = 0
     """Wall-clock time of the first hang event when the hang view chose the dumps; else 0."""
+    exited: frozenset[int] = frozenset()
+    """Ranks without a dump known to have ended cleanly (the verdict in the log: they said so
+    through the job's store as their process ended)."""
 
     @property
     def ranks_with_dump(self) -> tuple[int, ...]:

@@ -25,6 +25,8 @@ from flightrec.analysis.model import (
 from flightrec.analysis.routine import Departure
 from flightrec.analysis.waits import Node
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
+from flightrec.format.schema import RECORDER_SOURCE
 from flightrec.readers.blackbox import died, ended
 from flightrec.text import compress, ranks_phrase
 
@@ -182,6 +184,14 @@ def transfer_pair_phrase(a: Transfer, b: Transfer) -> str:
     )
 
 
+def _recorded_by_flightrec(m: Matched) -> bool:
+    """Whether every dump is a file flightrec's recorder wrote (a dump or a black box): then a
+    process killed hard would have left its black box behind."""
+    return bool(m.run.dumps) and all(
+        d.header.source in (RECORDER_SOURCE, BLACKBOX_SOURCE) for d in m.run.dumps.values()
+    )
+
+
 def culprit_state(m: Matched, rank: int) -> Status:
     """Why nothing else explains this rank: alive elsewhere, exited, or no dump."""
     d = m.run.dumps.get(rank)
@@ -290,12 +300,28 @@ def rank_finding(
     culprits: dict[int, CulpritEvidence] | None = None
     if state is Status.NO_DUMP:
         kind = FindingKind.MISSING_DUMP
-        if primary is not None:
+        if primary is not None and set(ranks) <= m.run.exited:
+            # No dump, but the rank said it ended: its loop or its data ran out before the
+            # others' (uneven shards), or it took a branch that ends the program.
+            summary = (
+                f"{who} exited cleanly without entering {what}; "
+                f"{ranks_phrase(primary.waiting)} {'waits' if len(primary.waiting) == 1 else 'wait'}"
+                f" for {'it' if len(ranks) == 1 else 'them'} ({'it' if len(ranks) == 1 else 'they'}"
+                " said so through the job's store as the process ended; a clean exit leaves no "
+                "dump unless FLIGHTREC_DUMP_ON_EXIT=1)"
+            )
+        elif primary is not None:
+            why = (
+                "no dump and no black box: it most likely exited cleanly, which keeps neither "
+                "unless FLIGHTREC_DUMP_ON_EXIT=1; a process killed hard keeps its black box, "
+                "unless FLIGHTREC_BLACKBOX=0 or its files are not in this folder"
+                if _recorded_by_flightrec(m)
+                else "a process killed hard, by a crash, the OOM killer or an abort, leaves no dump"
+            )
             summary = (
                 f"{who} left no dump; {ranks_phrase(primary.waiting)} "
                 f"{'waits' if len(primary.waiting) == 1 else 'wait'} for "
-                f"{'it' if len(ranks) == 1 else 'them'} in {what} (a process killed hard, by a "
-                "crash, the OOM killer or an abort, leaves no dump)"
+                f"{'it' if len(ranks) == 1 else 'them'} in {what} ({why})"
             )
         else:
             summary = (

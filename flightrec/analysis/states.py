@@ -42,7 +42,7 @@ class RankState:
                 return f"exited ({self.how})"
             return "exited" + (f" (last{at})" if at else "")
         if self.status is Status.NO_DUMP:
-            return "left no dump"
+            return self.how or "left no dump"
         return ("are" + at) if at else "are outside any collective"
 
 
@@ -64,7 +64,8 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
     for rank in range(m.run.world_size):
         d = m.run.dumps.get(rank)
         if d is None:
-            states[rank] = RankState(rank, Status.NO_DUMP)
+            how = "exited cleanly, no dump" if rank in m.run.exited else ""
+            states[rank] = RankState(rank, Status.NO_DUMP, how=how)
             continue
         blocked = newest.get(rank)
         if blocked is not None:

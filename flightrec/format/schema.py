@@ -22,6 +22,8 @@ the loader reads deeper where that is not enough."""
 FOOTER = 14
 """Bytes of the ``tail_start`` and ``older_entries`` fields that end a 1.3 file."""
 SUFFIX = ".frdump"
+RECORDER_SOURCE = "flightrec"
+"""``Header.source`` of a dump flightrec's recorder wrote."""
 # A 16,384-entry ring with deep stacks is a few MB; anything past this is not a dump we wrote,
 # and reading it whole could exhaust the analysis machine's memory.
 MAX_DUMP_BYTES = 256 * 1024 * 1024

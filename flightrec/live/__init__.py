@@ -56,18 +56,21 @@ def report(rnd: Round) -> None:
         # The analysis and the renderer load while the other ranks answer, not after.
         from flightrec.live.verdict import render
 
-        answered, died = rnd.answered(), rnd.died()
-        while len({*answered, *died}) < rnd.world_size and time.monotonic() < rnd.deadline:
+        answered, died, left = rnd.answered(), rnd.died(), rnd.left()
+        while len({*answered, *died, *left}) < rnd.world_size and time.monotonic() < rnd.deadline:
             time.sleep(POLL_S)
             if rnd.reporter() != rnd.rank:
                 return
-            answered, died = rnd.answered(), rnd.died()
+            answered, died, left = rnd.answered(), rnd.died(), rnd.left()
         if rnd.reporter() != rnd.rank:
             return
         dead = sorted(set(died) - set(answered))
+        exited = frozenset(left) - set(answered) - set(dead)
         raw = rnd.summaries(sorted({*answered, *dead}))
         gathered = time.monotonic() - started
-        text = render(raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead))
+        text = render(
+            raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead), exited
+        )
     except Exception as exc:
         why = (str(exc) or type(exc).__name__).splitlines()[0][:200]
         log.warning("flightrec: no verdict in the log: %s", why)

@@ -31,14 +31,19 @@ TERM_STUCK_S = 5.0
 
 
 def load(
-    raw: Mapping[int, bytes], number: int, world_size: int, dead: AbstractSet[int] = frozenset()
+    raw: Mapping[int, bytes],
+    number: int,
+    world_size: int,
+    dead: AbstractSet[int] = frozenset(),
+    exited: AbstractSet[int] = frozenset(),
 ) -> tuple[Run, dict[int, Summary]]:
     """Decode every rank's summary and build the run the analysis takes.
 
     A summary that does not decode, or that answers an older round (the rank published nothing
     for this one in time), leaves its rank missing, with one line saying why. Ranks in
     ``dead`` listed themselves as dead of an exception: their summary, published on the way
-    out, stands whatever round it names, if it says what ended the main thread.
+    out, stands whatever round it names, if it says what ended the main thread. Ranks in
+    ``exited`` said they ended cleanly; without a summary, that is what the verdict says.
     """
     dumps: dict[int, RankDump] = {}
     summaries: dict[int, Summary] = {}
@@ -56,7 +61,8 @@ def load(
             summaries[rank] = s
         except (SummaryError, DumpError) as exc:
             problems.append(FileProblem(label, printable(str(exc)).split(": ", 1)[-1]))
-    return Run(dumps, world_size, tuple(problems), ()), summaries
+    gone = frozenset(r for r in exited if r not in dumps)
+    return Run(dumps, world_size, tuple(problems), (), exited=gone), summaries
 
 
 def worth_printing(report: Report, reason: str, summaries: Mapping[int, Summary]) -> bool:
@@ -88,6 +94,7 @@ def render(
     world_size: int,
     gathered_s: float,
     dead: AbstractSet[int] = frozenset(),
+    exited: AbstractSet[int] = frozenset(),
 ) -> str:
     """The text to print for one round ("" when there is nothing worth printing).
 
@@ -98,8 +105,9 @@ def render(
         world_size: ranks expected.
         gathered_s: how long gathering took.
         dead: ranks that died of an exception and published on the way out (``load``).
+        exited: ranks that said they ended cleanly (``load``).
     """
-    run, summaries = load(raw, number, world_size, dead)
+    run, summaries = load(raw, number, world_size, dead, exited)
     if not run.dumps:
         return (
             f"flightrec verdict: none, no rank's summary could be read for request {number} "
@@ -122,15 +130,18 @@ def render(
     TerminalRenderer(console).render(report)
     for p in run.problems:
         out.write(f"flightrec verdict: {p.path}: {p.reason}\n")
-    out.write("".join(f"{line}\n" for line in dump_lines(summaries, world_size)))
+    lines = dump_lines(summaries, world_size, run.exited)
+    out.write("".join(f"{line}\n" for line in lines))
     return out.getvalue()
 
 
-def dump_lines(summaries: Mapping[int, Summary], world_size: int) -> list[str]:
+def dump_lines(
+    summaries: Mapping[int, Summary], world_size: int, exited: AbstractSet[int] = frozenset()
+) -> list[str]:
     """Where each rank's dump went: one line per rank, or per host and folder at scale ("-":
     the rank could not write it)."""
     lines = ["Dumps (on each rank's host)"]
-    missing = [r for r in range(world_size) if r not in summaries]
+    missing = [r for r in range(world_size) if r not in summaries and r not in exited]
     if len(summaries) <= MAX_DUMP_LINES:
         for r, s in sorted(summaries.items()):
             # Host and path come from the store: untrusted, never printed raw.
@@ -145,6 +156,8 @@ def dump_lines(summaries: Mapping[int, Summary], world_size: int) -> list[str]:
                 lines.append(f"  ... and {len(places) - MAX_DUMP_LINES} more hosts or folders")
                 break
             lines.append(f"  {ranks_phrase(ranks)} on {host}: {folder}")
+    if exited:
+        lines.append(f"  {ranks_phrase(sorted(exited))} exited cleanly, no dump")
     if missing:
         lines.append(f"  no answer from {ranks_phrase(missing)}")
     return lines

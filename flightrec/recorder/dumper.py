@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder, EntryValues
-from flightrec.format.schema import dump_filename
+from flightrec.format.schema import RECORDER_SOURCE, dump_filename
 from flightrec.format.slot import Slot, decode
 from flightrec.format.write import write_dump
 from flightrec.recorder import native_merge
@@ -225,7 +225,7 @@ class Dumper:
         h.timeout_s = rec.config.timeout_s
         h.dump_index = next(self._index)
         h.requested_by = requested_by
-        h.source = "flightrec"
+        h.source = RECORDER_SOURCE
 
         present: dict[int, int] = {}
         for slot in entries:

@@ -17,6 +17,9 @@ Keys, under ``flightrec/<namespace>/``:
   exception, after publishing its summary on the way out (``<restart>``: torchrun's restart
   count, so a crash of an earlier attempt is never read as this one's). A dead rank answers
   no round; the reporter reads its summary from there, and the verdict names the crash.
+- ``left/<restart>``: ``"<rank>,"`` appended by each rank that ends cleanly (destroys its
+  default group, or exits): one short store call. A rank whose data ran out early and whose
+  loop ended is then named as having exited, not as a process killed hard.
 
 Nothing here blocks the job: store calls run on flightrec's threads, on a connection of the
 exchange's own, and any failure costs one warning for the whole process.
@@ -72,6 +75,11 @@ def died_key(namespace: str, restart: str) -> str:
     return f"flightrec/{namespace or DEFAULT_NAMESPACE}/died/{restart}"
 
 
+def left_key(namespace: str, restart: str) -> str:
+    """Where ranks that ended cleanly in attempt ``restart`` list themselves."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/left/{restart}"
+
+
 def restart_count() -> str:
     """torchrun's restart count of this attempt ("0" outside torchrun, or when unreadable)."""
     value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
@@ -122,7 +130,13 @@ class Round:
 
     def died(self) -> list[int]:
         """Ranks of this attempt that died of an exception and published on the way out."""
-        key = died_key(self.namespace, self.restart)
+        return self._listed(died_key(self.namespace, self.restart))
+
+    def left(self) -> list[int]:
+        """Ranks of this attempt that ended cleanly (destroyed their group, or exited)."""
+        return self._listed(left_key(self.namespace, self.restart))
+
+    def _listed(self, key: str) -> list[int]:
         if not self.store.check([key]):
             return []
         return _ranks_in(bytes(self.store.get(key)), self.world_size)
@@ -175,6 +189,7 @@ class Exchange:
         self._prepared = False
         self._next_look_ns = 0
         self.restart = restart_count()
+        self._left = False
 
     def on_dump(self, dump: pb.Dump, path: Path | None) -> None:
         """The dumper's hook: remember the dump just built (written to ``path``, or not)."""
@@ -227,6 +242,18 @@ class Exchange:
                     store.append(died_key(self.namespace, self.restart), f"{self.rank},")
             except Exception as exc:
                 self._warn(exc)
+
+    def after_exit(self) -> None:
+        """This process ends cleanly (its default group is being destroyed, or it exits): say
+        so, once, so that a hang among the ranks still running names it as exited."""
+        if self._left:
+            return
+        self._left = True
+        try:
+            with self._lock:
+                self._connection().append(left_key(self.namespace, self.restart), f"{self.rank},")
+        except Exception as exc:
+            self._warn(exc)
 
     def close(self, wait_s: float) -> None:
         """At exit: let a report under way finish (a daemon thread inside a store call when
@@ -328,4 +355,13 @@ class Exchange:
             )
 
 
-__all__ = ["MAX_BYTES", "Exchange", "Reporter", "Round", "died_key", "round_key", "summary_key"]
+__all__ = [
+    "MAX_BYTES",
+    "Exchange",
+    "Reporter",
+    "Round",
+    "died_key",
+    "left_key",
+    "round_key",
+    "summary_key",
+]

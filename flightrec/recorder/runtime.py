@@ -161,6 +161,9 @@ class Runtime:
         import torch.distributed as dist
 
         if group is None or group is dist.GroupMember.WORLD:
+            exchange = self.exchange
+            if exchange is not None:
+                exchange.after_exit()
             self._stop_poller()
 
     def _after_destroy(self) -> None:
@@ -433,6 +436,9 @@ class Runtime:
             or self.recorder.groups.groups
         )
         died = self.died_of is not None and self.dumper.identity is not None
+        exchange = self.exchange
+        if needed and not died and exchange is not None:
+            exchange.after_exit()  # a hang among the ranks still running names this one exited
         if not ((self.config.dump_on_exit and needed) or died):
             return
         detail = "process exit"
@@ -441,7 +447,6 @@ class Runtime:
             detail += f": {x.type}: {x.message}"[:4000]
         if self.dump(pb.PROCESS_EXIT, detail) is not None:
             self.dumper.exit_dumped = True
-        exchange = self.exchange
         if died and exchange is not None:
             exchange.after_death()  # the verdict in the log names the crash
 

@@ -176,6 +176,34 @@ def test_a_job_that_ends_normally_leaves_nothing_in_its_log(tmp_path: Path, worl
         assert sign not in out, out
 
 
+ENDS_EARLY = """
+import time, torch, torch.distributed as dist
+from flightrec.recorder.exchange import left_key
+from flightrec.recorder.store import default_store
+dist.init_process_group("gloo")
+t = torch.ones(4)
+for _ in range(2):
+    dist.all_reduce(t)
+if dist.get_rank() == 1:  # its data ran out: it ends cleanly, the others go on
+    dist.destroy_process_group()
+    raise SystemExit(0)
+time.sleep(2.0)
+store = default_store()
+key = left_key("", "0")
+print("LEFT", bytes(store.get(key)).decode() if store.check([key]) else "-", flush=True)
+"""
+
+
+def test_a_rank_that_ends_cleanly_says_so_through_the_store(tmp_path: Path) -> None:
+    script = tmp_path / "ends_early.py"
+    script.write_text(ENDS_EARLY)
+    with start_job(script, world_size=2, workdir=tmp_path) as job:
+        codes = job.wait(60)
+    out = job.output()
+    assert codes[1] == 0, out
+    assert "LEFT 1," in out, out  # rank 0 reads what rank 1 announced
+
+
 def test_stalled_rank_outside_collectives_is_caught_by_peer_request(tmp_path: Path) -> None:
     env = {"FLIGHTREC_TIMEOUT": "2"}
     with start_job("scenario.py", ["stall", "--stall-rank", "2"], env=env, workdir=tmp_path) as job:

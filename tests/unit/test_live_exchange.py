@@ -16,9 +16,10 @@ from flightrec import live
 from flightrec.errors import CONTROL
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format import summary as fs
+from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.read import read_dump
 from flightrec.live.verdict import render
-from flightrec.recorder.exchange import Exchange, Round
+from flightrec.recorder.exchange import Exchange, Round, died_key, left_key
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "stalled_rank"
 
@@ -76,6 +77,38 @@ def test_a_rank_that_died_stands_in_a_later_round_only_with_its_exception() -> N
     # Listed, but nothing ended its main thread: no reason to take an older round's summary.
     raw[1] = fs.encode(fs.summarize(hang_dumps()[1][1], 2, "old"))
     assert "answers request 2, not 7" in render(raw, 7, "SIGNAL_TERM", 4, 0.1, frozenset({1}))
+
+
+def test_a_rank_that_ended_cleanly_is_named_as_exited() -> None:
+    # Rank 3's data ran out: it destroyed its group and exited after all_reduce #3, and said
+    # so through the store; the others wait in all_reduce #4.
+    raw = {}
+    for rank in (0, 1, 2):
+        b = DumpBuilder()
+        b.header.rank, b.header.world_size, b.header.reason = rank, 4, pb.WATCHDOG_TIMEOUT
+        g = b.group("0", [0, 1, 2, 3], last_seq=4)
+        for seq in (1, 2, 3, 4):
+            state = pb.COMPLETED if seq < 4 else pb.STARTED
+            b.entry(EntryValues(seq, g, "all_reduce", seq=seq, enqueue_ns=seq * 100,
+                                state=state, stack=[("/job/train.py", "main", 31)]))  # fmt: skip
+        b.thread(1, "MainThread", [("/job/train.py", "main", 31)], is_main=True)
+        raw[rank] = fs.encode(fs.summarize(b.build(), 2, ""))
+    text = render(raw, 2, "WATCHDOG_TIMEOUT", 4, 0.1, exited=frozenset({3}))
+    assert "Rank 3 exited cleanly without entering all_reduce #4" in text, text
+    assert "rank 3 exited cleanly, no dump" in text and "no answer from" not in text, text
+    # Not said: a rank that left nothing is reported as before.
+    assert "Rank 3 left no dump" in render(raw, 2, "WATCHDOG_TIMEOUT", 4, 0.1)
+
+
+def test_the_exchange_lists_dead_and_departed_ranks_for_the_reporter() -> None:
+    store = MemoryStore()
+    rnd = Round(1, "WATCHDOG_TIMEOUT", 0, 4, "", time.monotonic() + 1, store, "0")
+    assert rnd.died() == [] and rnd.left() == []
+    store.append(died_key("", "0"), "2,")
+    store.append(left_key("", "0"), "3,")
+    store.append(left_key("", "0"), "3,")  # said twice: listed once
+    store.append(left_key("", "1"), "1,")  # another attempt's: not this one's
+    assert rnd.died() == [2] and rnd.left() == [3]
 
 
 def test_a_healthy_job_stopped_by_sigterm_gets_one_line() -> None:
