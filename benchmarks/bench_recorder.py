@@ -16,6 +16,11 @@ shared machine hits them alike; each mode's figure is the median over its proces
   e  as c, without the black box (FLIGHTREC_BLACKBOX=0)
   p  as c, on the pure-Python hot path (the C extension not used): what the extension saves
 
+Then the hooks alone, paired in one process (``paired_loop.py``): batches of the same loop
+through the traced function and through torch's original alternate in one ``FLIGHTREC=1``
+process, so load on a shared machine hits both alike; median per-round difference, over a few
+processes. Where fresh processes scatter by several µs, this figure holds within a fraction.
+
 ``--ddp``: steps per second of a small DDP model on 4 gloo ranks (``ddp_steps.py``), with and
 without FLIGHTREC=1, interleaved, median and range.
 
@@ -302,6 +307,21 @@ def harness(rounds: int, tmp: str) -> dict[str, float]:
     return med
 
 
+def paired(rounds: int, tmp: str) -> None:
+    """The hooks' cost per call measured within one process (``paired_loop.py``), with and
+    without stacks, and on the pure-Python path."""
+    print("flightrec's hooks alone, paired in one process (paired_loop.py, FLIGHTREC=1, "
+          f"PyTorch's recorder at its default): median per-round difference, {rounds} processes")  # fmt: skip
+    for label, env, pure in (
+        ("16-frame stacks", {"FLIGHTREC": "1"}, False),
+        ("no stacks (FLIGHTREC_STACK_DEPTH=0)", {"FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "0"}, False),
+        ("16-frame stacks, pure-Python path", {"FLIGHTREC": "1"}, True),
+    ):  # fmt: skip
+        got = [_script("paired_loop.py", env, tmp, pure=pure) for _ in range(rounds)]
+        spread = ", ".join(f"{x:+.2f}" for x in got)
+        print(f"  {label:<40} {statistics.median(got):+6.2f} us/call   [{spread}]", flush=True)
+
+
 def ddp(rounds: int, tmp: str) -> None:
     """Steps/s of a small 4-rank gloo DDP model, with and without FLIGHTREC=1, printed."""
     rates: dict[str, list[float]] = {"off": [], "on": []}
@@ -345,6 +365,7 @@ def main() -> None:
         return instructions(opts.calls)
     with tempfile.TemporaryDirectory() as tmp:
         harness(opts.rounds, tmp)
+        paired(max(3, opts.rounds // 3), tmp)
         if opts.ddp:
             ddp(opts.ddp_rounds, tmp)
         dump = _run_child(
