@@ -26,7 +26,7 @@ from flightrec.analysis.routine import Departure
 from flightrec.analysis.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
-from flightrec.format.schema import RECORDER_SOURCE
+from flightrec.format.schema import RECORDER_SOURCE, SUMMARY_SOURCE
 from flightrec.readers.blackbox import died, ended
 from flightrec.text import compress, ranks_phrase
 
@@ -184,14 +184,6 @@ def transfer_pair_phrase(a: Transfer, b: Transfer) -> str:
     )
 
 
-def _recorded_by_flightrec(m: Matched) -> bool:
-    """Whether every dump is a file flightrec's recorder wrote (a dump or a black box): then a
-    process killed hard would have left its black box behind."""
-    return bool(m.run.dumps) and all(
-        d.header.source in (RECORDER_SOURCE, BLACKBOX_SOURCE) for d in m.run.dumps.values()
-    )
-
-
 def culprit_state(m: Matched, rank: int) -> Status:
     """Why nothing else explains this rank: alive elsewhere, exited, or no dump."""
     d = m.run.dumps.get(rank)
@@ -311,13 +303,23 @@ def rank_finding(
                 "dump unless FLIGHTREC_DUMP_ON_EXIT=1)"
             )
         elif primary is not None:
-            why = (
-                "no dump and no black box: it most likely exited cleanly, which keeps neither "
-                "unless FLIGHTREC_DUMP_ON_EXIT=1; a process killed hard keeps its black box, "
-                "unless FLIGHTREC_BLACKBOX=0 or its files are not in this folder"
-                if _recorded_by_flightrec(m)
-                else "a process killed hard, by a crash, the OOM killer or an abort, leaves no dump"
-            )
+            sources = {d.header.source for d in m.run.dumps.values()}
+            if sources <= {RECORDER_SOURCE, BLACKBOX_SOURCE}:
+                why = (
+                    "no dump and no black box: it most likely exited cleanly, which keeps "
+                    "neither unless FLIGHTREC_DUMP_ON_EXIT=1; a process killed hard keeps its "
+                    "black box, unless FLIGHTREC_BLACKBOX=0 or its files are not in this folder"
+                )
+            elif SUMMARY_SOURCE in sources:
+                why = (
+                    "no summary through the store: its process was killed hard (SIGKILL, the "
+                    "OOM killer, an abort), or it is stuck where flightrec's threads cannot "
+                    "run, such as C code holding the GIL; its files on its host may say which"
+                )
+            else:
+                why = (
+                    "a process killed hard, by a crash, the OOM killer or an abort, leaves no dump"
+                )
             summary = (
                 f"{who} left no dump; {ranks_phrase(primary.waiting)} "
                 f"{'waits' if len(primary.waiting) == 1 else 'wait'} for "

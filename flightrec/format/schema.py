@@ -24,6 +24,8 @@ FOOTER = 14
 SUFFIX = ".frdump"
 RECORDER_SOURCE = "flightrec"
 """``Header.source`` of a dump flightrec's recorder wrote."""
+SUMMARY_SOURCE = "flightrec-summary"
+"""``Header.source`` of the view built from a rank's summary (the verdict in the log)."""
 # A 16,384-entry ring with deep stacks is a few MB; anything past this is not a dump we wrote,
 # and reading it whole could exhaust the analysis machine's memory.
 MAX_DUMP_BYTES = 256 * 1024 * 1024

@@ -10,10 +10,11 @@ from __future__ import annotations
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.read import validate
+from flightrec.format.schema import SUMMARY_SOURCE
 from flightrec.format.summary import Frame, Summary
 from flightrec.format.view import DumpView
 
-SOURCE = "flightrec-summary"
+SOURCE = SUMMARY_SOURCE
 """``Header.source`` of a view built from a summary."""
 
 
