@@ -273,7 +273,7 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
 
     scored: list[tuple[int, Tie, Finding]] = []
     used_mismatches: set[int] = set()
-    rank_roots: dict[tuple[Status, Node | None], list[int]] = defaultdict(list)
+    rank_roots: dict[tuple[Status, bool, Node | None], list[int]] = defaultdict(list)
     explained: set[str] = set()
     ancestors_of: dict[int, set[Node]] = {}
 
@@ -312,7 +312,9 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
                 return (direct, -earliest.get(op, 0), graph.in_degree(op))
 
             primary = max(preds, key=directness) if preds else None
-            rank_roots[(culprit_state(m, rank), primary)].append(rank)
+            # Ranks known to have exited cleanly are told apart from ranks that left nothing.
+            gone = rank in m.run.exited
+            rank_roots[(culprit_state(m, rank), gone, primary)].append(rank)
             continue
         at = (str(graph.nodes[node]["group"]), int(graph.nodes[node]["seq"]))
         mismatch = mismatch_at.get(at)
@@ -327,7 +329,7 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
         else:
             scored.append((weight, Tie.STUCK, _stuck_finding(m, graph, node, consequences)))
 
-    for (state, primary), ranks in rank_roots.items():
+    for (state, _, primary), ranks in rank_roots.items():
         nodes = [n for r in ranks for n in ancestors(_component(cond, ("rank", r)))]
         ops = _op_nodes(set(nodes))
         consequences = [_consequence(graph, n, longest) for n in ops]

@@ -101,7 +101,7 @@ def render(
     Args:
         raw: per rank, the bytes read from its summary key.
         number: the round (dump request) number.
-        reason: what started the round (``WATCHDOG_TIMEOUT``, ``SIGNAL_TERM``).
+        reason: what started the round (``WATCHDOG_TIMEOUT``, ``SIGNAL_TERM``, ``RANK_DIED``).
         world_size: ranks expected.
         gathered_s: how long gathering took.
         dead: ranks that died of an exception and published on the way out (``load``).
@@ -121,7 +121,9 @@ def render(
         )
     out = io.StringIO()
     console = Console(file=out, width=WIDTH, color_system=None, soft_wrap=False)
-    what = "hang declared" if reason == "WATCHDOG_TIMEOUT" else "stopped by SIGTERM"
+    what = {"WATCHDOG_TIMEOUT": "hang declared", "RANK_DIED": "a rank died"}.get(
+        reason, "stopped by SIGTERM"
+    )
     # Plain lines around the panel: rich would wrap them at the console's width.
     out.write(
         f"flightrec verdict: {what}; from {len(run.dumps)} of {world_size} ranks' summaries, "

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
-from flightrec.recorder.store import DEFAULT_NAMESPACE, own_connection
+from flightrec.recorder.store import DEFAULT_NAMESPACE, RANK_DIED, own_connection
 
 if TYPE_CHECKING:
     from flightrec.format import flightrec_pb2 as pb
@@ -53,7 +53,7 @@ REUSE_S = 30.0
 """A SIGTERM this soon after a round this rank took part in joins that round instead of a new
 one: torchrun stopping a job whose hang was just reported, or the other ranks' SIGTERM round,
 whose request reached this rank's request thread just before its own SIGTERM did."""
-ROUND_REASONS = ("WATCHDOG_TIMEOUT", "SIGNAL_TERM")
+ROUND_REASONS = ("WATCHDOG_TIMEOUT", "SIGNAL_TERM", RANK_DIED)
 """The requests that start an exchange (a CLI trigger or SIGUSR1 only dumps)."""
 MAX_CLAIM_TRIES = 16
 LOOK_EVERY_NS = 1_000_000_000
@@ -98,7 +98,7 @@ class Round:
 
     Attributes:
         number: the dump request every answering rank names.
-        reason: why it was posted (``WATCHDOG_TIMEOUT``, ``SIGNAL_TERM``).
+        reason: why it was posted (``WATCHDOG_TIMEOUT``, ``SIGNAL_TERM``, ``RANK_DIED``).
         rank: this process's rank, the reporter while ``reporter()`` says so.
         world_size: ranks expected to answer.
         namespace: the job's key namespace.
@@ -226,22 +226,29 @@ class Exchange:
         self._answer(n, "SIGNAL_TERM", wait=True)
 
     def after_death(self) -> None:
-        """This process is dying of an exception and just dumped: publish the summary (it
-        carries the exception) and list this rank as dead, so that whichever rank reports
-        the hang that follows names the crash. No round, no report from here."""
-        with self._publishing:
-            latest, self._latest = self._latest, None
-            if latest is None:
-                return
-            dump, path = latest
+        """This process is dying of an exception and just dumped: list this rank as dead
+        (rounds it can no longer answer read its summary from there), and start a round, or
+        join the one under way, so that a verdict is printed even when no rank survives to be
+        stopped by SIGTERM (gloo fails every peer of a dead rank at once). If this rank is the
+        reporter, the report finishes before the process ends."""
+        poller = self._poller
+        n, reason, at_ns = poller.latest
+        if not (n and time.monotonic_ns() - at_ns < REUSE_S * 1e9 and reason in ROUND_REASONS):
             try:
-                data = encode(summarize(dump, self._poller.seen, str(path) if path else ""))
-                with self._lock:
-                    store = self._connection()
-                    store.set(summary_key(self.namespace, self.rank), data)
-                    store.append(died_key(self.namespace, self.restart), f"{self.rank},")
+                _, n = poller.start_round(self.rank, RANK_DIED, poller.seen)
             except Exception as exc:
                 self._warn(exc)
+                return
+            reason = RANK_DIED
+        self._publish(n, reason or RANK_DIED)  # the summary first: it carries the exception
+        try:
+            with self._lock:
+                self._connection().append(died_key(self.namespace, self.restart), f"{self.rank},")
+        except Exception as exc:
+            self._warn(exc)
+        running = self._reporting
+        if running is not None:  # this rank reports: before the process ends
+            running.join(GATHER_S + 5.0)
 
     def after_exit(self) -> None:
         """This process ends cleanly (its default group is being destroyed, or it exits): say

@@ -447,8 +447,9 @@ class Runtime:
             detail += f": {x.type}: {x.message}"[:4000]
         if self.dump(pb.PROCESS_EXIT, detail) is not None:
             self.dumper.exit_dumped = True
-        if died and exchange is not None:
-            exchange.after_death()  # the verdict in the log names the crash
+        interrupted = self.died_of is not None and self.died_of.type == "KeyboardInterrupt"
+        if died and exchange is not None and not interrupted:
+            exchange.after_death()  # the verdict in the log names the crash (Ctrl-C is none)
 
     def _on_dump(self, dump: pb.Dump, path: Path | None) -> None:
         exchange = self.exchange

@@ -50,7 +50,9 @@ HANG_COVERS_NS = 5_000_000_000
 second dump here."""
 MAX_LOOKAHEAD = 64
 """Request numbers examined per poll for the first one not posted by this process."""
-REASONS = frozenset(pb.DumpReason.keys()) - {"REASON_UNSPECIFIED"}
+RANK_DIED = "RANK_DIED"
+"""The reason of the request a rank posts as it dies of an exception (``Exchange``)."""
+REASONS = frozenset(pb.DumpReason.keys()) - {"REASON_UNSPECIFIED"} | {RANK_DIED}
 """The only reasons a request may name (anything else is read as no reason)."""
 MAX_REQUEST_BYTES = 64
 """A request description is "<rank> <REASON>"; anything longer is not one of ours."""

@@ -92,15 +92,16 @@ def test_flightrec_verdict_0_turns_it_off(tmp_path: Path) -> None:
 def test_under_torchrun_a_rank_that_died_of_an_exception_is_named_with_it(
     tmp_path: Path,
 ) -> None:
-    # The dead rank answers no round: it published its summary, exception included, on its
-    # way out, and the reporter (a rank stopped by SIGTERM) reads it from there.
+    # The dying rank publishes its summary, exception included, and starts a round; torchrun
+    # then stops the others with SIGTERM, which joins that round: one verdict, all 4 ranks.
     env = {"FLIGHTREC_TIMEOUT": "60"}
     with start_job(
         "live_job.py", ["raise", "--bad-rank", "1"], env=env, workdir=tmp_path, launch="torchrun"
     ) as job:
         job.wait(90)
         out = job.output()
-    assert "stopped by SIGTERM; from 4 of 4 ranks' summaries" in out, out
+    assert out.count("flightrec verdict: ") == 1, out
+    assert "flightrec verdict: a rank died; from 4 of 4 ranks' summaries" in out, out
     assert "Verdict: dead_rank" in out, out
     line = next(
         i
@@ -111,6 +112,20 @@ def test_under_torchrun_a_rank_that_died_of_an_exception_is_named_with_it(
     assert verdict is not None, out
     assert f"scripts/live_job.py:{line}" in out, out
     assert "left no dump" not in out and "no answer from" not in out, out
+
+
+def test_a_rank_that_dies_of_an_exception_starts_the_verdict_itself(tmp_path: Path) -> None:
+    # No torchrun: nothing stops the others, who are in a long step and would never see a
+    # hang of their own. The dying rank starts a round; a live rank reports it.
+    env = {"FLIGHTREC_TIMEOUT": "60"}
+    with start_job("live_job.py", ["raise", "--bad-rank", "1"], env=env, workdir=tmp_path) as job:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "Dumps (on each rank's host)" not in job.output():
+            time.sleep(0.5)
+        out = job.output()
+    assert "flightrec verdict: a rank died; from 4 of 4 ranks' summaries" in out, out
+    assert re.search(r"Rank 1 \(.*?\) died of ValueError: bad batch", out), out
+    assert "ranks 0,2-3 are in long_step at scripts/live_job.py" in out, out
 
 
 def test_under_torchrun_a_crashed_rank_is_named_before_the_others_are_stopped(

@@ -282,3 +282,21 @@ def test_a_sigterm_just_after_the_others_round_reached_this_rank_joins_that_roun
         "0", "2", "3",
     ]  # fmt: skip
     assert [(rnd.number, rnd.rank, rnd.reason) for rnd in rounds] == [(1, 0, "SIGNAL_TERM")]
+
+
+@pytest.mark.parametrize(
+    ("raw", "parsed"),
+    [
+        (b"3 WATCHDOG_TIMEOUT", (3, "WATCHDOG_TIMEOUT")),
+        (b"1 RANK_DIED", (1, "RANK_DIED")),  # a dying rank's round: its peers answer it
+        (b"-1 CLI_TRIGGER", (-1, "CLI_TRIGGER")),
+        (b"2 rm -rf /", (2, "")),
+        (b"x" * 100, (-1, "")),
+    ],
+)
+def test_a_request_names_a_rank_and_a_reason_from_the_vocabulary(
+    raw: bytes, parsed: tuple[int, str]
+) -> None:
+    from flightrec.recorder.store import parse_request
+
+    assert parse_request(raw) == parsed
