@@ -230,10 +230,17 @@ class Exchange:
         (rounds it can no longer answer read its summary from there), and start a round, or
         join the one under way, so that a verdict is printed even when no rank survives to be
         stopped by SIGTERM (gloo fails every peer of a dead rank at once). If this rank is the
-        reporter, the report finishes before the process ends."""
+        reporter, the report finishes before the process ends.
+
+        A process that already answered a round (a hang was reported) starts none: dying of
+        the collective timeout minutes after the hang's verdict, it would only repeat it. It
+        still lists itself as dead, with its summary, for whoever reports next."""
         poller = self._poller
         n, reason, at_ns = poller.latest
-        if not (n and time.monotonic_ns() - at_ns < REUSE_S * 1e9 and reason in ROUND_REASONS):
+        if self._answered:
+            n = max(self._answered)
+            reason = self._reasons.get(n, RANK_DIED)
+        elif not (n and time.monotonic_ns() - at_ns < REUSE_S * 1e9 and reason in ROUND_REASONS):
             try:
                 _, n = poller.start_round(self.rank, RANK_DIED, poller.seen)
             except Exception as exc:
