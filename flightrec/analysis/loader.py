@@ -8,7 +8,6 @@ still analysed.
 from __future__ import annotations
 
 import enum
-import multiprocessing
 import os
 import time
 from collections import Counter, defaultdict
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flightrec.analysis.depth import needs_depth
+from flightrec.analysis.fanout import can_fork, ordered_map
 from flightrec.analysis.model import FileProblem, RankDump
 from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
@@ -277,11 +277,7 @@ def _read_all(
     total = len(files)
     if progress:
         progress(0, total)
-    if (
-        workers <= 1
-        or total < _PARALLEL_FROM
-        or "fork" not in multiprocessing.get_all_start_methods()
-    ):
+    if workers <= 1 or total < _PARALLEL_FROM or not can_fork():
         for i, f in enumerate(files, 1):
             yield _read_one(f, root, tail)
             if progress and (i % _CHUNK == 0 or i == total):
@@ -291,13 +287,12 @@ def _read_all(
     # Workers parse and validate at C speed and send back compact RankDumps (typed arrays
     # pickle as raw bytes), never protobuf objects. fork: no re-import, and the parent's
     # memory is still small at this point.
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        done = 0
-        for outcomes in pool.imap(_read_chunk, chunks):
-            yield from outcomes
-            done += len(outcomes)
-            if progress:
-                progress(done, total)
+    done = 0
+    for outcomes in ordered_map(_read_chunk, chunks, workers):
+        yield from outcomes
+        done += len(outcomes)
+        if progress:
+            progress(done, total)
 
 
 def default_workers() -> int:
