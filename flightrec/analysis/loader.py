@@ -239,12 +239,16 @@ class _Outcome:
     problem: FileProblem | None = None
     skipped: bool = False
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # A constructor call, cheaper than the dataclass default (see ``RankIndex``).
+        return (_Outcome, (self.dumps, self.indexes, self.problem, self.skipped))
 
-def _read_one(file: Path, root: Path, tail: bool) -> _Outcome:
+
+def _read_one(file: str, root: Path, tail: bool) -> _Outcome:
     try:
         views = read_views(file, tail=tail)
     except NotADumpError as exc:
-        if file == root or looks_like_dump(file):
+        if file == os.fspath(root) or looks_like_dump(Path(file)):
             return _Outcome(problem=FileProblem(str(file), exc.reason))
         return _Outcome(skipped=True)
     except DumpError as exc:
@@ -257,13 +261,13 @@ def _read_one(file: Path, root: Path, tail: bool) -> _Outcome:
     return _Outcome(dumps=compact, indexes=tuple(index_rank(d) for d in compact))
 
 
-def _read_chunk(args: tuple[Sequence[Path], Path, bool]) -> list[_Outcome]:
+def _read_chunk(args: tuple[Sequence[str], Path, bool]) -> list[_Outcome]:
     files, root, tail = args
     return [_read_one(f, root, tail) for f in files]
 
 
 def _read_all(
-    files: list[Path],
+    files: list[str],
     root: Path,
     workers: int,
     progress: Progress | None,
@@ -341,7 +345,7 @@ def _deepen(
     deep = needs_depth(chosen, indexes)
     if not deep:
         return
-    files = [Path(chosen[r].path) for r in deep]
+    files = [chosen[r].path for r in deep]
     for r, outcome in zip(deep, _read_all(files, root, workers, None, tail=False), strict=True):
         old = chosen[r]
         for d, ri in zip(outcome.dumps, outcome.indexes, strict=True):
