@@ -1,4 +1,5 @@
-"""Run one function over a list of tasks in forked processes, results in task order.
+"""Run functions in forked processes: over a list of tasks (results in task order), or one
+call in the background.
 
 The loader's replacement for ``multiprocessing.Pool.imap``. The tasks are known up front
 (chunks of files), so each process takes every ``workers``-th task and answers on a pipe
@@ -9,9 +10,12 @@ among its sentinels and so spins while results wait to be read, about 2.2 s of t
 analysing process's CPU (of 6.3 s), besides the result-handler thread that unpickled
 alongside the caller and took the GIL from it.
 
+``Background`` runs one analysis pass beside the others (``passes.run_passes``): the forked
+process reads the loaded job without anything being copied to it.
+
 A process that raises sends the exception instead of a result, and the caller re-raises it;
-one that dies (killed for memory) ends the iteration with ``RuntimeError``. Closing the
-iterator early terminates the processes.
+one that dies (killed for memory) ends with ``RuntimeError``. Closing the iterator early, or
+leaving a ``Background`` block, terminates the processes.
 """
 
 from __future__ import annotations
@@ -20,7 +24,8 @@ import multiprocessing
 import traceback
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
-from typing import TypeVar
+from multiprocessing.process import BaseProcess
+from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -60,35 +65,81 @@ def ordered_map(fn: Callable[[T], R], tasks: Sequence[T], workers: int) -> Itera
             that could not be sent back (its traceback is the message).
         Exception: whatever ``fn`` raised in a process.
     """
-    ctx = multiprocessing.get_context("fork")
-    workers = max(1, min(workers, len(tasks)))
     readers: list[Connection] = []
-    procs = []
+    procs: list[BaseProcess] = []
     try:
-        for k in range(workers):
-            reader, writer = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_serve, args=(fn, tasks[k::workers], writer), daemon=True)
-            proc.start()
-            writer.close()  # (the child holds its own end: EOF when it exits)
-            readers.append(reader)
-            procs.append(proc)
+        _start(fn, tasks, max(1, min(workers, len(tasks))), readers, procs)
         for i in range(len(tasks)):
-            try:
-                ok, value = readers[i % workers].recv()
-            except EOFError:
-                proc = procs[i % workers]
-                proc.join(5)
-                raise RuntimeError(
-                    f"loader process {proc.pid} ended without answering (exit code "
-                    f"{proc.exitcode}; killed for lack of memory?)"
-                ) from None
-            if not ok:
-                raise value
-            yield value
+            yield _receive(readers[i % len(readers)], procs[i % len(procs)])
     finally:
-        for reader in readers:
-            reader.close()
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-            proc.join()
+        _stop(readers, procs)
+
+
+class Background(Generic[T, R]):
+    """``fn(arg)`` computed in a forked process, started at once; ``result()`` waits for it.
+
+    The process sees this one's memory as it was at the fork (nothing is pickled on the way
+    in); only the result comes back pickled. Use it as a context manager, which stops the
+    process if the result was never asked for.
+    """
+
+    def __init__(self, fn: Callable[[T], R], arg: T) -> None:
+        self._readers: list[Connection] = []
+        self._procs: list[BaseProcess] = []
+        _start(fn, [arg], 1, self._readers, self._procs)
+
+    def result(self) -> R:
+        """The result (raising what ``fn`` raised, as ``ordered_map`` does)."""
+        try:
+            value: R = _receive(self._readers[0], self._procs[0])
+            return value
+        finally:
+            _stop(self._readers, self._procs)
+
+    def __enter__(self) -> Background[T, R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _stop(self._readers, self._procs)
+
+
+def _start(
+    fn: Callable[[T], R],
+    tasks: Sequence[T],
+    workers: int,
+    readers: list[Connection],
+    procs: list[BaseProcess],
+) -> None:
+    ctx = multiprocessing.get_context("fork")
+    for k in range(workers):
+        reader, writer = ctx.Pipe(duplex=False)
+        proc = ctx.Process(target=_serve, args=(fn, tasks[k::workers], writer), daemon=True)
+        proc.start()
+        writer.close()  # (the child holds its own end: EOF when it exits)
+        readers.append(reader)
+        procs.append(proc)
+
+
+def _receive(reader: Connection, proc: BaseProcess) -> Any:
+    try:
+        ok, value = reader.recv()
+    except EOFError:
+        proc.join(5)
+        raise RuntimeError(
+            f"analysis process {proc.pid} ended without answering (exit code "
+            f"{proc.exitcode}; killed for lack of memory?)"
+        ) from None
+    if not ok:
+        raise value
+    return value
+
+
+def _stop(readers: list[Connection], procs: list[BaseProcess]) -> None:
+    for reader in readers:
+        reader.close()
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+        proc.join()
+    readers.clear()
+    procs.clear()
