@@ -2,13 +2,14 @@
 call in the background.
 
 The loader's replacement for ``multiprocessing.Pool.imap``. The tasks are known up front
-(chunks of files), so each process takes every ``workers``-th task and answers on a pipe
-of its own, and the caller reads the pipes in turn: results come back in task order with
+(chunks of files): each process takes the next task from a shared counter and answers on a
+pipe of its own, and the caller reads whichever pipe has an answer, yielding in task order:
 no task queue and no helper threads. What that saves, measured at 16,384 ranks
 (``benchmarks/bench_scale.py``): the pool's worker-handler thread polls its result queue
 among its sentinels and so spins while results wait to be read, about 2.2 s of the
 analysing process's CPU (of 6.3 s), besides the result-handler thread that unpickled
-alongside the caller and took the GIL from it.
+alongside the caller and took the GIL from it. Tasks are taken as processes come free, so a
+process that a busy machine slows down takes fewer of them.
 
 ``Background`` runs one analysis pass beside the others (``passes.run_passes``): the forked
 process reads the loaded job without anything being copied to it.
@@ -23,9 +24,10 @@ from __future__ import annotations
 import multiprocessing
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
-from typing import Any, Generic, TypeVar
+from multiprocessing.sharedctypes import Synchronized
+from typing import Any, Generic, TypeVar, cast
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -36,18 +38,26 @@ def can_fork() -> bool:
     return "fork" in multiprocessing.get_all_start_methods()
 
 
-def _serve(fn: Callable[[T], R], tasks: Sequence[T], out: Connection) -> None:
+def _serve(
+    fn: Callable[[T], R], tasks: Sequence[T], counter: Synchronized[int], out: Connection
+) -> None:
     try:
-        for task in tasks:
+        while True:
+            with counter.get_lock():
+                i = counter.value
+                counter.value = i + 1
+            if i >= len(tasks):
+                return
             try:
-                result = fn(task)
+                result = fn(tasks[i])
             except BaseException as exc:  # (handed to the caller, which raises it)
                 try:
-                    out.send((False, exc))
+                    out.send((i, False, exc))
                 except Exception:  # an exception that does not pickle: its text
-                    out.send((False, RuntimeError("".join(traceback.format_exception(exc)))))
+                    text = "".join(traceback.format_exception(exc))
+                    out.send((i, False, RuntimeError(text)))
                 return
-            out.send((True, result))
+            out.send((i, True, result))
     finally:
         out.close()
 
@@ -57,7 +67,7 @@ def ordered_map(fn: Callable[[T], R], tasks: Sequence[T], workers: int) -> Itera
 
     Args:
         fn: the function; a module-level one (the children inherit it by forking).
-        tasks: the tasks; task ``i`` runs in process ``i % workers``.
+        tasks: the tasks, taken in order by whichever process is free.
         workers: processes to start (at most one per task).
 
     Raises:
@@ -69,8 +79,31 @@ def ordered_map(fn: Callable[[T], R], tasks: Sequence[T], workers: int) -> Itera
     procs: list[BaseProcess] = []
     try:
         _start(fn, tasks, max(1, min(workers, len(tasks))), readers, procs)
-        for i in range(len(tasks)):
-            yield _receive(readers[i % len(readers)], procs[i % len(procs)])
+        # Answers that came early, by task (a process a task or so ahead of another).
+        early: dict[int, tuple[bool, Any]] = {}
+        live = list(readers)
+        for want in range(len(tasks)):
+            while want not in early:
+                if not live:
+                    for proc in procs:
+                        proc.join(5)
+                    codes = [p.exitcode for p in procs if p.exitcode != 0]
+                    raise RuntimeError(
+                        f"a loader process ended without answering (exit code "
+                        f"{codes[0] if codes else 'unknown'}; killed for lack of memory?)"
+                    )
+                for ready in wait(live):
+                    conn = cast(Connection, ready)
+                    try:
+                        i, ok, value = conn.recv()
+                    except EOFError:  # (done: no task left for it, or it died)
+                        live.remove(conn)
+                        continue
+                    early[i] = (ok, value)
+            answered, value = early.pop(want)
+            if not answered:
+                raise value
+            yield value
     finally:
         _stop(readers, procs)
 
@@ -91,8 +124,19 @@ class Background(Generic[T, R]):
     def result(self) -> R:
         """The result (raising what ``fn`` raised, as ``ordered_map`` does)."""
         try:
-            value: R = _receive(self._readers[0], self._procs[0])
-            return value
+            try:
+                _, ok, value = self._readers[0].recv()
+            except EOFError:
+                proc = self._procs[0]
+                proc.join(5)
+                raise RuntimeError(
+                    f"analysis process {proc.pid} ended without answering (exit code "
+                    f"{proc.exitcode}; killed for lack of memory?)"
+                ) from None
+            if not ok:
+                raise value
+            result: R = value
+            return result
         finally:
             _stop(self._readers, self._procs)
 
@@ -111,27 +155,14 @@ def _start(
     procs: list[BaseProcess],
 ) -> None:
     ctx = multiprocessing.get_context("fork")
-    for k in range(workers):
+    counter = ctx.Value("q", 0)
+    for _ in range(workers):
         reader, writer = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_serve, args=(fn, tasks[k::workers], writer), daemon=True)
+        proc = ctx.Process(target=_serve, args=(fn, tasks, counter, writer), daemon=True)
         proc.start()
         writer.close()  # (the child holds its own end: EOF when it exits)
         readers.append(reader)
         procs.append(proc)
-
-
-def _receive(reader: Connection, proc: BaseProcess) -> Any:
-    try:
-        ok, value = reader.recv()
-    except EOFError:
-        proc.join(5)
-        raise RuntimeError(
-            f"analysis process {proc.pid} ended without answering (exit code "
-            f"{proc.exitcode}; killed for lack of memory?)"
-        ) from None
-    if not ok:
-        raise value
-    return value
 
 
 def _stop(readers: list[Connection], procs: list[BaseProcess]) -> None:
