@@ -8,9 +8,10 @@ Each job is written once by `flightrec simulate` into the cache folder (reused o
 the time it took is kept beside the dumps), then analysed by `flightrec analyze --json` in a
 subprocess. Printed per size: the simulation's wall time and disk, dump size per rank (which
 must not grow with the job: group members are written as grids), then the analysis's wall
-time, peak resident memory of the analysing process tree (the parent plus its loader
-workers, sampled every 20 ms from /proc, and the largest single process as the kernel counts
-it), and whether the first finding matches the simulator's expected.json. ``--simulate-only``
+time, peak memory of the analysing process tree (the parent plus its loader workers and any
+pass run beside the others, each process's proportional set size sampled every 20 ms from
+/proc, so that pages forked processes share count once; and the largest single process's
+resident size as the kernel counts it), and whether the first finding matches the simulator's expected.json. ``--simulate-only``
 stops after the first three (131,072 ranks: see the README's figures).
 Never run two large analyses at once on a shared machine.
 
@@ -53,8 +54,26 @@ def child_env() -> dict[str, str]:
     return env
 
 
+def _pss(pid: int) -> int | None:
+    """Proportional set size of ``pid`` (a page shared by n processes counts 1/n), if known."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                if line.startswith("Pss:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
 def _tree_rss(pid: int) -> int:
-    """Resident bytes of ``pid`` and all its descendants (0 once gone)."""
+    """Resident bytes of ``pid`` and all its descendants (0 once gone).
+
+    Each process counts its proportional set size where the kernel gives it: forked
+    processes (the loader's workers, a pass run beside the others) share the analysing
+    process's pages until they write to them, and summing resident sizes would count a
+    shared page once per process.
+    """
     children: dict[int, list[int]] = {}
     rss: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -71,7 +90,9 @@ def _tree_rss(pid: int) -> int:
     total, todo = 0, [pid]
     while todo:
         p = todo.pop()
-        total += rss.get(p, 0)
+        if p in rss:
+            pss = _pss(p)
+            total += rss[p] if pss is None else pss
         todo += children.get(p, [])
     return total
 

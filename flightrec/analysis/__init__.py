@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from flightrec.analysis.clocks import TimelineClock
 from flightrec.analysis.context import AnalysisContext
-from flightrec.analysis.loader import Progress, Run, View, load_dir
+from flightrec.analysis.loader import Progress, Run, View, default_workers, load_dir
 from flightrec.analysis.matching import Matched, match
 from flightrec.analysis.model import (
     Consequence,
@@ -55,7 +55,8 @@ class AnalysisOptions:
 
     Attributes:
         view: which dump to use for ranks that dumped more than once.
-        workers: processes that read dump files (None: the usable CPUs; 1: this process only).
+        workers: processes that read dump files and run passes beside each other (None:
+            the usable CPUs; 1: this process only).
         progress: called as ``progress(files_done, files_total)`` while files are read.
         tail: read only the newest entries of dumps that allow it, deeper where needed
             (``loader.load_dir``); False reads every file whole (a timeline of everything);
@@ -111,17 +112,20 @@ class Report:
         return self.context.timeline_clock
 
 
-def analyze(run: Run) -> Report:
+def analyze(run: Run, workers: int = 1) -> Report:
     """Analyse already loaded dumps: run every pass of ``passes.PASSES`` over one context.
 
     Args:
         run: one dump per rank, as ``load_dir`` returns.
+        workers: CPUs the passes may use (more than one: some run in forked processes,
+            ``passes.run_passes``); 1, the default, forks nothing (a verdict computed
+            inside a training job).
 
     Returns:
         The report.
     """
     ctx = AnalysisContext(match(run))
-    findings = run_passes(ctx)
+    findings = run_passes(ctx, workers)
     return Report(findings, ctx.matched, ctx.states, ctx)
 
 
@@ -148,7 +152,7 @@ def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:
             progress=options.progress,
             tail=options.tail,
         )
-        return analyze(run)
+        return analyze(run, options.workers or default_workers())
 
 
 @contextlib.contextmanager

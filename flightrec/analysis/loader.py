@@ -8,7 +8,6 @@ still analysed.
 from __future__ import annotations
 
 import enum
-import multiprocessing
 import os
 import time
 from collections import Counter, defaultdict
@@ -17,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from flightrec.analysis.depth import needs_depth
+from flightrec.analysis.fanout import can_fork, ordered_map
 from flightrec.analysis.model import FileProblem, RankDump
 from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
@@ -242,12 +242,16 @@ class _Outcome:
     problem: FileProblem | None = None
     skipped: bool = False
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # A constructor call, cheaper than the dataclass default (see ``RankIndex``).
+        return (_Outcome, (self.dumps, self.indexes, self.problem, self.skipped))
 
-def _read_one(file: Path, root: Path, tail: bool) -> _Outcome:
+
+def _read_one(file: str, root: Path, tail: bool) -> _Outcome:
     try:
         views = read_views(file, tail=tail)
     except NotADumpError as exc:
-        if file == root or looks_like_dump(file):
+        if file == os.fspath(root) or looks_like_dump(Path(file)):
             return _Outcome(problem=FileProblem(str(file), exc.reason))
         return _Outcome(skipped=True)
     except DumpError as exc:
@@ -260,13 +264,13 @@ def _read_one(file: Path, root: Path, tail: bool) -> _Outcome:
     return _Outcome(dumps=compact, indexes=tuple(index_rank(d) for d in compact))
 
 
-def _read_chunk(args: tuple[Sequence[Path], Path, bool]) -> list[_Outcome]:
+def _read_chunk(args: tuple[Sequence[str], Path, bool]) -> list[_Outcome]:
     files, root, tail = args
     return [_read_one(f, root, tail) for f in files]
 
 
 def _read_all(
-    files: list[Path],
+    files: list[str],
     root: Path,
     workers: int,
     progress: Progress | None,
@@ -280,11 +284,7 @@ def _read_all(
     total = len(files)
     if progress:
         progress(0, total)
-    if (
-        workers <= 1
-        or total < _PARALLEL_FROM
-        or "fork" not in multiprocessing.get_all_start_methods()
-    ):
+    if workers <= 1 or total < _PARALLEL_FROM or not can_fork():
         for i, f in enumerate(files, 1):
             yield _read_one(f, root, tail)
             if progress and (i % _CHUNK == 0 or i == total):
@@ -294,13 +294,12 @@ def _read_all(
     # Workers parse and validate at C speed and send back compact RankDumps (typed arrays
     # pickle as raw bytes), never protobuf objects. fork: no re-import, and the parent's
     # memory is still small at this point.
-    with multiprocessing.get_context("fork").Pool(workers) as pool:
-        done = 0
-        for outcomes in pool.imap(_read_chunk, chunks):
-            yield from outcomes
-            done += len(outcomes)
-            if progress:
-                progress(done, total)
+    done = 0
+    for outcomes in ordered_map(_read_chunk, chunks, workers):
+        yield from outcomes
+        done += len(outcomes)
+        if progress:
+            progress(done, total)
 
 
 def default_workers() -> int:
@@ -349,7 +348,7 @@ def _deepen(
     deep = needs_depth(chosen, indexes)
     if not deep:
         return
-    files = [Path(chosen[r].path) for r in deep]
+    files = [chosen[r].path for r in deep]
     for r, outcome in zip(deep, _read_all(files, root, workers, None, tail=False), strict=True):
         old = chosen[r]
         for d, ri in zip(outcome.dumps, outcome.indexes, strict=True):

@@ -203,6 +203,8 @@ class RankDump:
     Attributes:
         path: the file it came from.
         dump: the dump; ``dump.entries`` holds typed arrays instead of protobuf columns.
+        header: ``dump.header``, kept: looking a message field up makes a new wrapper each
+            time, and the loader reads every rank's header a few dozen times.
     """
 
     def __init__(self, path: str, dump: pb.Dump | DumpView) -> None:
@@ -210,6 +212,7 @@ class RankDump:
         if not isinstance(dump, DumpView):
             dump = DumpView.of(dump)
         self.dump = scrub(dump)
+        self.header = self.dump.header
         self._frame_cache: dict[int, FrameInfo] = {}
         self._stack_cache: dict[int, tuple[FrameInfo, ...]] = {}
         self._spec_cache: dict[int, tuple[TensorInfo, ...]] = {}
@@ -225,24 +228,15 @@ class RankDump:
         # Scrubbed where it was pickled (the constructor's work; a tenth of unpickling).
         self.path = path
         self.dump = DumpView(meta, groups, EntriesView(columns), older)
+        self.header = meta.header
         self._frame_cache = {}
         self._stack_cache = {}
         self._spec_cache = {}
 
     @property
-    def header(self) -> pb.Header:
-        """The dump header."""
-        # Kept: looking a message field up makes a new wrapper each time, and the loader
-        # reads every rank's header a few dozen times (a second per 16,384 ranks).
-        found: pb.Header | None = self.__dict__.get("_header")
-        if found is None:
-            found = self.__dict__["_header"] = self.dump.header
-        return found
-
-    @property
     def rank(self) -> int:
         """Global rank."""
-        return self.dump.header.rank
+        return self.header.rank
 
     def describe_process(self, sep: str = ", ") -> str:
         """``host, pid 123``; what the dump does not record says so (native dumps carry neither)."""

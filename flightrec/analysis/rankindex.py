@@ -51,6 +51,11 @@ class RankGroupIndex:
     """Per collective entry (parallel to ``seqs``): an id into ``RankIndex.signatures``; None
     when the ring holds too many distinct signatures for one byte each."""
 
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        # A constructor call: the dataclass default (a state dict walked field by field)
+        # costs three times as much, once per group of every rank the loader hands over.
+        return (RankGroupIndex, (self.seqs, self.positions, self.p2p_positions, self.signature_ids))
+
     def position_of(self, seq: int) -> int | None:
         """Ring position of collective ``seq``, if still in the ring."""
         # Seqs are increasing in ring order, so the entry sits at a fixed offset from the first.
@@ -84,6 +89,9 @@ class RankIndex:
     """Positions of entries that did not complete (enqueued, started, failed)."""
     signatures: tuple[tuple[Hashable, ...], ...]
     """Signature id -> the compared fields' values (see ``signature.FIELDS``)."""
+
+    def __reduce__(self) -> tuple[object, tuple[object, ...]]:
+        return (RankIndex, (self.groups, self.incomplete, self.signatures))  # (as above)
 
 
 def incomplete_positions(states: Sequence[int]) -> tuple[int, ...]:

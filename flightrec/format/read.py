@@ -142,16 +142,8 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>", tables: bool = True) ->
         _check_index(path, "a tensor dtype", spec.dtype, ns)
     for group in dump.groups:
         # (A DumpView's groups, which the native reader validates, hold members, not grids.)
-        grid = grid_field(group) if isinstance(group, pb.ProcessGroup) else None
-        if grid is None:
-            continue
-        if group.ranks:
-            raise CorruptDumpError(
-                path, f"group {group.name!r} lists its members twice (list and grid)"
-            )
-        problem = grid_problem(grid, dump.header.world_size)
-        if problem is not None:
-            raise CorruptDumpError(path, f"group {group.name!r}: {problem}")
+        if isinstance(group, pb.ProcessGroup):
+            check_group(group, dump.header.world_size, path)
     for thread in dump.threads if tables else ():
         if thread.stack >= len(dump.stacks):
             raise CorruptDumpError(path, f"thread {thread.name!r} points at a missing stack")
@@ -166,3 +158,26 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>", tables: bool = True) ->
         )
     if h.world_size < 0 or h.rank < 0 or (h.world_size and h.rank >= h.world_size):
         raise CorruptDumpError(path, f"rank {h.rank} does not fit world size {h.world_size}")
+
+
+def check_group(group: pb.ProcessGroup, world_size: int, path: str | Path = "<dump>") -> None:
+    """Check what a reader relies on in one process group: its members, listed once.
+
+    Args:
+        group: the group as parsed.
+        world_size: the job's world size as the dump's header says (0: unknown).
+        path: its file, for messages.
+
+    Raises:
+        CorruptDumpError: members listed twice, or a grid that cannot be a group's members.
+    """
+    grid = grid_field(group)
+    if grid is None:
+        return
+    if group.ranks:
+        raise CorruptDumpError(
+            path, f"group {group.name!r} lists its members twice (list and grid)"
+        )
+    problem = grid_problem(grid, world_size)
+    if problem is not None:
+        raise CorruptDumpError(path, f"group {group.name!r}: {problem}")

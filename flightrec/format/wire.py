@@ -11,6 +11,8 @@ by value. This reader walks the file's top-level wire format instead (a few doze
   ``range``) where it has one, and keys an explicit member list (older dumps, irregular
   groups) by its packed bytes, so a list seen before (a 1.1 world group, in every file) is
   shared, never decoded again, and an arithmetic one is held as a ``range``;
+* reads each group on its own, checked by ``flightrec.format.read.check_group``, and shares
+  the view of a group whose bytes it has seen before (``_group``);
 * has the rest of the dump (header, tables, threads) parsed and validated by
   ``flightrec.format.read.parse_dump``, the one validator, and checks the entry columns as it does.
 
@@ -35,7 +37,7 @@ from google.protobuf.message import DecodeError
 from flightrec.errors import DumpError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.members import members_of
-from flightrec.format.read import parse_dump
+from flightrec.format.read import check_group, parse_dump
 from flightrec.format.schema import ENTRY_COLUMNS, MAGIC_PREFIX
 from flightrec.format.view import (
     DumpView,
@@ -80,6 +82,11 @@ _TABLE_FIELDS = frozenset(
 )
 _CHECKED_TABLES: set[bytes] = set()
 _MAX_CHECKED = 4096
+# Fields read apart from the rest of the dump: the entry columns and the groups.
+_APART = frozenset({_ENTRIES, _GROUPS})
+# Group views by (world size, the group's bytes), per process (see ``_group``).
+_GROUP_VIEWS: dict[tuple[int, bytes], GroupView] = {}
+_MAX_GROUP_VIEWS = 1 << 14
 
 
 class _Odd(ValueError):
@@ -154,11 +161,14 @@ def _count_varints(chunk: bytes) -> int:
     return len(chunk) - len(chunk.translate(None, _LOW7))
 
 
-def _columns(data: bytes, ranges: list[tuple[int, int]], dump: pb.Dump) -> dict[str, array[int]]:
+def _columns(
+    data: bytes, ranges: list[tuple[int, int]], sizes: dict[str, int]
+) -> dict[str, array[int]]:
     """The entry columns of the ``entries`` fields at ``ranges`` (one, or two in the 1.3 tail
-    layout, whose packed columns concatenate, oldest first)."""
+    layout, whose packed columns concatenate, oldest first); ``sizes``: the length of each
+    table an index column points into."""
     parts: dict[str, list[bytes]] = {}
-    encoded: dict[str, list[bytes]] = {}
+    spans: dict[str, list[tuple[int, int]]] = {}
     for start, end in ranges:
         seen: set[str] = set()
         for number, wire, a, b, at in walk_fields(data, start, end):
@@ -167,24 +177,27 @@ def _columns(data: bytes, ranges: list[tuple[int, int]], dump: pb.Dump) -> dict[
                 raise _Odd  # an unknown, unpacked or split column
             seen.add(name)
             parts.setdefault(name, []).append(data[a:b])
-            encoded.setdefault(name, []).append(data[at:b])
+            spans.setdefault(name, []).append((at, b))
         if len(seen) != len(ENTRY_COLUMNS):
             raise _Odd  # an empty column (no entries, or damage): the ordinary reader decides
-    chunks = {name: b"".join(p) for name, p in parts.items()}
+    chunks = {name: p[0] if len(p) == 1 else b"".join(p) for name, p in parts.items()}
+    # Packed bytes all below 128 (``isascii``, one C pass) are one value each: most columns.
+    counts = {
+        name: len(chunk) if chunk.isascii() else _count_varints(chunk)
+        for name, chunk in chunks.items()
+    }
     # The columns with a value of 128 or more, parsed together (and only those) at C speed.
-    counts = {name: _count_varints(chunk) for name, chunk in chunks.items()}
     wide = [name for name, chunk in chunks.items() if counts[name] != len(chunk)]
-    parsed = pb.Entries.FromString(b"".join(b"".join(encoded[name]) for name in wide))
+    parsed = pb.Entries.FromString(b"".join(data[at:b] for name in wide for at, b in spans[name]))
     columns: dict[str, array[int]] = {}
-    n = -1
+    n = counts[ENTRY_COLUMNS[0]]
     for name in ENTRY_COLUMNS:
         chunk = chunks[name]
         count = counts[name]
-        if n < 0:
-            n = count
         if count != n:
             raise _Odd
-        bound = len(getattr(dump, _BOUNDED[name])) if name in _BOUNDED else None
+        table = _BOUNDED.get(name)
+        bound = sizes[table] if table is not None else None
         if count == len(chunk):  # every value below 128: the packed bytes are the values
             if bound is not None and bound < 128 and chunk.translate(None, _BELOW[bound]):
                 raise _Odd  # an index beyond its table (C speed: drop the valid values)
@@ -251,34 +264,53 @@ def read_compact(data: bytes, path: str, older: int = 0) -> DumpView | None:
         return None
     try:
         top = walk_fields(data, 0, len(data))
-        entries = [(a, b, at) for number, wire, a, b, at in top if number == _ENTRIES]
-        groups = [(a, b) for number, wire, a, b, _ in top if number == _GROUPS]
-        if not entries or any(wire != _WIRE_LEN for n, wire, *_ in top if n == _ENTRIES):
+        entries = [(a, b) for number, _, a, b, _ in top if number == _ENTRIES]
+        groups = [(a, b) for number, _, a, b, _ in top if number == _GROUPS]
+        if not entries or any(wire != _WIRE_LEN for n, wire, *_ in top if n in _APART):
             raise _Odd
-        # The dump without its entries, parsed and validated by the one validator.
-        cuts = [0]
-        for _, end, at in entries:
-            cuts += [at, end]
-        cuts.append(len(data))
-        rest = b"".join(data[cuts[i] : cuts[i + 1]] for i in range(0, len(cuts), 2))
+        # The dump without its entries and groups, parsed and validated by the one validator.
+        rest = b"".join(data[at:b] for number, _, _, b, at in top if number not in _APART)
         tables = b"".join(data[at:b] for number, _, _, b, at in top if number in _TABLE_FIELDS)
         try:
             dump = parse_dump(rest, path, tables=tables not in _CHECKED_TABLES)
+            views = tuple(_group(data, a, b, dump.header.world_size, path) for a, b in groups)
         except DumpError:
             raise _Odd from None
         if len(_CHECKED_TABLES) < _MAX_CHECKED:
             _CHECKED_TABLES.add(tables)
-        columns = _columns(data, [(a, b) for a, b, _ in entries], dump)
-        views = tuple(
-            GroupView.of(g, _members(data, a, b, g))
-            for (a, b), g in zip(groups, dump.groups, strict=True)
-        )
+        sizes = {
+            "strings": len(dump.strings),
+            "groups": len(views),
+            "stacks": len(dump.stacks),
+            "tensor_specs": len(dump.tensor_specs),
+        }
+        columns = _columns(data, entries, sizes)
     except (_Odd, ValueError, OverflowError, DecodeError):
-        # ValueError: the parser saw other groups than the walk; DecodeError: damaged entries.
+        # DecodeError: damaged entries or groups.
         return None
     # Layout, not content (as ``view.meta_of`` leaves them out).
-    for name in ("groups", "tail_start", "older_entries"):
+    for name in ("tail_start", "older_entries"):
         dump.ClearField(name)  # type: ignore[arg-type]
     view = DumpView(dump, views, EntriesView(columns), older)
     view.tables = tables
+    return view
+
+
+def _group(data: bytes, start: int, end: int, world_size: int, path: str) -> GroupView:
+    """The view of the group whose bytes are ``data[start:end]``, checked as ``validate`` does.
+
+    Ranks share their groups (each world group, and a tensor-parallel group with each of its
+    members): a group seen before with the same bytes and world size is the same view,
+    which is immutable. That skips parsing it, checking its grid and building its view again,
+    and the loader's workers pickle a shared view once per batch.
+    """
+    key = (world_size, data[start:end])
+    view = _GROUP_VIEWS.get(key)
+    if view is None:
+        g = pb.ProcessGroup.FromString(key[1])
+        check_group(g, world_size, path)
+        view = GroupView.of(g, _members(data, start, end, g))
+        if len(_GROUP_VIEWS) >= _MAX_GROUP_VIEWS:
+            _GROUP_VIEWS.clear()  # (a new job, or a huge one: start again)
+        _GROUP_VIEWS[key] = view
     return view

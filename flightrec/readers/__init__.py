@@ -93,11 +93,11 @@ def read_views(path: str | Path, tail: bool = False) -> list[DumpView]:
         DumpError: (a subclass) naming the file and the problem in one line.
         OSError: the file cannot be read.
     """
-    file = Path(path)
     if tail:
-        end = read_tail(str(file))
+        end = read_tail(os.fspath(path))
         if end is not None:
             return [end]
+    file = Path(path)
     fast = _read_flightrec_compact(file)
     if fast is not None:
         return [fast]
@@ -113,17 +113,41 @@ def looks_like_dump(path: Path) -> bool:
     return name.endswith(SUFFIX) or "flightrec" in name or "trace" in name
 
 
-def discover(root: Path) -> Iterator[Path]:
-    """Every regular file under ``root`` (recursively, sorted), skipping temporaries."""
+def discover(root: Path) -> Iterator[str]:
+    """Every regular file under ``root`` (recursively, sorted), skipping temporaries.
+
+    Paths come back as strings, from ``os.scandir``, whose entries know their type without a
+    ``stat`` call: at 16,384 files, a ``Path`` and a ``stat`` per file cost about a second.
+    Symbolic links to folders are not followed (as ``os.walk`` does not).
+    """
     if root.is_file():
-        yield root
+        yield os.fspath(root)
         return
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        for name in sorted(filenames):
-            # Temporaries of an atomic write in progress, editor droppings, hidden files.
-            if name.startswith(".") or name.endswith(TABLES_SUFFIX):
+    yield from _walk(os.fspath(root))
+
+
+def _walk(folder: str) -> Iterator[str]:
+    try:
+        with os.scandir(folder) as it:
+            entries = sorted(it, key=lambda e: e.name)
+    except OSError:
+        return  # (an unreadable folder holds nothing to analyse, as with os.walk)
+    below: list[str] = []
+    for entry in entries:
+        name = entry.name
+        # Temporaries of an atomic write in progress, editor droppings, hidden files.
+        if name.startswith("."):
+            continue
+        try:
+            if entry.is_dir():
+                if not entry.is_symlink():
+                    below.append(entry.path)
+                continue
+            if name.endswith(TABLES_SUFFIX):
                 continue  # (a black box's tables are read with its .ring file)
-            path = Path(dirpath) / name
-            if path.is_file():
-                yield path
+            if entry.is_file():
+                yield entry.path
+        except OSError:
+            continue
+    for sub in below:
+        yield from _walk(sub)

@@ -128,3 +128,18 @@ def test_member_grids_are_expanded_once_per_distinct_group_by_both_readers(
         assert all(v.groups[0].ranks is world for v in views)  # one shared copy
         assert list(world) == list(range(512))
     assert fast[0] is not None and slow[0].groups[0].ranks is fast[0].groups[0].ranks
+
+
+def test_ranks_with_identical_groups_share_one_view_checked_against_their_world_size(
+    job: list[Path],
+) -> None:
+    first, second = (fast_read(p.read_bytes(), str(p)) for p in job[:2])
+    assert first is not None and second is not None
+    assert first.dump.groups[0] is second.dump.groups[0]  # the world group, read once
+    # The same group bytes in a job too small for them: checked again, and declined.
+    smaller = parse_dump(job[0].read_bytes(), job[0])
+    smaller.header.world_size = 256
+    data = smaller.SerializeToString()
+    with pytest.raises(DumpError, match="beyond world size"):
+        parse_dump(data, "x")
+    assert fast_read(data, "x") is None

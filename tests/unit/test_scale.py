@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from flightrec.analysis import AnalysisOptions, Report, analyze_dir
+from flightrec.analysis import AnalysisOptions, Report, analyze, analyze_dir
+from flightrec.analysis.loader import load_dir
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 
 FAULTS = [f for f in Fault if f is not Fault.NONE]
@@ -97,3 +98,16 @@ def test_reading_the_tails_of_long_rings_gives_the_verdict_of_reading_them_whole
     assert [(f.kind, f.ranks, f.process_group, f.seq, f.field) for f in tail.findings] == [
         (f.kind, f.ranks, f.process_group, f.seq, f.field) for f in whole.findings
     ]
+
+
+@pytest.mark.parametrize("fault", [Fault.STRAGGLER, Fault.STALL], ids=lambda f: f.value)
+def test_a_pass_run_beside_the_others_gives_the_same_findings(tmp_path: Path, fault: Fault) -> None:
+    """From 256 ranks with two CPUs, the straggler pass runs in a forked process."""
+    config = SimConfig(parse_layout("tp=8,pp=4", 256), 300, fault, 77)
+    simulate(config, tmp_path, processes=1)
+    run = load_dir(tmp_path, workers=1)
+    serial, beside = analyze(run, workers=1), analyze(run, workers=2)
+    assert serial.findings == beside.findings
+    assert serial.findings and (
+        fault is not Fault.STRAGGLER or serial.findings[0].kind == "straggler"
+    )
