@@ -63,5 +63,9 @@ class UnsafeDumpError(DumpError):
     """A native (pickle/JSON) dump asked for something that would execute code."""
 
 
+class WorkerLostError(FlightrecError):
+    """A process the analysis forked ended without answering (killed, usually for memory)."""
+
+
 class NoDumpsError(FlightrecError):
     """A folder held no readable dump at all."""

@@ -15,8 +15,8 @@ process that a busy machine slows down takes fewer of them.
 process reads the loaded job without anything being copied to it.
 
 A process that raises sends the exception instead of a result, and the caller re-raises it;
-one that dies (killed for memory) ends with ``RuntimeError``. Closing the iterator early, or
-leaving a ``Background`` block, terminates the processes.
+one that dies (killed for memory) ends with ``WorkerLostError`` (one line from the CLI).
+Closing the iterator early, or leaving a ``Background`` block, terminates the processes.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from multiprocessing.sharedctypes import Synchronized
 from typing import Any, Generic, TypeVar, cast
+
+from flightrec.errors import WorkerLostError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -71,8 +73,9 @@ def ordered_map(fn: Callable[[T], R], tasks: Sequence[T], workers: int) -> Itera
         workers: processes to start (at most one per task).
 
     Raises:
-        RuntimeError: a process ended without answering (killed), or raised an exception
-            that could not be sent back (its traceback is the message).
+        WorkerLostError: a process ended without answering (killed).
+        RuntimeError: a process raised an exception that could not be sent back (its
+            traceback is the message).
         Exception: whatever ``fn`` raised in a process.
     """
     readers: list[Connection] = []
@@ -88,7 +91,7 @@ def ordered_map(fn: Callable[[T], R], tasks: Sequence[T], workers: int) -> Itera
                     for proc in procs:
                         proc.join(5)
                     codes = [p.exitcode for p in procs if p.exitcode != 0]
-                    raise RuntimeError(
+                    raise WorkerLostError(
                         f"a loader process ended without answering (exit code "
                         f"{codes[0] if codes else 'unknown'}; killed for lack of memory?)"
                     )
@@ -129,7 +132,7 @@ class Background(Generic[T, R]):
             except EOFError:
                 proc = self._procs[0]
                 proc.join(5)
-                raise RuntimeError(
+                raise WorkerLostError(
                     f"analysis process {proc.pid} ended without answering (exit code "
                     f"{proc.exitcode}; killed for lack of memory?)"
                 ) from None

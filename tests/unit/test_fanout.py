@@ -8,6 +8,7 @@ import time
 import pytest
 
 from flightrec.analysis.fanout import can_fork, ordered_map
+from flightrec.errors import WorkerLostError
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork")
 
@@ -58,5 +59,5 @@ def _die_on_three(n: int) -> int:
 
 
 def test_a_process_that_dies_ends_the_iteration_with_an_error() -> None:
-    with pytest.raises(RuntimeError, match="ended without answering"):
+    with pytest.raises(WorkerLostError, match="ended without answering"):
         list(ordered_map(_die_on_three, list(range(10)), workers=2))
