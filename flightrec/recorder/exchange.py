@@ -186,6 +186,9 @@ class Exchange:
         """Rounds this process started reporting (once each)."""
         self._reporting: threading.Thread | None = None
         self._warned = False
+        self._lost = False
+        """A store operation failed: the store is gone (its host exited or was killed). Exit
+        and death then skip theirs, each of which would wait out the connect timeout."""
         self._prepared = False
         self._next_look_ns = 0
         self.restart = restart_count()
@@ -235,6 +238,8 @@ class Exchange:
         A process that already answered a round (a hang was reported) starts none: dying of
         the collective timeout minutes after the hang's verdict, it would only repeat it. It
         still lists itself as dead, with its summary, for whoever reports next."""
+        if self._lost:
+            return
         poller = self._poller
         n, reason, at_ns = poller.latest
         if self._answered:
@@ -248,6 +253,8 @@ class Exchange:
                 return
             reason = RANK_DIED
         self._publish(n, reason or RANK_DIED)  # the summary first: it carries the exception
+        if self._lost:
+            return
         try:
             with self._lock:
                 self._connection().append(died_key(self.namespace, self.restart), f"{self.rank},")
@@ -260,7 +267,7 @@ class Exchange:
     def after_exit(self) -> None:
         """This process ends cleanly (its default group is being destroyed, or it exits): say
         so, once, so that a hang among the ranks still running names it as exited."""
-        if self._left:
+        if self._left or self._lost:
             return
         self._left = True
         try:
@@ -301,6 +308,8 @@ class Exchange:
             running.join(GATHER_S + 5.0)
 
     def _publish(self, n: int, reason: str) -> None:
+        if self._lost:
+            return
         with self._publishing:
             self._reasons.setdefault(n, reason)
             latest, self._latest = self._latest, None
@@ -359,7 +368,13 @@ class Exchange:
             self._store = own_connection(self._poller.connection_source())
         return self._store
 
+    def store_lost(self) -> None:
+        """Someone else found the store gone, and said so in the log: this exchange neither
+        says it again nor waits on the store at exit."""
+        self._lost = self._warned = True
+
     def _warn(self, exc: BaseException) -> None:
+        self._lost = True
         if not self._warned:
             self._warned = True
             log.warning(

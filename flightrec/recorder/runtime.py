@@ -473,6 +473,8 @@ def _post(poller: Poller, rank: int, seen: int, exchange: Exchange | None) -> No
         if exchange is not None:
             exchange.after_hang(n)
     except Exception as exc:
+        if exchange is not None:
+            exchange.store_lost()
         if not _post_warned:  # the store is gone: saying so once is enough
             _post_warned = True
             log.warning("flightrec: could not ask other ranks to dump: %s", exc)

@@ -219,6 +219,38 @@ def test_a_store_that_is_gone_costs_one_warning(caplog: pytest.LogCaptureFixture
     assert "Connection reset by peer" in warnings[0]
 
 
+def test_once_the_store_is_gone_exit_and_death_neither_wait_on_it_nor_warn_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # Each store call on a vanished store waits out the connect timeout (seconds): at exit
+    # and at death, a store already known gone is left alone.
+    class Counting(MemoryStore):
+        calls = 0
+
+        def _check(self) -> None:
+            Counting.calls += 1
+            super()._check()
+
+        def append(self, key: str, value: str) -> None:
+            self._check()
+            super().append(key, value)
+
+    path, dump = hang_dumps()[1]
+    with caplog.at_level(logging.WARNING, logger="flightrec"):
+        failed = Exchange(FakePoller(Counting(broken=True)), 1, 4, "job", lambda rnd: None)  # type: ignore[arg-type]
+        failed.on_dump(dump, Path(path))
+        failed.after_request(1, "WATCHDOG_TIMEOUT")  # fails: one warning
+        told = Exchange(FakePoller(Counting(broken=True)), 2, 4, "job", lambda rnd: None)  # type: ignore[arg-type]
+        told.store_lost()  # the request poster already warned
+        calls = Counting.calls
+        for ex in (failed, told):
+            ex.after_exit()
+            ex.on_dump(dump, Path(path))
+            ex.after_request(2, "WATCHDOG_TIMEOUT")
+    assert Counting.calls == calls
+    assert len(caplog.records) == 1, [r.getMessage() for r in caplog.records]
+
+
 def test_other_requests_start_no_exchange() -> None:
     store = MemoryStore()
     ex = Exchange(FakePoller(store), 0, 4, "job", lambda rnd: None)  # type: ignore[arg-type]
