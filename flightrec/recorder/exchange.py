@@ -238,7 +238,7 @@ class Exchange:
         A process that already answered a round (a hang was reported) starts none: dying of
         the collective timeout minutes after the hang's verdict, it would only repeat it. It
         still lists itself as dead, with its summary, for whoever reports next."""
-        if self._lost:
+        if self.store_gone:
             return
         poller = self._poller
         n, reason, at_ns = poller.latest
@@ -253,7 +253,7 @@ class Exchange:
                 return
             reason = RANK_DIED
         self._publish(n, reason or RANK_DIED)  # the summary first: it carries the exception
-        if self._lost:
+        if self.store_gone:
             return
         try:
             with self._lock:
@@ -267,7 +267,7 @@ class Exchange:
     def after_exit(self) -> None:
         """This process ends cleanly (its default group is being destroyed, or it exits): say
         so, once, so that a hang among the ranks still running names it as exited."""
-        if self._left or self._lost:
+        if self._left or self.store_gone:
             return
         self._left = True
         try:
@@ -308,7 +308,7 @@ class Exchange:
             running.join(GATHER_S + 5.0)
 
     def _publish(self, n: int, reason: str) -> None:
-        if self._lost:
+        if self.store_gone:
             return
         with self._publishing:
             self._reasons.setdefault(n, reason)
@@ -367,6 +367,11 @@ class Exchange:
         if self._store is None:
             self._store = own_connection(self._poller.connection_source())
         return self._store
+
+    @property
+    def store_gone(self) -> bool:
+        """A store call failed here, or the request thread finds the store failing."""
+        return self._lost or bool(getattr(self._poller, "failing", False))
 
     def store_lost(self) -> None:
         """Someone else found the store gone, and said so in the log: this exchange neither

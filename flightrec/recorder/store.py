@@ -215,6 +215,9 @@ class Poller:
         self.hang_ns = 0
         """Monotonic time this process declared a hang (its own dump stands for the requests
         other ranks post for the same hang)."""
+        self.failing = False
+        """The last store call of the waiting thread failed (the store's host went away):
+        others skip the store calls that would only wait out its connect timeout."""
         self._post_store: Any = None
         self._post_lock = threading.Lock()
         self._stop = threading.Event()
@@ -340,8 +343,10 @@ class Poller:
                     self._store.wait([self._bell], timedelta(seconds=WAIT_S))
                 self._waiting = False
                 failures = 0
+                self.failing = False
             except Exception:
                 self._waiting = False
+                self.failing = not self._stop.is_set()
                 # The store lives in rank 0's process (or the agent's); when it goes away
                 # the job is ending. Give up quietly after a few tries.
                 failures += 1
