@@ -165,7 +165,8 @@ SAMPLE = ROOT / "samples" / "p2p_deadlock"
 
 def test_show_names_what_a_recv_receives() -> None:
     path = sorted(SAMPLE.glob("flightrec-rank00001-*.frdump"))[0]
-    result = flightrec("show", path, "--limit", "0")
+    # Wide enough for one line per entry (at 80 columns the tensors column wraps after "->").
+    result = flightrec("show", path, "--limit", "0", env={"COLUMNS": "200"})
     assert result.returncode == 0, result.stderr
     recvs = [line for line in result.stdout.splitlines() if " recv from " in line]
     assert recvs and all("-> float32[64]" in line for line in recvs)
