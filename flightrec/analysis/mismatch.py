@@ -310,17 +310,40 @@ class ExchangeEvidence(Evidence):
     """Per rank, the elements it receives into (its output)."""
 
 
+@dataclass(frozen=True, slots=True)
+class SplitPair:
+    """One sender and receiver of an all-to-all that disagree on how much passes between them."""
+
+    src: int
+    dst: int
+    sent: int
+    """Elements ``src`` sends to ``dst`` (its input chunk for ``dst``)."""
+    expected: int
+    """Elements ``dst`` expects from ``src`` (its output chunk for ``src``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class SplitEvidence(Evidence):
+    """Evidence of an all-to-all whose members disagree pair by pair (the totals add up)."""
+
+    pairs: tuple[SplitPair, ...]
+    """Every disagreeing (sender, receiver), in group-rank order."""
+
+
 def exchange_mismatch(m: Matched, info: ProcessGroupInfo, seq: int) -> Finding | None:
-    """An all-to-all at (group, seq) whose outputs cannot hold what the inputs send.
+    """An all-to-all at (group, seq) whose members cannot exchange what they passed.
 
     Split sizes differ between ranks by design, so an all-to-all's sizes are not compared
     rank to rank; but what all members send is what all members receive. When the totals
     differ, the members whose output differs from their input are blamed where they are a
     strict minority (even splits make input = output on every rank); else every member.
+    When the totals agree and every member's entry holds one chunk per peer (``all_to_all``,
+    and ``all_to_all_single`` with split sizes), each chunk a rank sends must be the size its
+    peer receives from it (``_split_mismatch``).
 
     Returns:
-        A ``mismatch`` finding (field ``output_total``), or None when the totals agree or a
-        member's entry is not in the dumps.
+        A ``mismatch`` finding (field ``output_total`` or ``split_sizes``), or None when the
+        sizes add up or a member's entry is not in the dumps.
     """
     records = {}
     for r in info.ranks:
@@ -331,7 +354,7 @@ def exchange_mismatch(m: Matched, info: ProcessGroupInfo, seq: int) -> Finding |
     sent = {r: sum(t.numel for t in rec.inputs) for r, rec in records.items()}
     received = {r: sum(t.numel for t in rec.outputs) for r, rec in records.items()}
     if sum(sent.values()) == sum(received.values()):
-        return None
+        return _split_mismatch(records, info, seq)
     odd = tuple(r for r in sorted(records) if sent[r] != received[r])
     blamed = odd if odd and len(odd) * 2 < len(records) else tuple(sorted(records))
     op = records[blamed[0]].op
@@ -359,6 +382,66 @@ def exchange_mismatch(m: Matched, info: ProcessGroupInfo, seq: int) -> Finding |
         op=op,
         field="output_total",
         evidence=ExchangeEvidence(dict(sent), dict(received)),
+    )
+
+
+def _split_mismatch(
+    records: Mapping[int, CollectiveRecord], info: ProcessGroupInfo, seq: int
+) -> Finding | None:
+    """Pair by pair: rank ``i``'s input chunk for its ``b``-th peer against that peer's
+    output chunk for ``i``.
+
+    A rank that passed wrong split sizes disagrees with several peers, each of them with it
+    alone: the ranks found in every disagreeing pair are blamed (one pair alone cannot tell
+    sender from receiver: both are named), else those in the most pairs.
+    """
+    members = info.ranks
+    size = len(members)
+    if size < 2 or any(
+        len(rec.inputs) != size or len(rec.outputs) != size for rec in records.values()
+    ):
+        return None  # even splits (one tensor each), or a list that is not one per peer
+    pairs = [
+        SplitPair(src, dst, records[src].inputs[b].numel, records[dst].outputs[a].numel)
+        for a, src in enumerate(members)
+        for b, dst in enumerate(members)
+        if src != dst and records[src].inputs[b].numel != records[dst].outputs[a].numel
+    ]
+    if not pairs:
+        return None
+    involved = Counter(r for p in pairs for r in {p.src, p.dst})
+    everywhere = tuple(sorted(r for r, n in involved.items() if n == len(pairs)))
+    if len(pairs) > 1 and everywhere:
+        blamed = everywhere
+    else:
+        most = max(involved.values())
+        blamed = tuple(sorted(r for r, n in involved.items() if n == most))
+    op = records[blamed[0]].op
+    frame = user_frame(records[blamed[0]].stack)
+    at = f" at {frame.where()}" if frame and len(blamed) == 1 else ""
+    shown = "; ".join(
+        f"rank {p.src} sends {p.sent} elements to rank {p.dst}, which expects {p.expected}"
+        for p in pairs[:3]
+    ) + (f"; {len(pairs) - 3} more pairs" if len(pairs) > 3 else "")
+    side = (
+        f"{ranks_phrase(blamed)}{at} passed split sizes that disagree with its peers'"
+        if len(blamed) == 1
+        else f"{ranks_phrase(blamed)} passed split sizes that do not match (cannot tell "
+        "which side is wrong)"
+    )
+    return Finding(
+        kind=FindingKind.MISMATCH,
+        ranks=blamed,
+        summary=(
+            f"{op} #{seq} on group {info.key} [ranks {compress(members)}]: {side}: {shown} "
+            "(split_sizes mismatch)"
+        ),
+        process_group=info.key,
+        pg_ranks=members,
+        seq=seq,
+        op=op,
+        field="split_sizes",
+        evidence=SplitEvidence(tuple(pairs)),
     )
 
 

@@ -47,6 +47,11 @@ class OpSpec:
     """isend/irecv: the call returns a Work whatever the arguments."""
     flags: int = 0
     """EntryFlag bits every entry of this op carries."""
+    input_splits: Param = NO_PARAM
+    output_splits: Param = NO_PARAM
+    """all_to_all_single: the split sizes (first-dimension rows per peer, in group-rank
+    order). Where given, the entry records one tensor per peer, as ``all_to_all`` does, so the
+    analysis can check what each rank sends against what its peer receives."""
 
     @property
     def p2p(self) -> bool:
@@ -91,6 +96,9 @@ _TABLE: dict[str, tuple[str, str, str, str, str, int]] = {
     "irecv": ("", "tensor", "", "src", "group_src", IS_P2P),
     "recv_object_list": ("", "", "", "src", "group_src", IS_P2P | OBJECT_API),
 }
+_SPLITS: dict[str, tuple[str, str]] = {
+    "all_to_all_single": ("input_split_sizes", "output_split_sizes"),
+}
 BATCH = "batch_isend_irecv"
 TRACED: tuple[str, ...] = (*_TABLE, BATCH)
 """Every function name the recorder wraps (those missing from the installed torch are skipped)."""
@@ -113,6 +121,7 @@ def spec_for(name: str, func: Callable[..., Any]) -> OpSpec:
     if name == BATCH:
         return OpSpec(BATCH, flags=IS_P2P | COALESCED, always_async=True)
     inputs, outputs, reduce_op, root, group_root, flags = _TABLE[name]
+    split_in, split_out = _SPLITS.get(name, ("", ""))
     return OpSpec(
         name=name,
         group=_param(params, "group"),
@@ -124,4 +133,6 @@ def spec_for(name: str, func: Callable[..., Any]) -> OpSpec:
         async_op=_param(params, "async_op"),
         always_async=name in ("isend", "irecv"),
         flags=flags,
+        input_splits=_param(params, split_in),
+        output_splits=_param(params, split_out),
     )

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
-from flightrec.format.slot import COMPLETED, Slot, decode  # noqa: E402
+from flightrec.format.slot import COMPLETED, FAILED, Slot, decode  # noqa: E402
 from flightrec.recorder.low_level import codegen  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import spec_for  # noqa: E402
@@ -78,7 +78,6 @@ CASES: list[tuple[str, Callable[[], tuple[tuple[Any, ...], dict[str, Any]]]]] = 
     ("_all_gather_base", lambda: ((torch.zeros(2), torch.ones(2)), {})),
     ("all_gather_single", lambda: ((torch.zeros(2), torch.ones(2)), {})),
     ("reduce_scatter_single", lambda: ((torch.zeros(2), torch.ones(2)), {})),
-    ("all_to_all_single", lambda: ((torch.zeros(2), torch.ones(2)), {})),
     ("barrier", lambda: ((), {})),
 ]
 
@@ -104,6 +103,31 @@ def test_c_path_writes_the_python_paths_entry(
     assert [r.seq for r in results] == [py.seq, py.seq + 1, py.seq + 2]
     for r in rows(rt)[-3:]:
         assert r.state == COMPLETED and r.complete_ns >= r.enqueue_ns
+
+
+def test_all_to_all_single_is_recorded_per_peer_where_split_sizes_are_given(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Its split sizes say what each peer sends and receives (an MoE router's counts): the
+    # entry holds one chunk per peer, so the analysis checks them pair by pair. The Python
+    # path records it, even where the C path is built.
+    orig = rt.hooks.originals["all_to_all_single"]
+    spec = spec_for("all_to_all_single", orig)
+    monkeypatch.setattr(codegen, "USE_FAST", True)
+    wrapper = codegen.generate(spec, orig, rt.recorder)
+    assert not isinstance(wrapper, codegen._fast.Site)
+    tensors = rt.recorder.tensors.values
+    # One rank has one peer (itself): splits of 3 rows out of 4 show the chunk was recorded,
+    # not the tensor. torch then rejects the call, and the entry says it failed.
+    with pytest.raises(Exception, match=r"[Ss]plit"):
+        wrapper(torch.zeros(4, 2), torch.ones(4, 2), output_split_sizes=[3], input_split_sizes=[3])
+    entry = rows(rt)[-1]
+    assert tensors[entry.inputs] == tensors[entry.outputs] == (((3, 2), "float32"),)
+    assert entry.state == FAILED
+    wrapper(torch.zeros(4, 2), torch.ones(4, 2))  # even splits: the tensors as passed
+    entry = rows(rt)[-1]
+    assert tensors[entry.inputs] == (((4, 2), "float32"),)
+    assert entry.state == COMPLETED
 
 
 def test_enter_hits_only_when_every_cache_does(

@@ -39,6 +39,27 @@ def test_all_gather_output_too_large_on_one_rank_blames_that_rank(tmp_path: Path
     assert all(f["kind"] != "stuck" for f in report["findings"]), report["findings"]
 
 
+def test_all_to_all_split_sizes_one_rank_got_wrong_blame_that_rank(tmp_path: Path) -> None:
+    # Rank 2 sends rank 0 one row more and rank 1 one row less than they expect; the totals
+    # add up. gloo aborts the process that receives too much (a C++ abort: only its black box
+    # is left), and the others fail or wait in the all_reduce after it.
+    env = {"FLIGHTREC_TIMEOUT": "3"}
+    args = ["--op", "all_to_all", "--bad-rank", "2", "--pg-timeout", "5"]
+    with start_job("exchange.py", args, env=env, workdir=tmp_path) as job:
+        job.wait(60)
+    result = flightrec("analyze", job.dump_dir, "--json")
+    assert result.returncode == 1, (result.stdout, result.stderr)
+    first = json.loads(result.stdout)["findings"][0]
+    assert (first["kind"], first["ranks"], first["op"], first["field"]) == (
+        "mismatch",
+        [2],
+        "all_to_all_single",
+        "split_sizes",
+    ), first["summary"]
+    assert "rank 2 sends 16 elements to rank 0, which expects 12" in first["summary"]
+    assert "exchange.py:" in first["summary"]
+
+
 def test_triggered_snapshot_of_a_hang_below_the_timeout(tmp_path: Path) -> None:
     env = {"FLIGHTREC_TIMEOUT": "600"}
     with start_job("scenario.py", ["stall", "--stall-rank", "2"], env=env, workdir=tmp_path) as job:

@@ -158,3 +158,63 @@ def test_a_gather_root_whose_list_does_not_fit_the_group_is_blamed() -> None:
     assert (first.kind, first.ranks, first.field) == (FindingKind.MISMATCH, (0,), "output_shape")
     assert "passed an output of [8], [8], [8] to gather #4" in first.summary
     assert "does not fit its input for 4 ranks" in first.summary
+
+
+def _splits(job: Job, chunks: dict[int, tuple[list[int], list[int]]]) -> None:
+    """Per rank, the rows of the newest entry's input and output chunks (one per peer), the
+    way the recorder writes all_to_all_single with split sizes."""
+    for r, (ins, outs) in chunks.items():
+        st = job.ranks[r]
+        e = st.entries[-1]
+        st.entries[-1] = EntryValues(
+            **{
+                **{k: getattr(e, k) for k in EntryValues.__dataclass_fields__},
+                "inputs": [((n, 2), "float32") for n in ins],
+                "outputs": [((n, 2), "float32") for n in outs],
+            }
+        )
+
+
+# Rank r sends r + 1 rows to every peer (uneven, as an MoE router's), and receives from
+# peer p the p + 1 rows p sends.
+_AGREED = {r: ([r + 1] * 4, [1, 2, 3, 4]) for r in range(4)}
+
+
+def test_all_to_all_split_sizes_that_agree_pair_by_pair_are_healthy() -> None:
+    job = healthy(Job())
+    job.collective("all_to_all_single", shape=(8, 2))
+    _splits(job, _AGREED)
+    assert analyze(job.run()).findings == []
+
+
+def test_a_rank_whose_split_sizes_disagree_with_every_peer_is_blamed() -> None:
+    # Rank 2 sends 2/4/3/3 rows where each peer expects 3: the same total, so only the pairs
+    # can tell (as with a router that computed its splits from stale counts).
+    job = healthy(Job())
+    job.collective("all_to_all_single", shape=(8, 2), complete=False)
+    chunks = dict(_AGREED)
+    chunks[2] = ([2, 4, 3, 3], [1, 2, 3, 4])
+    _splits(job, chunks)
+    first = analyze(job.run()).findings[0]
+    assert (first.kind, first.ranks, first.field) == (FindingKind.MISMATCH, (2,), "split_sizes")
+    assert "rank 2 sends 2 elements" not in first.summary  # elements, not rows
+    assert "rank 2 sends 4 elements to rank 0, which expects 6" in first.summary
+    assert [(p.src, p.dst) for p in first.evidence.pairs] == [(2, 0), (2, 1)]
+
+
+def test_pairs_with_no_rank_in_common_name_every_side() -> None:
+    # Rank 0 sends rank 1 one row too many, rank 3 sends rank 2 one too few: the totals add
+    # up, no rank is in both pairs, and a pair alone cannot tell sender from receiver.
+    job = healthy(Job())
+    job.collective("all_to_all_single", shape=(8, 2), complete=False)
+    chunks = dict(_AGREED)
+    chunks[0] = ([1, 2, 1, 1], [1, 2, 3, 4])
+    chunks[3] = ([4, 4, 3, 4], [1, 2, 3, 4])
+    _splits(job, chunks)
+    first = analyze(job.run()).findings[0]
+    assert (first.kind, first.ranks, first.field) == (
+        FindingKind.MISMATCH,
+        (0, 1, 2, 3),
+        "split_sizes",
+    )
+    assert "cannot tell which side is wrong" in first.summary

@@ -87,3 +87,16 @@ def test_a_group_s_seq_is_its_counter_s_last_number() -> None:
     assert info.seq == 0 and info.recorded == 0
     assert [info.next_seq(), next(info.counter), info.next_seq()] == [1, 2, 3]
     assert info.seq == 3 and info.recorded == 3
+
+
+def test_split_sizes_make_one_chunk_per_peer_without_views() -> None:
+    torch = pytest.importorskip("torch")
+    from flightrec.recorder.low_level.python import split
+    from flightrec.recorder.tables import tensor_sig
+
+    t = torch.ones(10, 3, dtype=torch.float16)
+    chunks = split(t, [1, 0, 9])
+    assert tensor_sig(chunks) == (((1, 3), "float16"), ((0, 3), "float16"), ((9, 3), "float16"))
+    assert all(c.device == t.device for c in chunks)
+    assert split(t, None) is t and split(t, []) is t
+    assert split("not a tensor", [1, 2]) == "not a tensor"  # torch raises its own error

@@ -29,6 +29,7 @@ try:
     from flightrec.recorder.low_level import _fast
 except ImportError:  # not built (no compiler at install, big-endian host): pure Python
     _fast = None  # type: ignore[assignment]
+from flightrec.recorder.low_level.python import split
 from flightrec.recorder.specs import OpSpec, Param
 
 if TYPE_CHECKING:
@@ -106,6 +107,8 @@ def _site(
     if not USE_FAST or _fast is None or spec.p2p or spec.always_async:
         return None
     params = list(sig.parameters.values())
+    if any(p.name in (spec.input_splits.name, spec.output_splits.name) for p in params):
+        return None  # split sizes make per-peer chunks: the Python path records them
     if any(p.kind is not p.POSITIONAL_OR_KEYWORD for p in params):
         return None
     names = [p.name for p in params]
@@ -171,11 +174,17 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
         "_fail": rec.fail,
         "_getframe": sys._getframe,
         "_OP": rec.op_index(spec.name),
+        "_split": split,
     }
     params, call = _signature_text(sig, env)
 
     def arg(param: Param, absent: str = "None") -> str:
         return param.name if param.name in names else absent
+
+    def tensors(param: Param, splits: Param) -> str:
+        if param.name in names and splits.name in names:
+            return f"_split({param.name}, {splits.name})"
+        return arg(param, "0")
 
     is_async = "True" if spec.always_async else arg(spec.async_op, "False")
     source = _TEMPLATE.format(
@@ -184,8 +193,8 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
         call=call,
         flags=spec.flags,
         group=arg(spec.group),
-        tensor_in=arg(spec.inputs, "0"),
-        tensor_out=arg(spec.outputs, "0"),
+        tensor_in=tensors(spec.inputs, spec.input_splits),
+        tensor_out=tensors(spec.outputs, spec.output_splits),
         red=arg(spec.reduce_op, "0"),
         root=arg(spec.root),
         group_root=arg(spec.group_root),

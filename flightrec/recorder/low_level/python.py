@@ -47,6 +47,31 @@ _rid_at = RID.unpack_from
 _done = DONE.pack_into
 
 
+class Chunk:
+    """One peer's rows of an all_to_all_single buffer, as the recorder sees a tensor: its
+    shape, dtype and device (no view is made)."""
+
+    __slots__ = ("device", "dtype", "shape")
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any, device: Any) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        self.device = device
+
+
+def split(tensor: Any, sizes: Any) -> Any:
+    """``tensor`` as one chunk per peer where split sizes are given; else ``tensor`` itself
+    (even splits, or arguments torch will reject: recorded as passed)."""
+    if not sizes:
+        return tensor
+    try:
+        rest = tuple(tensor.shape[1:])
+        dtype, device = tensor.dtype, tensor.device
+        return [Chunk((int(n), *rest), dtype, device) for n in sizes]
+    except Exception:
+        return tensor
+
+
 class PyPath:
     """The recorder's Python path (one per recorder: ``Recorder.path``), the C ``FastPath``'s twin."""
 
