@@ -1,7 +1,7 @@
 /* The recorder's hot path in C: one call before torch's function, one after.
  *
  * Why C: measured around a real gloo all_reduce, the generated Python hot path costs about
- * 13 µs more per call (benchmarks/bench_recorder.py), so the recording has to execute far
+ * 14 µs more per call (benchmarks/bench_recorder.py), so the recording has to execute far
  * fewer instructions, not merely cheaper ones. ``enter`` and ``leave`` implement the contract
  * of the Python path (python.py: PyPath.enter/leave, where recording one call is defined) for
  * what repeats in training loops, collectives on single tensors, on cache hits only: any miss,

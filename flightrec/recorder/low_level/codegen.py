@@ -15,7 +15,7 @@ itself, records through the C ``enter``/``leave`` on cache hits, and forwards th
 torch untouched, with no Python frame of its own. On any miss, or a call it cannot bind
 plainly, the Site hands the call to the generated wrapper before consuming anything, which
 records through the Python path and fills the caches the C code reads. Measured with the
-user's harness (benchmarks/bench_recorder.py), the C path costs about 13 µs less per call.
+user's harness (benchmarks/bench_recorder.py), the C path costs about 14 µs less per call.
 """
 
 from __future__ import annotations
