@@ -1441,10 +1441,6 @@ PyInit__fast(void)
         return NULL;
     }
 #undef INTERN
-    if (PyType_Ready(&CounterType) < 0 || PyType_Ready(&ActiveType) < 0 ||
-        PyType_Ready(&FastPathType) < 0 || PyType_Ready(&SiteType) < 0) {
-        return NULL;
-    }
     PyObject *m = PyModule_Create(&fastmodule);
     if (m == NULL) {
         return NULL;
@@ -1467,29 +1463,13 @@ PyInit__fast(void)
         Py_DECREF(m);
         return NULL;
     }
-    Py_INCREF(&CounterType);
-    if (PyModule_AddObject(m, "Counter", (PyObject *)&CounterType) < 0) {
-        Py_DECREF(&CounterType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&ActiveType);
-    if (PyModule_AddObject(m, "Active", (PyObject *)&ActiveType) < 0) {
-        Py_DECREF(&ActiveType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&FastPathType);
-    if (PyModule_AddObject(m, "FastPath", (PyObject *)&FastPathType) < 0) {
-        Py_DECREF(&FastPathType);
-        Py_DECREF(m);
-        return NULL;
-    }
-    Py_INCREF(&SiteType);
-    if (PyModule_AddObject(m, "Site", (PyObject *)&SiteType) < 0) {
-        Py_DECREF(&SiteType);
-        Py_DECREF(m);
-        return NULL;
+    /* Each type under the last part of its tp_name (PyModule_AddType readies it). */
+    PyTypeObject *types[] = {&CounterType, &ActiveType, &FastPathType, &SiteType};
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (PyModule_AddType(m, types[i]) < 0) {
+            Py_DECREF(m);
+            return NULL;
+        }
     }
     return m;
 }
