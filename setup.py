@@ -1,5 +1,6 @@
 """Ships ``flightrec-autostart.pth`` at the top of site-packages, and builds the optional C
-hot path ``flightrec.recorder.low_level._fast``.
+hot path ``flightrec.recorder.low_level._fast`` and the dump reader's loops
+``flightrec.format._wire``.
 
 Everything else lives in pyproject.toml. The extension is optional: where it cannot be built
 (no compiler, a big-endian host) the install goes on and the recorder runs its pure-Python hot
@@ -36,4 +37,10 @@ FAST = Extension(
     optional=True,  # a failed build leaves the pure-Python hot path, never a failed install
 )
 
-setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[FAST])
+WIRE = Extension(
+    "flightrec.format._wire",
+    sources=["flightrec/format/_wire.c"],
+    optional=True,  # a failed build leaves the Python loops of the dump reader (same results)
+)
+
+setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[FAST, WIRE])

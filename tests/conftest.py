@@ -1,9 +1,10 @@
-"""Build the C hot path in place, so that ``pytest`` tests what ``pip install`` runs.
+"""Build the C extensions in place, so that ``pytest`` tests what ``pip install`` runs.
 
 pytest imports the source tree first (``pythonpath`` in pyproject.toml), where no built
 extension lies after a fresh clone: without this, the C hot path would be tested only where
 someone remembered ``python setup.py build_ext --inplace``, and its tests would quietly skip. It
-is compiled from ``_fast.c`` when missing or older than the source (a few seconds, once), before
+is compiled from ``_fast.c`` (and the dump reader's loops from ``format/_wire.c``) when missing
+or older than the source (a few seconds, once), before
 any test imports flightrec; the subprocesses the integration tests start import the same tree.
 Where it cannot be built (no compiler: the install itself would fall back to pure Python), the
 tests of the C path skip with that reason and everything else runs on the pure-Python path.
@@ -23,20 +24,26 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCE = ROOT / "flightrec" / "recorder" / "low_level" / "_fast.c"
+SOURCES = (SOURCE, ROOT / "flightrec" / "format" / "_wire.c")
 
 
-def _built() -> Path | None:
+def _built(source: Path = SOURCE) -> Path | None:
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
-        path = SOURCE.with_name("_fast" + suffix)
+        path = source.with_name(source.stem + suffix)
         if path.exists():
             return path
     return None
 
 
+def _current(source: Path) -> bool:
+    built = _built(source)
+    return built is not None and built.stat().st_mtime >= source.stat().st_mtime
+
+
 def _build() -> str:
     """Build if needed; returns what the report header says about the hot path."""
     built = _built()
-    if built is not None and built.stat().st_mtime >= SOURCE.stat().st_mtime:
+    if built is not None and all(_current(source) for source in SOURCES):
         return f"C extension {built.name} (up to date)"
     if os.environ.get("FLIGHTREC_TEST_NO_BUILD") == "1":
         return "C extension not rebuilt (FLIGHTREC_TEST_NO_BUILD=1)"

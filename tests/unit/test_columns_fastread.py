@@ -3,7 +3,8 @@
 Compared on simulated dumps (every column, group and table), on dumps with wide values (peers
 beyond 63, seqs beyond 127, times), and on damaged bytes: where the ordinary reader refuses a
 file, the fast one must decline it (None), never accept it; where the ordinary reader accepts
-it, the fast one declines or agrees.
+it, the fast one declines or agrees. Every test runs twice: with the reader's loops in C
+(``_wire``, where built) and in Python; and the two loops are compared on arbitrary bytes.
 """
 
 from __future__ import annotations
@@ -12,16 +13,31 @@ import pickle
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flightrec.analysis.model import RankDump
 from flightrec.errors import DumpError
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format import wire
 from flightrec.format.read import parse_dump
+from flightrec.format.schema import ENTRY_COLUMNS
 from flightrec.format.view import DumpView, compact_members, intern_ranks, narrow
 from flightrec.format.wire import read_compact
+from flightrec.format.write import _field, _varint
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
+
+C_LOOPS = wire._wire
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test with the reader's loops in C, then in Python."""
+    if request.param == "python":
+        monkeypatch.setattr(wire, "_wire", None)
+    elif C_LOOPS is None:
+        pytest.skip("flightrec.format._wire is not built")
+    return str(request.param)
 
 
 def fast_read(data: bytes, path: str) -> RankDump | None:
@@ -78,7 +94,12 @@ def test_compact_members_and_narrow() -> None:
     assert narrow([-(1 << 40), 0]).typecode == "q"
 
 
-@settings(max_examples=60, deadline=None, derandomize=True)
+@settings(
+    max_examples=60,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],  # (the same each example)
+)
 @given(
     at=st.integers(min_value=0, max_value=1 << 20),
     chunk=st.binary(min_size=1, max_size=8),
@@ -143,3 +164,53 @@ def test_ranks_with_identical_groups_share_one_view_checked_against_their_world_
     with pytest.raises(DumpError, match="beyond world size"):
         parse_dump(data, "x")
     assert fast_read(data, "x") is None
+
+
+_VARINTS = st.lists(
+    st.one_of(
+        st.integers(min_value=0, max_value=127),
+        st.integers(min_value=0, max_value=(1 << 64) - 1),
+        st.integers(min_value=-(1 << 63), max_value=-1).map(lambda v: v + (1 << 64)),
+    ),
+    max_size=40,
+).map(lambda vs: b"".join(_varint(v) for v in vs))
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(payload=st.one_of(st.binary(max_size=60), _VARINTS), cut=st.integers(0, 3))
+def test_the_c_loops_return_what_the_python_loops_return(
+    loops: str, payload: bytes, cut: int
+) -> None:
+    if loops == "python":
+        return  # (compares the two; runs once)
+    assert C_LOOPS is not None
+    # walk: the same fields, or both refuse.
+    for buf in (payload, _field(3, payload) + payload[: len(payload) - cut]):
+        try:
+            want: object = wire._walk_fields_py(buf, 0, len(buf))
+        except ValueError:
+            want = ValueError
+        try:
+            got: object = C_LOOPS.walk(buf, 0, len(buf))
+        except ValueError:
+            got = ValueError
+        assert got == want, buf
+    # column: where C decodes a column, the Python path (protobuf) decodes it alike.
+    huge = {"strings": 1 << 62, "groups": 1 << 62, "stacks": 1 << 62, "tensor_specs": 1 << 62}
+    for number, name in enumerate(ENTRY_COLUMNS, 1):
+        data = _field(number, payload)
+        start = len(data) - len(payload)
+        try:
+            c = C_LOOPS.column(data, start, len(data), wire._KIND[name])
+        except ValueError:
+            continue  # declined: the ordinary reader decides
+        if c is None:
+            continue  # values protobuf would truncate: decoded by the Python path
+        python = wire._columns_py(data, {name: [(start, len(data), 0)]}, huge)[name]
+        assert (c[0].typecode, list(c[0])) == (python.typecode, list(python)), name
+        assert c[1] == max(python, default=0), name
