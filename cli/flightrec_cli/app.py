@@ -15,6 +15,7 @@ from typer.core import TyperCommand
 
 from flightrec import __version__
 from flightrec.errors import FlightrecError
+from flightrec_cli.exiting import leave_now_if_asked
 from flightrec_cli.helpstyle import PlainCommand, PlainGroup
 
 EXIT_OK = 0
@@ -65,7 +66,11 @@ def main() -> None:
     into that code; commands end with ``raise typer.Exit(status)``.
     """
     try:
-        app()
-    except FlightrecError as exc:
-        typer.echo(f"flightrec: error: {exc}", err=True)
-        sys.exit(EXIT_USAGE)
+        try:
+            app()
+        except FlightrecError as exc:
+            typer.echo(f"flightrec: error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+    except SystemExit as done:
+        leave_now_if_asked(done.code)  # (``analyze``: skips freeing what it loaded)
+        raise

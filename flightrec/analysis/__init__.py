@@ -46,6 +46,7 @@ __all__ = [
     "View",
     "analyze",
     "analyze_dir",
+    "gc_paused",
 ]
 
 

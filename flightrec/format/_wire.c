@@ -4,8 +4,9 @@
  * Why C: at scale ``flightrec analyze`` reads one dump tail per rank, and in Python these two
  * loops were a third of a rank's reading time (a tail's read takes 0.25 ms of CPU with this
  * file against 0.40 ms without, 16,384-rank job of benchmarks/bench_scale.py). wire.py defines
- * what they return (``_walk_fields_py`` and the Python column path); this file returns exactly the same, and a test runs both over valid and
- * damaged dumps (tests/unit/test_wire_c.py). ``column`` handles the usual values and answers
+ * what they return (``_walk_fields_py`` and the Python column path); this file returns exactly
+ * the same, and the reader's tests run with both and compare them on arbitrary bytes
+ * (tests/unit/test_columns_fastread.py). ``column`` handles the usual values and answers
  * None for anything else (a value its field type would truncate, a negative enum), which the
  * Python path then decodes as protobuf does. Where this extension is not built, wire.py runs
  * its Python loops: same results, slower.

@@ -12,13 +12,14 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from flightrec.analysis import AnalysisOptions, View, analyze_dir
+from flightrec.analysis import AnalysisOptions, View, analyze_dir, gc_paused
 from flightrec.analysis import Progress as ProgressCallback
 from flightrec.format.schema import TAIL_ENTRIES
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.report.trace import TraceRenderer
 from flightrec_cli.console import report_console
+from flightrec_cli.exiting import skip_teardown
 
 
 @contextmanager
@@ -118,17 +119,23 @@ def analyze_command(
     """
     # A timeline of more than the newest entries of each ring needs every file read whole.
     whole = trace is not None and (trace_all or (trace_recent or 0) > TAIL_ENTRIES)
-    with _loading_bar() as progress:
-        report = analyze_dir(
-            str(path), AnalysisOptions(view=view, progress=progress, tail=False if whole else None)
-        )
-    for problem in report.run.problems:
-        typer.echo(f"flightrec: skipped {problem}", err=True)
-    if trace is not None:
-        recent = None if trace_all else trace_recent or trace_window(report.world_size)
-        trace.write_text(TraceRenderer(recent).render(report), encoding="utf-8")
-    if as_json or compact:
-        sys.stdout.write(JsonRenderer(compact=compact, ranks=tuple(ranks or ())).render(report))
-    else:
-        TerminalRenderer(report_console()).render(report)
+    # The collector stays paused while the report is written too: with a large job loaded,
+    # each of its full collections walks millions of objects that hold no cycles (2.2 s of
+    # the JSON report's 2.4 s at 16,384 ranks).
+    with gc_paused():
+        with _loading_bar() as progress:
+            report = analyze_dir(
+                str(path),
+                AnalysisOptions(view=view, progress=progress, tail=False if whole else None),
+            )
+        for problem in report.run.problems:
+            typer.echo(f"flightrec: skipped {problem}", err=True)
+        if trace is not None:
+            recent = None if trace_all else trace_recent or trace_window(report.world_size)
+            trace.write_text(TraceRenderer(recent).render(report), encoding="utf-8")
+        if as_json or compact:
+            sys.stdout.write(JsonRenderer(compact=compact, ranks=tuple(ranks or ())).render(report))
+        else:
+            TerminalRenderer(report_console()).render(report)
+    skip_teardown()  # everything is written: the process may end without freeing the job
     raise typer.Exit(1 if report.findings else 0)
