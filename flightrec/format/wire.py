@@ -204,31 +204,35 @@ def _columns(
             spans.setdefault(name, []).append((a, b, at))
         if len(seen) != len(ENTRY_COLUMNS):
             raise _Odd  # an empty column (no entries, or damage): the ordinary reader decides
-    columns: dict[str, array[int]] = {}
-    left: list[str] = []  # for the Python path
-    for name in ENTRY_COLUMNS:
-        parts = spans[name]
-        if _wire is None:
-            left.append(name)
-            continue
-        if len(parts) == 1:
-            got = _wire.column(data, parts[0][0], parts[0][1], _KIND[name])
-        else:
-            chunk = b"".join(data[a:b] for a, b, _ in parts)
-            got = _wire.column(chunk, 0, len(chunk), _KIND[name])
-        if got is None:  # values protobuf would truncate: decoded as it does, below
-            left.append(name)
-            continue
-        columns[name], highest = got
-        table = _BOUNDED.get(name)
-        if table is not None and highest >= sizes[table]:
-            raise _Odd  # an index beyond its table
-    if left:
-        columns.update(_columns_py(data, {name: spans[name] for name in left}, sizes))
+    if _wire is None:
+        columns = _columns_py(data, spans, sizes)
+    else:
+        columns = {}
+        left: list[str] = []  # values protobuf would truncate: decoded as it does
+        for name in ENTRY_COLUMNS:
+            got = _wire.column(*_packed(data, spans[name]), _KIND[name])
+            if got is None:
+                left.append(name)
+                continue
+            columns[name], highest = got
+            table = _BOUNDED.get(name)
+            if table is not None and highest >= sizes[table]:
+                raise _Odd  # an index beyond its table
+        if left:
+            columns.update(_columns_py(data, {name: spans[name] for name in left}, sizes))
     n = len(columns[ENTRY_COLUMNS[0]])
     if any(len(col) != n for col in columns.values()):
         raise _Odd
     return {name: columns[name] for name in ENTRY_COLUMNS}
+
+
+def _packed(data: bytes, parts: list[tuple[int, int, int]]) -> tuple[bytes, int, int]:
+    """A column's packed values as (buffer, start, end): in ``data`` itself when the column is
+    one field, else its fields' values joined (the 1.3 tail layout read whole)."""
+    if len(parts) == 1:
+        return data, parts[0][0], parts[0][1]
+    joined = b"".join(data[a:b] for a, b, _ in parts)
+    return joined, 0, len(joined)
 
 
 def _columns_py(
@@ -236,10 +240,10 @@ def _columns_py(
 ) -> dict[str, array[int]]:
     """The columns named in ``spans`` (value bytes and tag start of each part) in Python: at C
     speed over bytes where every value is below 128, through the protobuf parser otherwise."""
-    chunks = {
-        name: data[p[0][0] : p[0][1]] if len(p) == 1 else b"".join(data[a:b] for a, b, _ in p)
-        for name, p in spans.items()
-    }
+    chunks = {}
+    for name, parts in spans.items():
+        buf, a, b = _packed(data, parts)
+        chunks[name] = buf[a:b]
     # Packed bytes all below 128 (``isascii``, one C pass) are one value each: most columns.
     counts = {
         name: len(chunk) if chunk.isascii() else _count_varints(chunk)
