@@ -4,7 +4,9 @@ In a synchronous collective every member waits for the slowest, so durations all
 the signal is who arrives last. Arrivals (enqueue times) of different ranks are compared on
 one clock, aligned from the dumps themselves (``clocks.group_arrivals``: completions of one
 collective are simultaneous). A straggler is last at most of the recent collectives it took
-part in, by a margin well above ordinary jitter and above the alignment's own uncertainty.
+part in, by a margin well above ordinary jitter and above the alignment's own uncertainty,
+and far more often than random arrival order would make it (in a 2-rank group every member is
+last half the time).
 
 Rank 0 often does legitimate extra work between steps (logging, evaluation, checkpoint
 writes): when it is the late one, the finding says so and carries low confidence.
@@ -51,12 +53,18 @@ class StragglerOptions:
         min_fraction: share of them at which it must have arrived last, late.
         min_margin_ms: how much after the next-latest member an arrival must be to count as
             late (raised to three times the clock alignment's jitter where that is larger).
+        max_chance: the most probability allowed that a rank with nothing wrong, arriving
+            in random order among each group's members, would be last this often. A member
+            of a 2-rank group is last half the time by chance alone: five late arrivals out
+            of five (1 in 32) are no evidence there, but out of five in an 8-rank group
+            (1 in 32,768) they are.
     """
 
     recent: int = 64
     min_samples: int = 5
     min_fraction: float = 0.5
     min_margin_ms: float = 5.0
+    max_chance: float = 0.01
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +147,28 @@ class _Tally:
     groups: Counter[str] = field(default_factory=Counter)
     ops: Counter[str] = field(default_factory=Counter)
     spread_ns: float = 0.0
+    sizes: Counter[int] = field(default_factory=Counter)
+    """Collectives taken part in, per member count of their group."""
+
+
+def chance_of_as_many(sizes: Mapping[int, int], k: int) -> float:
+    """Probability of being last at ``k`` or more of the collectives, for a member whose
+    arrivals are in random order among its groups' members: ``sizes`` maps a member count
+    ``n`` to collectives in groups of ``n`` (last at each with probability ``1/n``).
+
+    The exact tail of that sum of Bernoulli variables, summed over counts (at most a few
+    hundred collectives per rank: ``recent`` per group).
+    """
+    dist = [1.0]  # dist[j]: probability of exactly j lasts so far
+    for n, count in sizes.items():
+        p = 1.0 / n if n > 0 else 1.0
+        for _ in range(count):
+            nxt = [0.0] * (len(dist) + 1)
+            for j, q in enumerate(dist):
+                nxt[j] += q * (1.0 - p)
+                nxt[j + 1] += q * p
+            dist = nxt
+    return min(1.0, sum(dist[k:]))
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -218,6 +248,7 @@ def _tally_group(
         tl.ops[d.string(d.columns["op"][ga.positions[last][i]])] += 1
     for r in ranks:
         t[r].taken += len(ga.seqs)
+        t[r].sizes[n] += len(ga.seqs)
     return _Pending(ga.arrivals, ga.spread_ns, frozenset(lasts))
 
 
@@ -312,6 +343,8 @@ def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = Non
             continue
         if median(tr.late) < opt.min_margin_ms:
             continue
+        if chance_of_as_many(tr.sizes, len(tr.late)) > opt.max_chance:
+            continue  # as often as random arrival order would make it last: no evidence
         blamed.append((len(tr.late) / tr.taken, r))
     # Rank 0's lateness is often by design (see the module doc): other stragglers first.
     blamed.sort(key=lambda kv: (kv[1] == 0, -kv[0], kv[1]))

@@ -59,7 +59,7 @@ def test_flightrecs_own_frames_are_never_where_a_rank_is(tmp_path: Path) -> None
                     files = [dump.strings[dump.frames[f].file] for f in dump.stacks[t.stack].frames]
                     assert not any("/flightrec/" in f for f in files), (t.name, files)
     status, report = analyze(job)
-    assert status == 0 and report["findings"] == [], report
+    assert status == 0 and report["findings"] == [], report["findings"]
     rendered = text_report(job)
     assert "ranks 0-1 exited (returned from main)" in rendered, rendered
     assert "flightrec/" not in rendered and "Dumper" not in rendered, rendered

@@ -11,7 +11,7 @@ from rich.console import Console
 
 from flightrec.analysis import analyze, analyze_dir
 from flightrec.analysis.model import FindingKind
-from flightrec.analysis.straggler import StragglerEvidence, percentile
+from flightrec.analysis.straggler import StragglerEvidence, chance_of_as_many, percentile
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
@@ -59,6 +59,25 @@ def test_occasional_lateness_is_not_a_straggler() -> None:
 def test_lateness_under_the_margin_is_not_a_straggler() -> None:
     job = timed_job(late={1: 3.0})
     assert analyze(job.run()).findings == []
+
+
+def test_last_as_often_as_chance_makes_it_is_not_a_straggler() -> None:
+    # Two ranks: one of them is last at every collective, so a few late arrivals (a loaded
+    # machine descheduling one process) are no evidence; the same count among 8 members is.
+    assert analyze(timed_job(world=2, steps=5, late={1: 20.0}).run()).findings == []
+    findings = analyze(timed_job(world=2, steps=12, late={1: 20.0}).run()).findings
+    assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (1,))]
+    findings = analyze(timed_job(world=8, steps=5, late={5: 20.0}).run()).findings
+    assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.STRAGGLER, (5,))]
+
+
+def test_chance_of_being_last_is_the_binomial_tail() -> None:
+    assert chance_of_as_many({2: 5}, 5) == pytest.approx(1 / 32)
+    assert chance_of_as_many({2: 5}, 0) == pytest.approx(1.0)
+    assert chance_of_as_many({4: 3}, 2) == pytest.approx(3 * (1 / 16) * (3 / 4) + 1 / 64)
+    # Two groups: last at both collectives of a 2-rank and an 8-rank group.
+    assert chance_of_as_many({2: 1, 8: 1}, 2) == pytest.approx(1 / 16)
+    assert chance_of_as_many({2: 3}, 4) == 0.0
 
 
 def test_rank0_extra_work_is_reported_as_such_with_low_confidence() -> None:
