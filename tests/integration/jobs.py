@@ -118,6 +118,31 @@ class Job:
                 raise TimeoutError(f"job still running after {timeout}s\n{self.output()}") from None
         return codes
 
+    def where_stuck(self, rank: int, settle_s: float = 3.0) -> str:
+        """Every thread's stack in process ``rank``, which should have ended, for a failure
+        message: it is asked for a SIGUSR1 dump (needs Python to run); where no Python thread
+        ran for FLIGHTREC_TIMEOUT, faulthandler's raw stacks beside its black box say more."""
+        before = set(self.dump_files())
+        with contextlib.suppress(ProcessLookupError):
+            self.signal(rank, signal.SIGUSR1)
+        deadline = time.monotonic() + settle_s
+        while not set(self.dump_files()) - before and time.monotonic() < deadline:
+            time.sleep(0.1)
+        lines = [f"--- where process {rank} is ---"]
+        for path in sorted(set(self.dump_files()) - before):
+            dump = read_dump(path)
+            for t in dump.threads:
+                frames = [dump.frames[f] for f in dump.stacks[t.stack].frames]
+                where = [f"{dump.strings[f.file]}:{f.line} {dump.strings[f.name]}" for f in frames]
+                lines.append(f"thread {t.name}: " + " <- ".join(where[:8]))
+        if len(lines) == 1:
+            lines.append("no SIGUSR1 dump: no Python thread runs")
+        for raw in sorted(self.dump_dir.glob(".*.stacks")):
+            text = raw.read_text(errors="replace")
+            if text.count("\n") > 1:  # more than its header: faulthandler wrote into it
+                lines.append(f"{raw.name}:\n{text[-4000:]}")
+        return "\n".join(lines)
+
     # -- acting -----------------------------------------------------------------------------
     def signal(self, rank: int, sig: int) -> None:
         """Send ``sig`` to process ``rank`` (the rank's own process in the default launch)."""
