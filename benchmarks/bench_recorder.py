@@ -21,8 +21,9 @@ through the traced function and through torch's original alternate in one ``FLIG
 process, so load on a shared machine hits both alike; median per-round difference, over a few
 processes. Where fresh processes scatter by several µs, this figure holds within a fraction.
 
-``--ddp``: steps per second of a small DDP model on 4 gloo ranks (``ddp_steps.py``), with and
-without FLIGHTREC=1, interleaved, median and range.
+``--ddp``: steps per second of a small DDP model on 4 gloo ranks (``ddp_steps.py``): untraced,
+FLIGHTREC=1 (DDP keeps its C++ hook), FLIGHTREC=1 with flightrec's Python DDP hook forced,
+interleaved; median, range and per-round ratios. ``--ddp-only`` runs just that.
 
 Then the dump: a full 2,000-entry ring with 16-frame stacks from several call sites, dumped
 several times; median wall time and file size.
@@ -323,18 +324,28 @@ def paired(rounds: int, tmp: str) -> None:
 
 
 def ddp(rounds: int, tmp: str) -> None:
-    """Steps/s of a small 4-rank gloo DDP model, with and without FLIGHTREC=1, printed."""
-    rates: dict[str, list[float]] = {"off": [], "on": []}
+    """Steps/s of a small 4-rank gloo DDP model: untraced, ``FLIGHTREC=1`` (DDP keeps its C++
+    hook; PyTorch's recorder sees its all-reduces) and ``FLIGHTREC=1 FLIGHTREC_DDP_HOOK=1``
+    (flightrec's Python hook), interleaved, printed with each mode's spread and the per-round
+    ratios (rounds run back to back, so a change of machine load shifts all three alike)."""
+    modes = {
+        "off": {},
+        "on": {"FLIGHTREC": "1"},
+        "on, Python DDP hook": {"FLIGHTREC": "1", "FLIGHTREC_DDP_HOOK": "1"},
+    }
+    rates: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(rounds):
-        rates["off"].append(_script("ddp_steps.py", {}, tmp))
-        rates["on"].append(_script("ddp_steps.py", {"FLIGHTREC": "1"}, tmp))
+        for name, env in modes.items():
+            rates[name].append(_script("ddp_steps.py", env, tmp))
     print(f"DDP, 4 gloo ranks on this machine, small MLP, {rounds} interleaved runs each "
           "(slowest rank's steps/s)")  # fmt: skip
     for name, v in rates.items():
-        print(f"  FLIGHTREC {name:<3}: median {statistics.median(v):7.1f} steps/s, range "
+        print(f"  FLIGHTREC {name:<20}: median {statistics.median(v):7.1f} steps/s, range "
               f"{min(v):.1f}-{max(v):.1f}  [{', '.join(f'{x:.1f}' for x in v)}]")  # fmt: skip
-    change = statistics.median(rates["on"]) / statistics.median(rates["off"]) - 1
-    print(f"  traced / untraced: {change:+.1%}")
+    for name in list(modes)[1:]:
+        ratios = [on / off - 1 for on, off in zip(rates[name], rates["off"], strict=True)]
+        print(f"  {name} / off, per round: median {statistics.median(ratios):+.1%}  "
+              f"[{', '.join(f'{r:+.1%}' for r in ratios)}]")  # fmt: skip
 
 
 def main() -> None:
@@ -343,6 +354,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="processes per mode")
     parser.add_argument("--ddp", action="store_true", help="also DDP steps/s on 4 gloo ranks")
     parser.add_argument("--ddp-rounds", type=int, default=5)
+    parser.add_argument("--ddp-only", action="store_true", help="only the DDP steps/s")
     parser.add_argument("--source", action="store_true", help="import this checkout")
     parser.add_argument(
         "--instructions",
@@ -363,6 +375,9 @@ def main() -> None:
         print(f"instructions per all_reduce(1 element), 1-rank gloo, {DEPTH} frames deep, "
               f"{opts.calls} calls under callgrind")  # fmt: skip
         return instructions(opts.calls)
+    if opts.ddp_only:
+        with tempfile.TemporaryDirectory() as tmp:
+            return ddp(opts.ddp_rounds, tmp)
     with tempfile.TemporaryDirectory() as tmp:
         harness(opts.rounds, tmp)
         paired(max(3, opts.rounds // 3), tmp)

@@ -1,12 +1,20 @@
-"""DistributedDataParallel: its gradient all-reduces go through a recorded Python hook.
+"""DistributedDataParallel: its gradient all-reduces, recorded by PyTorch's recorder or by a hook.
 
-DDP's reducer issues its bucket all-reduces from C++, where no Python wrapper sees them. For
-every DDP model built while tracing is on, flightrec registers a communication hook at the
-model's first forward that does exactly what DDP's default does (divide the bucket by the
-group size, all-reduce it, hand the result back) but through ``torch.distributed.all_reduce``,
-which the recorder wraps: each bucket becomes an ordinary ``all_reduce`` entry with the
-bucket's flat size and dtype and the ``DDP_BUCKET`` flag, numbered on the DDP group's own
-counter like every other collective, with a stack that runs through autograd up to the user's ``backward()`` call.
+DDP's reducer issues its bucket all-reduces from C++, where no Python wrapper sees them.
+PyTorch's own recorder (on by default, merged into every dump by ``native_merge``) records them
+inside the ProcessGroup, so by default flightrec leaves DDP alone: any Python communication
+hook costs DDP steps (about 6% on a small 4-rank gloo model, an untraced hook as much as
+ours), since every bucket takes the GIL on the backward pass and again on the backend's thread.
+The groups of those models are remembered (``bucket_groups``) so that a dump labels the
+reducer's all-reduces as DDP gradient buckets.
+
+Where PyTorch's recorder is off (``Config.wants_ddp_hook``; FLIGHTREC_DDP_HOOK=1 forces it),
+flightrec registers a communication hook at the model's first forward that does exactly what
+DDP's default does (divide the bucket by the group size, all-reduce it, hand the result back)
+but through ``torch.distributed.all_reduce``, which the recorder wraps: each bucket becomes an
+ordinary ``all_reduce`` entry with the bucket's flat size and dtype and the ``DDP_BUCKET`` flag,
+numbered on the DDP group's own counter like every other collective, with a stack that runs
+through autograd up to the user's ``backward()`` call, and a completion time on gloo too.
 
 It waits for the first forward because DDP accepts only one hook: a user who registers their
 own hook (or a built-in one) before that keeps theirs, and the model's gradient all-reduces
@@ -30,6 +38,24 @@ module's hook carry it (the report labels them)."""
 
 def _no_flagged() -> Any:
     return None
+
+
+_bucket_groups: set[str] = set()
+"""Names of the process groups of DDP models left on DDP's own C++ hook."""
+
+
+def bucket_groups() -> frozenset[str]:
+    """Groups whose all-reduces issued by C++ during a backward pass are DDP gradient buckets
+    (models built while tracing, without flightrec's Python hook)."""
+    return frozenset(_bucket_groups)
+
+
+def _remember_group(model: Any) -> None:
+    with contextlib.suppress(Exception):  # a label only: never a reason to fail
+        import torch.distributed as dist
+
+        pg: Any = getattr(model, "process_group", None) or dist.group.WORLD
+        _bucket_groups.add(str(pg.group_name))
 
 
 _flagged: Callable[[], Any] = _no_flagged
@@ -99,11 +125,18 @@ class DDPHooks:
         return bool(self._saved)
 
     def install(
-        self, enabled: Callable[[], bool], flagged: Callable[[], Any] = _no_flagged
+        self,
+        enabled: Callable[[], bool],
+        flagged: Callable[[], Any] = _no_flagged,
+        hook: bool = True,
     ) -> None:
         """Wrap DDP's constructor and hook registration (no-op when DDP is unavailable).
 
-        ``flagged()`` gives the recorded all_reduce the hook calls (None: plain all_reduce).
+        Args:
+            enabled: whether tracing is on (models built while it is off are left alone).
+            flagged: gives the recorded all_reduce the hook calls (None: plain all_reduce).
+            hook: register the Python hook; False leaves DDP's C++ hook, whose all-reduces
+                PyTorch's recorder sees, and remembers the model's group for their label.
         """
         global _flagged
         if self.installed:
@@ -118,8 +151,12 @@ class DDPHooks:
 
         def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
             init(self, *args, **kwargs)
-            if enabled() and getattr(self, "mixed_precision", None) is None:
+            if not enabled():
+                return
+            if hook and getattr(self, "mixed_precision", None) is None:
                 _arm(self, register)
+            else:
+                _remember_group(self)
 
         def register_comm_hook(self: Any, state: Any, hook: Callable[..., Any]) -> Any:
             object.__setattr__(self, USER_HOOK, True)

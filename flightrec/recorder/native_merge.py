@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -10,6 +11,7 @@ from typing import Any
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import OBJECT_API, EntryValues, FrameTuple
 from flightrec.format.slot import Slot
+from flightrec.recorder import ddp
 from flightrec.recorder.native_harvest import MATCH_SLACK_NS, Harvest, NativeOp, harvest
 
 
@@ -99,6 +101,7 @@ def merge(
     strings: Sequence[str],
     group_index: Callable[[NativeOp], int],
     symbolize: Callable[[int], Sequence[FrameTuple]],
+    bucket_groups: frozenset[str] = frozenset(),
 ) -> Merged:
     """One entry per collective, numbered by the ProcessGroup (see the module docstring).
 
@@ -109,6 +112,8 @@ def merge(
         strings: the recorder's string table (thread, op and device names of slots).
         group_index: the dump's group index for a native entry's group (registering it).
         symbolize: a slot's stack index -> its frames.
+        bucket_groups: groups of DDP models on DDP's own C++ hook (``ddp.bucket_groups``):
+            their native-only all-reduces issued during a backward pass get ``DDP_BUCKET``.
     """
     ops = harvested.ops
 
@@ -164,11 +169,12 @@ def merge(
     for j, op in enumerate(ops):
         if j in used or op.is_p2p:
             continue
+        bucket = op.group in bucket_groups and is_ddp_bucket(op)
         row = EntryValues(
             record_id=0, group=group_index(op), op=op.op, seq=op.seq, state=op.state,
             enqueue_ns=op.created_ns, complete_ns=op.complete_ns, thread=op.thread,
             stack=op.stack, inputs=op.inputs, outputs=op.outputs,
-            device="cpu" if op.backend == "gloo" else "",
+            device="cpu" if op.backend == "gloo" else "", flags=pb.DDP_BUCKET if bucket else 0,
         )  # fmt: skip
         timed.append((op.created_ns, 1, row))
     timed.sort(key=lambda t: (t[0], t[1]))
@@ -193,6 +199,18 @@ class _Unresolved:
 
 
 _unresolved: dict[str, _Unresolved] = {}
+
+
+_AUTOGRAD = f"torch{os.sep}autograd{os.sep}"
+
+
+def is_ddp_bucket(op: NativeOp) -> bool:
+    """An all-reduce DDP's reducer issued: from C++ during a backward pass, so its Python stack
+    runs through torch's autograd (CPU tensors: the engine runs on the calling thread) or it
+    has none (an autograd device thread). Asked only of a DDP model's group."""
+    if op.op != "all_reduce":
+        return False
+    return not op.stack or any(_AUTOGRAD in file for file, _, _ in op.stack)
 
 
 def _group_index(groups: Any, op: NativeOp) -> int:
@@ -233,6 +251,7 @@ def harvest_and_merge(recorder: Any, slots: Sequence[Slot]) -> Merged | None:
             list(recorder.strings.values),
             lambda op: _group_index(groups, op),
             recorder.stacks.symbolize,
+            ddp.bucket_groups(),
         )
     except Exception as exc:
         recorder.internal_error("merging PyTorch's native Flight Recorder", exc)

@@ -149,7 +149,11 @@ class Runtime:
         if self.ddp.installed or not self.recorder.enabled:
             return
         try:
-            self.ddp.install(lambda: self.recorder.enabled, lambda: self.hooks.ddp_all_reduce)
+            self.ddp.install(
+                lambda: self.recorder.enabled,
+                lambda: self.hooks.ddp_all_reduce,
+                hook=self.config.wants_ddp_hook(),
+            )
         except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
             log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
 

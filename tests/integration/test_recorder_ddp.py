@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -78,3 +79,41 @@ def test_a_users_own_hook_is_kept(rt: Runtime) -> None:
     step(model)
     assert calls == [1]
     assert decode(rt.recorder.ring.snapshot()) == []
+
+
+def test_with_pytorchs_recorder_on_ddp_keeps_its_own_hook_and_the_dump_labels_buckets(
+    tmp_path: Path,
+) -> None:
+    """The default: PyTorch's recorder sees the reducer's all-reduces, so DDP keeps its C++
+    hook (a Python one costs it steps), and the merged dump says which entries are buckets."""
+    from flightrec.format import flightrec_pb2 as pb
+    from flightrec.format.read import read_dump
+
+    with (
+        one_rank_gloo(),
+        traced_runtime(tmp_path, buffer=64, background=True, native=True) as rt,
+    ):
+        assert not rt.config.wants_ddp_hook({})
+        since = time.monotonic_ns()  # torch's ring is the process's: earlier tests' show too
+        model = DDP(nn.Linear(4, 3))
+        line = step(model)
+        step(model)
+        assert decode(rt.recorder.ring.snapshot()) == []  # nothing went through a hook of ours
+        mine = model.process_group.group_name if model.process_group else ""
+        dist.all_reduce(torch.ones(1))  # issued from Python: no bucket
+        path = rt.dump(pb.API_CALL)
+    assert path is not None
+    dump = read_dump(path)
+    e = dump.entries
+    ours = [
+        i
+        for i, g in enumerate(e.group)
+        if e.enqueue_ns[i] > since and (not mine or dump.groups[g].name == mine)
+    ]
+    # DDP's own broadcasts (module states, buffers) are no buckets; nor is a Python call.
+    reduces = [i for i in ours if dump.strings[e.op[i]] == "all_reduce"]
+    assert [bool(e.flags[i] & pb.DDP_BUCKET) for i in reduces] == [True, True, False]
+    assert not any(e.flags[i] & pb.DDP_BUCKET for i in ours if i not in reduces)
+    frames = [dump.frames[f] for f in dump.stacks[e.stack[reduces[0]]].frames]
+    where = [(dump.strings[f.file], dump.strings[f.name], f.line) for f in frames]
+    assert (__file__, "step", line) in where, where
