@@ -44,10 +44,11 @@ def _rank(rank: int, port: int, out: object) -> None:
     for _ in range(STEPS):
         step()
     elapsed = time.perf_counter() - t0
-    rates = [None] * RANKS
-    dist.all_gather_object(rates, STEPS / elapsed)
+    # A tensor, not all_gather_object: that needs numpy, which torch does not install.
+    rates = [torch.zeros(1, dtype=torch.float64) for _ in range(RANKS)]
+    dist.all_gather(rates, torch.tensor([STEPS / elapsed], dtype=torch.float64))
     if rank == 0:
-        out.put(min(rates))  # type: ignore[attr-defined]
+        out.put(min(float(r) for r in rates))  # type: ignore[attr-defined]
     dist.destroy_process_group()
 
 
