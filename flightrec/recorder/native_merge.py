@@ -206,11 +206,12 @@ _AUTOGRAD = f"torch{os.sep}autograd{os.sep}"
 
 def is_ddp_bucket(op: NativeOp) -> bool:
     """An all-reduce DDP's reducer issued: from C++ during a backward pass, so its Python stack
-    runs through torch's autograd (CPU tensors: the engine runs on the calling thread) or it
-    has none (an autograd device thread). Asked only of a DDP model's group."""
+    runs through torch's autograd (CPU tensors: the engine runs on the calling thread), or it
+    came from a thread Python does not know (an autograd device thread). Asked only of a DDP
+    model's group."""
     if op.op != "all_reduce":
         return False
-    return not op.stack or any(_AUTOGRAD in file for file, _, _ in op.stack)
+    return not op.python_thread or any(_AUTOGRAD in file for file, _, _ in op.stack)
 
 
 def _group_index(groups: Any, op: NativeOp) -> int:

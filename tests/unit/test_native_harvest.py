@@ -228,3 +228,25 @@ def test_symbolizing_native_stacks_never_imports_inductor() -> None:
     with native_harvest._no_inductor_import():
         assert not hasattr(torch._inductor, "codecache")  # what torch's symbolizer asks
     assert "torch._inductor" not in sys.modules and "_inductor" not in vars(torch)
+
+
+def test_ddp_buckets_are_the_reducers_all_reduces_on_a_ddp_group() -> None:
+    import os
+
+    autograd = os.path.join("site-packages", "torch", "autograd", "graph.py")
+    backward = (
+        (autograd, "_engine_run_backward", 9),
+        ("train.py", "train", 40),
+    )
+    ops = [
+        native(1, 10, 1, stack=backward),  # CPU: the engine ran on the calling thread
+        native(2, 20, 2, thread="", python_thread=False, stack=()),  # an engine device thread
+        native(3, 30, 3),  # functional all_reduce from the model's forward
+        native(4, 40, 4, op="broadcast", stack=backward),
+        native(5, 50, 1, group="other", desc="", stack=backward),  # not a DDP model's group
+    ]
+    h = Harvest(ops, False)
+    rows = merge([], h, GROUPS, STRINGS, lambda op: 0, lambda i: STACK, frozenset({"0"})).rows
+    assert [bool(r.flags & pb.DDP_BUCKET) for r in rows] == [True, True, False, False, False]
+    plain = merge([], h, GROUPS, STRINGS, lambda op: 0, lambda i: STACK).rows
+    assert not any(r.flags & pb.DDP_BUCKET for r in plain)
