@@ -128,14 +128,14 @@ class DDPHooks:
         self,
         enabled: Callable[[], bool],
         flagged: Callable[[], Any] = _no_flagged,
-        hook: bool = True,
+        python_hook: bool = True,
     ) -> None:
         """Wrap DDP's constructor and hook registration (no-op when DDP is unavailable).
 
         Args:
             enabled: whether tracing is on (models built while it is off are left alone).
             flagged: gives the recorded all_reduce the hook calls (None: plain all_reduce).
-            hook: register the Python hook; False leaves DDP's C++ hook, whose all-reduces
+            python_hook: register the Python hook; False leaves DDP's C++ hook, whose all-reduces
                 PyTorch's recorder sees, and remembers the model's group for their label.
         """
         global _flagged
@@ -153,7 +153,7 @@ class DDPHooks:
             init(self, *args, **kwargs)
             if not enabled():
                 return
-            if hook and getattr(self, "mixed_precision", None) is None:
+            if python_hook and getattr(self, "mixed_precision", None) is None:
                 _arm(self, register)
             else:
                 _remember_group(self)

@@ -152,7 +152,7 @@ class Runtime:
             self.ddp.install(
                 lambda: self.recorder.enabled,
                 lambda: self.hooks.ddp_all_reduce,
-                hook=self.config.wants_ddp_hook(),
+                python_hook=self.config.wants_ddp_hook(),
             )
         except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
             log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
