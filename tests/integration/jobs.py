@@ -125,9 +125,8 @@ class Job:
         before = set(self.dump_files())
         with contextlib.suppress(ProcessLookupError):
             self.signal(rank, signal.SIGUSR1)
-        deadline = time.monotonic() + settle_s
-        while not set(self.dump_files()) - before and time.monotonic() < deadline:
-            time.sleep(0.1)
+        with contextlib.suppress(TimeoutError):  # none comes where no Python thread runs
+            self.wait_for_dumps(count=len(before) + 1, timeout=settle_s)
         lines = [f"--- where process {rank} is ---"]
         for path in sorted(set(self.dump_files()) - before):
             dump = read_dump(path)
