@@ -25,19 +25,21 @@ def _native_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+def _run_job(args: list[str], env: dict[str, str], timeout: float) -> None:
+    """Run a native job script; a failed job fails the test with the ranks' own output."""
+    job = subprocess.run(
+        [sys.executable, *args], env=env, timeout=timeout, capture_output=True, text=True
+    )
+    assert job.returncode == 0, f"{args[0]} exited {job.returncode}\n{job.stdout}{job.stderr}"
+
+
 def test_live_gloo_hang_is_recorded_and_diagnosed(tmp_path: Path) -> None:
     pytest.importorskip("torch.distributed")
     analysis = pytest.importorskip("flightrec.analysis")
     env = _native_env(FR_JOB_TIMEOUT_S="1")
     pdir, jdir = tmp_path / "pickle", tmp_path / "json"
     # Three ranks keep it short: rank 2 still skips the all_reduce that ranks 0 and 1 enter.
-    subprocess.run(
-        [sys.executable, str(SCRIPT), "hang", str(pdir), str(jdir), "3"],
-        env=env,
-        timeout=90,
-        check=True,
-        capture_output=True,
-    )
+    _run_job([str(SCRIPT), "hang", str(pdir), str(jdir), "3"], env, timeout=90)
     for folder in (pdir, jdir):
         assert len(list(folder.iterdir())) == 3
         report = analysis.analyze_dir(str(folder))
@@ -58,13 +60,7 @@ def test_live_gloo_straggler_is_found_from_enqueue_times(tmp_path: Path) -> None
     analysis = pytest.importorskip("flightrec.analysis")
     env = _native_env()
     pdir, jdir = tmp_path / "pickle", tmp_path / "json"
-    subprocess.run(
-        [sys.executable, str(STRAGGLER), str(pdir), str(jdir), "2", "20"],
-        env=env,
-        timeout=120,
-        check=True,
-        capture_output=True,
-    )
+    _run_job([str(STRAGGLER), str(pdir), str(jdir), "2", "20"], env, timeout=120)
     for folder, where in ((pdir, "their dumps do not name it"), (jdir, "on host ")):
         report = analysis.analyze_dir(str(folder))
         assert [(f.kind, f.ranks) for f in report.findings] == [("straggler", (2,))], [

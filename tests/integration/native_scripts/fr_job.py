@@ -80,9 +80,17 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, pdir: str, jdir:
     import torch.distributed as dist
     from torch._C._distributed_c10d import _dump_fr_trace, _dump_fr_trace_json
 
+    # Spawned ranks finish importing torch seconds apart on a loaded machine, longer than the
+    # short timeout the faulty step needs: meet on a store with a long timeout first, so that
+    # only the faulty step can time out.
+    store = dist.TCPStore(
+        "127.0.0.1", port, world, rank == 0, timeout=datetime.timedelta(seconds=60)
+    )
+    store.set(f"ready/{rank}", "1")
+    store.wait([f"ready/{r}" for r in range(world)])
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        store=store,
         rank=rank,
         world_size=world,
         timeout=datetime.timedelta(seconds=TIMEOUT_S),
