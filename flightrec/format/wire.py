@@ -22,11 +22,12 @@ for ``DumpView.of(read_dump(path))``, 3.0x; the load is most of ``flightrec anal
 at scale. Reproduce: ``python benchmarks/bench_scale.py --ranks 1024 --layout tp=8,pp=8
 --simulate-only --readers``.
 
-Its two loops, walking a message's fields and decoding a packed column, run in C where the
-optional extension ``flightrec.format._wire`` is built (``pip install`` builds it), with the
-same results as the Python loops here (tests/unit/test_columns_fastread.py runs every test
-both ways and compares the two on arbitrary bytes). Reading a 2,000-entry ring's tail
-(``tail.read_tail``, 16,384-rank job) takes 0.25 ms of CPU with them against 0.40 ms without.
+Its loops (walking a message's fields, parting a dump's top-level fields, decoding the
+packed entry columns) run in C where the optional extension ``flightrec.format._wire`` is
+built (``pip install`` builds it), with the same results as the Python loops here
+(tests/unit/test_columns_fastread.py runs every test both ways and compares the two on
+arbitrary bytes). Reading a 2,000-entry ring's tail (``tail.read_tail``, 16,384-rank job)
+takes 0.19 ms of CPU with them against 0.40 ms without.
 
 Anything unusual (damage, unpacked or split columns, a file written by a future schema)
 returns None and the caller reads the file the ordinary way, which reports damage precisely.
@@ -89,6 +90,9 @@ _KIND = {
     ).index(f.type)
     for f in pb.Entries.DESCRIPTOR.fields
 }
+# The entry columns' field numbers and kinds, in ``ENTRY_COLUMNS`` order (``_wire.columns``).
+_NUMBERS = tuple(pb.Entries.DESCRIPTOR.fields_by_name[name].number for name in ENTRY_COLUMNS)
+_KINDS = tuple(_KIND[name] for name in ENTRY_COLUMNS)
 # One-byte zigzag values (sint32 below 64 in magnitude) to their two's-complement byte.
 _UNZIGZAG = bytes(((z >> 1) ^ -(z & 1)) & 0xFF for z in range(128)) + bytes(128)
 _WIRE_VARINT, _WIRE_I64, _WIRE_LEN, _WIRE_I32 = 0, 1, 2, 5
@@ -182,6 +186,34 @@ def walk_fields(buf: bytes, start: int, end: int) -> list[tuple[int, int, int, i
     return _walk_fields_py(buf, start, end)
 
 
+_TABLE_NUMBERS = tuple(sorted(_TABLE_FIELDS))
+
+
+def _split_py(data: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]], bytes, bytes]:
+    """``split_dump`` in Python (``_wire.split`` in C returns the same)."""
+    top = _walk_fields_py(data, 0, len(data))
+    if any(wire != _WIRE_LEN for n, wire, *_ in top if n in _APART):
+        raise _Odd
+    entries = [(a, b) for number, _, a, b, _ in top if number == _ENTRIES]
+    groups = [(a, b) for number, _, a, b, _ in top if number == _GROUPS]
+    rest = b"".join(data[at:b] for number, _, _, b, at in top if number not in _APART)
+    tables = b"".join(data[at:b] for number, _, _, b, at in top if number in _TABLE_FIELDS)
+    return entries, groups, rest, tables
+
+
+def split_dump(data: bytes) -> tuple[list[tuple[int, int]], list[tuple[int, int]], bytes, bytes]:
+    """A dump's top-level fields, parted: the value bounds of each ``entries`` and ``groups``
+    field, every other field's encoding joined in order (the rest of the dump), and the
+    interned tables' encodings joined (the key under which their check is remembered).
+
+    Raises ``ValueError`` for bytes that are not a plain message, or whose entries or groups
+    are not length-delimited. In C where ``_wire`` is built.
+    """
+    if _wire is not None:
+        return _wire.split(data, _ENTRIES, _GROUPS, _TABLE_NUMBERS)
+    return _split_py(data)
+
+
 def _count_varints(chunk: bytes) -> int:
     """Values in a packed varint field: bytes without the continuation bit."""
     return len(chunk) - len(chunk.translate(None, _LOW7))
@@ -193,6 +225,32 @@ def _columns(
     """The entry columns of the ``entries`` fields at ``ranges`` (one, or two in the 1.3 tail
     layout, whose packed columns concatenate, oldest first); ``sizes``: the length of each
     table an index column points into."""
+    if _wire is not None:
+        got = _wire.columns(data, ranges, _NUMBERS, _KINDS, _bounds(sizes))
+        columns = {
+            name: col for name, col in zip(ENTRY_COLUMNS, got, strict=True) if col is not None
+        }
+        left = [name for name in ENTRY_COLUMNS if name not in columns]
+        if left:  # values protobuf would truncate: decoded as it does
+            columns.update(_columns_py(data, _spans(data, ranges, left), sizes))
+    else:
+        columns = _columns_py(data, _spans(data, ranges, ENTRY_COLUMNS), sizes)
+    n = len(columns[ENTRY_COLUMNS[0]])
+    if any(len(col) != n for col in columns.values()):
+        raise _Odd
+    return {name: columns[name] for name in ENTRY_COLUMNS}
+
+
+def _bounds(sizes: dict[str, int]) -> tuple[int, ...]:
+    """Per entry column (``ENTRY_COLUMNS`` order), the size of the table it indexes, or -1."""
+    return tuple(sizes[_BOUNDED[name]] if name in _BOUNDED else -1 for name in ENTRY_COLUMNS)
+
+
+def _spans(
+    data: bytes, ranges: list[tuple[int, int]], wanted: Sequence[str]
+) -> dict[str, list[tuple[int, int, int]]]:
+    """Value bounds and tag start of each part of the columns named ``wanted``, each range
+    holding every column once, length-delimited."""
     spans: dict[str, list[tuple[int, int, int]]] = {}
     for start, end in ranges:
         seen: set[str] = set()
@@ -204,26 +262,7 @@ def _columns(
             spans.setdefault(name, []).append((a, b, at))
         if len(seen) != len(ENTRY_COLUMNS):
             raise _Odd  # an empty column (no entries, or damage): the ordinary reader decides
-    if _wire is None:
-        columns = _columns_py(data, spans, sizes)
-    else:
-        columns = {}
-        left: list[str] = []  # values protobuf would truncate: decoded as it does
-        for name in ENTRY_COLUMNS:
-            got = _wire.column(*_packed(data, spans[name]), _KIND[name])
-            if got is None:
-                left.append(name)
-                continue
-            columns[name], highest = got
-            table = _BOUNDED.get(name)
-            if table is not None and highest >= sizes[table]:
-                raise _Odd  # an index beyond its table
-        if left:
-            columns.update(_columns_py(data, {name: spans[name] for name in left}, sizes))
-    n = len(columns[ENTRY_COLUMNS[0]])
-    if any(len(col) != n for col in columns.values()):
-        raise _Odd
-    return {name: columns[name] for name in ENTRY_COLUMNS}
+    return {name: spans[name] for name in wanted}
 
 
 def _packed(data: bytes, parts: list[tuple[int, int, int]]) -> tuple[bytes, int, int]:
@@ -323,14 +362,11 @@ def read_compact(data: bytes, path: str, older: int = 0) -> DumpView | None:
     if not data.startswith(MAGIC_PREFIX):
         return None
     try:
-        top = walk_fields(data, 0, len(data))
-        entries = [(a, b) for number, _, a, b, _ in top if number == _ENTRIES]
-        groups = [(a, b) for number, _, a, b, _ in top if number == _GROUPS]
-        if not entries or any(wire != _WIRE_LEN for n, wire, *_ in top if n in _APART):
+        entries, groups, rest, tables = split_dump(data)
+        if not entries:
             raise _Odd
-        # The dump without its entries and groups, parsed and validated by the one validator.
-        rest = b"".join(data[at:b] for number, _, _, b, at in top if number not in _APART)
-        tables = b"".join(data[at:b] for number, _, _, b, at in top if number in _TABLE_FIELDS)
+        # The dump without its entries and groups (``rest``) is parsed and validated by the
+        # one validator.
         try:
             dump = parse_dump(rest, path, tables=tables not in _CHECKED_TABLES)
             views = tuple(_group(data, a, b, dump.header.world_size, path) for a, b in groups)

@@ -10,6 +10,7 @@ it, the fast one declines or agrees. Every test runs twice: with the reader's lo
 from __future__ import annotations
 
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -214,3 +215,91 @@ def test_the_c_loops_return_what_the_python_loops_return(
         python = wire._columns_py(data, {name: [(start, len(data), 0)]}, huge)[name]
         assert (c[0].typecode, list(c[0])) == (python.typecode, list(python)), name
         assert c[1] == max(python, default=0), name
+
+
+def _both(fn: Callable[[], object]) -> tuple[object, object]:
+    """``fn()`` with the reader's loops in C, then in Python (ValueError where one refuses)."""
+    results = []
+    for loops in (C_LOOPS, None):
+        saved, wire._wire = wire._wire, loops
+        try:
+            results.append(fn())
+        except ValueError:
+            results.append(ValueError)
+        finally:
+            wire._wire = saved
+    return results[0], results[1]
+
+
+_TOP = st.sampled_from(
+    [wire._ENTRIES, wire._GROUPS, *wire._TABLE_NUMBERS, 1, 2, 3, 9, 200]  # (magic, versions)
+)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    fields=st.lists(st.tuples(_TOP, st.binary(max_size=12), st.booleans()), max_size=12),
+    junk=st.binary(max_size=3),
+)
+def test_c_and_python_part_a_dumps_fields_alike(
+    loops: str, fields: list[tuple[int, bytes, bool]], junk: bytes
+) -> None:
+    if loops == "python" or C_LOOPS is None:
+        return  # (compares the two; runs once)
+    # Length-delimited fields, or varints where ``as_varint`` says so (refused for entries).
+    data = b"".join(
+        _varint(number << 3) + _varint(len(value)) if as_varint else _field(number, value)
+        for number, value, as_varint in fields
+    )
+    for buf in (data, data + junk):
+        c, python = _both(lambda buf=buf: wire.split_dump(buf))
+        assert c == python, buf
+
+
+_COLUMN_VALUES = st.lists(
+    st.one_of(st.integers(0, 127), st.integers(0, 70_000), st.integers(0, (1 << 64) - 1)),
+    min_size=1,
+    max_size=6,
+)
+
+
+@settings(
+    max_examples=300,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(
+    values=st.lists(_COLUMN_VALUES, min_size=len(ENTRY_COLUMNS), max_size=len(ENTRY_COLUMNS)),
+    parts=st.integers(1, 2),
+    drop=st.integers(-1, len(ENTRY_COLUMNS) - 1),
+    bound=st.sampled_from([3, 200, 1 << 40]),
+)
+def test_c_and_python_decode_entry_columns_alike(
+    loops: str, values: list[list[int]], parts: int, drop: int, bound: int
+) -> None:
+    if loops == "python" or C_LOOPS is None:
+        return  # (compares the two; runs once)
+    ranges, data = [], b""
+    for _ in range(parts):  # (the 1.3 tail layout read whole: two entries fields)
+        body = b"".join(
+            _field(number, b"".join(_varint(v) for v in column))
+            for k, (number, column) in enumerate(zip(wire._NUMBERS, values, strict=True))
+            if k != drop  # a missing column: both refuse
+        )
+        start = len(data) + len(_field(4, body)) - len(body)
+        data += _field(4, body)
+        ranges.append((start, len(data)))
+    sizes = {"strings": bound, "groups": bound, "stacks": bound, "tensor_specs": bound}
+    c, python = _both(lambda: wire._columns(data, ranges, sizes))
+    if isinstance(c, dict) and isinstance(python, dict):
+        assert [(a.typecode, list(a)) for a in c.values()] == [
+            (a.typecode, list(a)) for a in python.values()
+        ]
+    else:
+        assert c == python
