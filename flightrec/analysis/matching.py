@@ -122,11 +122,14 @@ def match(run: Run) -> Matched:
             g = d.dump.groups[local]
             gi = per_local[local]
             if key in per_key:  # the same group listed twice: merge, ring order preserved
-                merged = per_key[key]
-                merged.seqs = [*merged.seqs, *gi.seqs]
-                merged.positions = [*merged.positions, *gi.positions]
-                merged.p2p_positions = [*merged.p2p_positions, *gi.p2p_positions]
-                merged.signature_ids = None  # ids of two tables; compared entry by entry
+                # (a new index: ranks with equal rings share theirs, see ``index_rank``)
+                was = per_key[key]
+                per_key[key] = RankGroupIndex(
+                    [*was.seqs, *gi.seqs],
+                    [*was.positions, *gi.positions],
+                    [*was.p2p_positions, *gi.p2p_positions],
+                    None,  # ids of two tables; compared entry by entry
+                )
                 continue
             per_key[key] = gi
             progress[key][rank] = _progress(d, local, gi, incomplete[rank])

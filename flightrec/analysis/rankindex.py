@@ -189,8 +189,50 @@ def _resolve(d: RankDump, raw: RawSignature) -> tuple[Hashable, ...]:
     return found
 
 
+# The columns an index is built from (besides ``state``, which only gives ``incomplete``).
+_INDEXED = ("group", "seq", "flags", *_KEYED[:-1])
+
+# Per loader process: (tables, group count, the indexed columns' type codes and bytes) ->
+# (groups, signatures) of the index built from them. Ranks of one job that play the same part
+# and dumped at the same point (every rank waiting in the collective a hang stopped) hold the
+# same sequence of collectives in their rings' tails, byte for byte; their indexes are equal,
+# and are then shared. Bounded; never holds dumps whose tables are not known by their bytes.
+_Built = tuple[tuple[RankGroupIndex, ...], tuple[tuple[Hashable, ...], ...]]
+_BUILT: dict[tuple[object, ...], _Built] = {}
+_MAX_BUILT = 4096
+
+
+_ZERO_ONLY = bytes([1] + [0] * 255)
+
+
+def _content_key(d: RankDump) -> tuple[object, ...] | None:
+    """What ``index_rank`` reads of ``d`` besides its states, as one key; None: not keyable.
+
+    A P2P entry's peer is left out (the index keeps only its position): the peers of P2P
+    entries differ from rank to rank where the rest is alike (a pipeline stage's neighbours).
+    """
+    tables = d.dump.tables
+    cols = d.columns
+    if tables is None or any(not hasattr(cols[name], "typecode") for name in _INDEXED):
+        return None  # (a column that is not a typed array)
+    parts: list[object] = [tables, len(d.dump.groups)]
+    for name in _INDEXED:
+        col = cols[name]
+        if name == "peer":
+            p2p = _mask(cols["flags"], _IS_P2P)
+            if any(p2p):
+                kept = bytes(p2p).translate(_ZERO_ONLY)  # 1 where not P2P
+                col = array(col.typecode, compress(col, kept))  # type: ignore[attr-defined]
+        parts.append(col.typecode)  # type: ignore[attr-defined]
+        parts.append(col.tobytes())  # type: ignore[attr-defined]
+    return tuple(parts)
+
+
 def index_rank(d: RankDump) -> RankIndex:
     """Index one rank's ring by local group and fingerprint each group's sequence.
+
+    Ranks whose indexed columns and tables are equal byte for byte share one index
+    (``_BUILT``); a shared ``RankGroupIndex`` must never be changed in place.
 
     Args:
         d: the rank's dump.
@@ -198,6 +240,20 @@ def index_rank(d: RankDump) -> RankIndex:
     Returns:
         Positions, seqs and signature ids per local group, plus the incomplete entries.
     """
+    incomplete = incomplete_positions(d.columns["state"])
+    key = _content_key(d)
+    built = _BUILT.get(key) if key is not None else None
+    if built is None:
+        built = _build(d)
+        if key is not None:
+            if len(_BUILT) >= _MAX_BUILT:
+                _BUILT.clear()
+            _BUILT[key] = built
+    return RankIndex(built[0], incomplete, built[1])
+
+
+def _build(d: RankDump) -> _Built:
+    """``index_rank``'s groups and signatures, built from ``d``'s columns."""
     cols = d.columns
     groups, seqs, flags = cols["group"], cols["seq"], cols["flags"]
     per_local = [RankGroupIndex() for _ in d.dump.groups]
@@ -241,4 +297,4 @@ def index_rank(d: RankDump) -> RankIndex:
     if len(signatures) > _MAX_LOCAL_SIGNATURES:
         for gi in per_local:
             gi.signature_ids = None
-    return RankIndex(tuple(per_local), incomplete_positions(cols["state"]), tuple(signatures))
+    return tuple(per_local), tuple(signatures)

@@ -61,3 +61,32 @@ def test_index_matches_the_records(tmp_path: Path, ranks: int, fault: Fault) -> 
         _check(RankDump(str(path), read_dump(path)))
     # the two parametrisations exercise the two ways of keying raw signatures
     assert codes == {"b"} if ranks == 64 else "h" in codes
+
+
+def test_ranks_with_equal_rings_share_one_index_and_each_is_still_right(tmp_path: Path) -> None:
+    # Pipeline stages: P2P peers differ from rank to rank where the collectives are alike.
+    simulate(SimConfig(parse_layout("tp=4,pp=4", 64), 200, Fault.P2P_DEADLOCK, 5), tmp_path)
+    dumps = [fast_read(p.read_bytes(), str(p)) for p in sorted(tmp_path.glob("*.frdump"))]
+    assert all(
+        d is not None and any(d.columns["flags"][i] & pb.IS_P2P for i in range(len(d)))
+        for d in dumps
+    )
+    for d in dumps:
+        assert d is not None
+        _check(d)  # every rank, shared index or not, against its own records
+    shared = {id(index_rank(d).groups) for d in dumps if d is not None}
+    assert len(shared) <= len(dumps) // 2
+
+
+def test_a_rank_whose_collective_differs_gets_its_own_index(tmp_path: Path) -> None:
+    simulate(SimConfig(parse_layout("tp=8,pp=1", 8), 50, Fault.STALL, 3), tmp_path)
+    path = sorted(tmp_path.glob("*.frdump"))[1]
+    dump = read_dump(path)
+    at = next(i for i in range(len(dump.entries.seq)) if not dump.entries.flags[i] & pb.IS_P2P)
+    dump.entries.peer[at] += 1  # another root for one collective: a different signature
+    same, other = fast_read(path.read_bytes(), "a"), fast_read(dump.SerializeToString(), "b")
+    assert same is not None and other is not None
+    assert same.dump.tables == other.dump.tables
+    _check(same)
+    _check(other)
+    assert index_rank(same).groups is not index_rank(other).groups
