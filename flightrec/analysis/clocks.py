@@ -294,6 +294,8 @@ def local_offsets(diffs: Sequence[int]) -> list[float]:
 def _shift(times: Sequence[int], offsets: float | list[float]) -> list[int]:
     """``times`` minus one constant offset, or minus an offset each (rounded to ns)."""
     if isinstance(offsets, float):
+        if offsets.is_integer():  # (the usual median of integers: exact, in integers)
+            return list(map(int(offsets).__rsub__, times))
         return list(map(round, map(offsets.__rsub__, times)))
     return [round(t - o) for t, o in zip(times, offsets, strict=True)]
 

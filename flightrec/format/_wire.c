@@ -131,6 +131,26 @@ decode_column(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, int ki
     uint64_t *raw = NULL;
     char *packed = NULL;
     Py_ssize_t len = end - start, n = 0;
+    unsigned char any = 0, top = 0;
+    for (Py_ssize_t i = start; i < end; i++) {
+        any |= buf[i];
+        if (buf[i] > top)
+            top = buf[i];
+    }
+    if (!(any & 0x80) && kind != K_SINT32) {
+        /* Every value one byte (the usual index column): the packed bytes are the values. */
+        PyObject *array = PyObject_CallFunction(array_type, "Cy#", 'B', (const char *)buf + start, len);
+        if (array == NULL)
+            return -1;
+        PyObject *highest = PyLong_FromLong(top);
+        if (highest == NULL) {
+            Py_DECREF(array);
+            return -1;
+        }
+        *array_out = array;
+        *highest_out = highest;
+        return 0;
+    }
     raw = PyMem_Malloc((size_t)(len ? len : 1) * sizeof(uint64_t));
     if (raw == NULL) {
         PyErr_NoMemory();
@@ -138,13 +158,15 @@ decode_column(const unsigned char *buf, Py_ssize_t start, Py_ssize_t end, int ki
     }
     int one_byte = 1;
     for (Py_ssize_t i = start; i < end;) {
-        Py_ssize_t at = i;
+        if (buf[i] < 0x80) { /* (most values of most columns) */
+            raw[n++] = buf[i++];
+            continue;
+        }
         if (read_varint(buf, end, &i, &raw[n]) < 0) {
             odd();
             goto done;
         }
-        if (i - at > 1)
-            one_byte = 0;
+        one_byte = 0;
         n++;
     }
     char code;
