@@ -9,6 +9,7 @@ disagreement). Findings are frozen data; renderers format them.
 from __future__ import annotations
 
 import enum
+import hashlib
 import re
 from array import array
 from collections.abc import Mapping, Sequence
@@ -192,7 +193,28 @@ class ThreadInfo:
     stack: tuple[FrameInfo, ...]
 
 
-_State: TypeAlias = "tuple[str, bytes, tuple[GroupView, ...], dict[str, array[int]], int]"
+_State: TypeAlias = (
+    "tuple[str, bytes, tuple[GroupView, ...], dict[str, array[int]], int, bytes | None]"
+)
+_Caches: TypeAlias = "tuple[dict[int, FrameInfo], dict[int, tuple[FrameInfo, ...]], dict[int, tuple[TensorInfo, ...]]]"
+
+# Frame, stack and tensor-signature lookups, shared by the dumps whose interned tables are
+# the same bytes (``DumpView.tables``), keyed by a digest of those bytes: the ranks of one job
+# mostly intern the same tables (a few dozen variants among 16,384 ranks), so each frame is
+# resolved once per variant, not once per rank. Per process, bounded.
+_SHARED_CACHES: dict[bytes, _Caches] = {}
+_MAX_SHARED_CACHES = 1024
+
+
+def _caches(key: bytes | None) -> _Caches:
+    if key is None:
+        return ({}, {}, {})
+    found = _SHARED_CACHES.get(key)
+    if found is None:
+        if len(_SHARED_CACHES) >= _MAX_SHARED_CACHES:
+            _SHARED_CACHES.clear()  # (dumps keep the caches they hold)
+        found = _SHARED_CACHES[key] = ({}, {}, {})
+    return found
 
 
 class RankDump:
@@ -213,25 +235,33 @@ class RankDump:
             dump = DumpView.of(dump)
         self.dump = scrub(dump)
         self.header = self.dump.header
-        self._frame_cache: dict[int, FrameInfo] = {}
-        self._stack_cache: dict[int, tuple[FrameInfo, ...]] = {}
-        self._spec_cache: dict[int, tuple[TensorInfo, ...]] = {}
+        tables = self.dump.tables
+        self._tables_key = (
+            None if tables is None else hashlib.blake2b(tables, digest_size=16).digest()
+        )
+        self._frame_cache, self._stack_cache, self._spec_cache = _caches(self._tables_key)
 
     def __getstate__(self) -> _State:
         d = self.dump
-        return (self.path, d.meta.SerializeToString(), d.groups, d.entries.columns(), d.older)
+        return (
+            self.path,
+            d.meta.SerializeToString(),
+            d.groups,
+            d.entries.columns(),
+            d.older,
+            self._tables_key,
+        )
 
     def __setstate__(self, state: _State) -> None:
-        path, meta_bytes, groups, columns, older = state
+        path, meta_bytes, groups, columns, older, key = state
         meta = pb.Dump()
         meta.ParseFromString(meta_bytes)
         # Scrubbed where it was pickled (the constructor's work; a tenth of unpickling).
         self.path = path
         self.dump = DumpView(meta, groups, EntriesView(columns), older)
         self.header = meta.header
-        self._frame_cache = {}
-        self._stack_cache = {}
-        self._spec_cache = {}
+        self._tables_key = key
+        self._frame_cache, self._stack_cache, self._spec_cache = _caches(key)
 
     @property
     def rank(self) -> int:

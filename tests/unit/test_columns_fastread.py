@@ -303,3 +303,26 @@ def test_c_and_python_decode_entry_columns_alike(
         ]
     else:
         assert c == python
+
+
+def test_ranks_with_equal_tables_share_their_lookups_and_others_do_not(job: list[Path]) -> None:
+    dumps = [fast_read(p.read_bytes(), str(p)) for p in job[:64]]
+    assert all(d is not None for d in dumps)
+    by_tables: dict[bytes | None, list[RankDump]] = {}
+    for d in dumps:
+        assert d is not None
+        by_tables.setdefault(d.dump.tables, []).append(d)
+    alike = next(ds for ds in by_tables.values() if len(ds) > 1)
+    assert alike[0]._frame_cache is alike[1]._frame_cache
+    other = next(ds[0] for t, ds in by_tables.items() if t != alike[0].dump.tables)
+    assert other._frame_cache is not alike[0]._frame_cache
+    # Shared again where a loader worker hands them over, and each still reads its own tables.
+    back = [pickle.loads(pickle.dumps(d)) for d in (alike[0], alike[1], other)]
+    assert back[0]._stack_cache is back[1]._stack_cache is not back[2]._stack_cache
+    for d, b in zip((alike[0], alike[1], other), back, strict=True):
+        for i in range(len(d)):
+            assert b.record(i) == d.record(i)
+    # A dump parsed the ordinary way keeps lookups of its own.
+    assert RankDump("x", parse_dump(job[0].read_bytes(), "x"))._frame_cache is not (
+        alike[0]._frame_cache
+    )
