@@ -343,6 +343,7 @@ def _deepen(
     root: Path,
     workers: int,
     notes: list[str],
+    shared: dict[bytes, RankIndex],
 ) -> None:
     """Read whole the rings whose tail does not reach where a peer is (``depth``), in place."""
     deep = needs_depth(chosen, indexes)
@@ -356,7 +357,7 @@ def _deepen(
             if (h.pid, h.dump_index, h.wall_time_ns) != (was.pid, was.dump_index, was.wall_time_ns):
                 continue  # (the file changed since: keep what was read)
             h.rank, h.world_size, h.job_id = was.rank, was.world_size, was.job_id
-            chosen[r], indexes[r] = d, ri
+            chosen[r], indexes[r] = d, ri.intern(shared)
     notes.append(
         f"read the whole ring of {_ranks(deep)}: their newest entries do not reach back to where "
         "a peer in one of their groups is"
@@ -397,6 +398,8 @@ def load_dir(
     candidates: list[RankDump] = []
     skipped = 0
     built: dict[int, RankIndex] = {}
+    # Equal indexes that arrive from different loader processes (or batches) are shared again.
+    shared: dict[bytes, RankIndex] = {}
     files = list(discover(root))
     if tail is None:
         tail = len(files) > TAIL_FROM_FILES
@@ -406,7 +409,7 @@ def load_dir(
         skipped += outcome.skipped
         candidates.extend(outcome.dumps)
         for d, ri in zip(outcome.dumps, outcome.indexes, strict=True):
-            built[id(d)] = ri
+            built[id(d)] = ri.intern(shared)
     if not candidates:
         what = f"{len(problems)} unreadable" if problems else "none readable"
         if root.is_file() and problems:  # one file: say what is wrong with it
@@ -488,5 +491,5 @@ def load_dir(
         )
     world_size = max(max(d.header.world_size for d in chosen.values()), max(chosen) + 1)
     indexes = {r: built[id(d)] for r, d in chosen.items() if id(d) in built}
-    _deepen(chosen, indexes, root, workers or default_workers(), notes)
+    _deepen(chosen, indexes, root, workers or default_workers(), notes, shared)
     return Run(chosen, world_size, tuple(problems), tuple(notes), indexes, later, hang_ns)

@@ -490,6 +490,9 @@ def _agree_by_fingerprint(m: Matched, group: str, holders: list[int]) -> bool | 
     """
     canon: dict[Hashable, int] = {}
     lanes: list[tuple[int, int, bytes]] = []
+    # Ranks with equal rings share one index and one signature table (``index_rank``): a
+    # lane equal to one laid already says nothing new. (Keyed by identity: all live in ``m``.)
+    laid: set[tuple[int, int]] = set()
     for r in holders:
         gi = m.index[r][group]
         if not gi.seqs:
@@ -497,6 +500,10 @@ def _agree_by_fingerprint(m: Matched, group: str, holders: list[int]) -> bool | 
         if gi.signature_ids is None or not gi.contiguous:
             return None
         table = m.signatures[r]
+        same = (id(gi), id(table))
+        if same in laid:
+            continue
+        laid.add(same)
         ids = [canon.setdefault(key, len(canon)) for key in table]
         if len(canon) > 255:
             return None

@@ -8,7 +8,9 @@ per-rank indexes. Positions and seqs are typed arrays (a few bytes per entry).
 
 from __future__ import annotations
 
+import hashlib
 import operator
+import pickle
 import sys
 from array import array
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -89,9 +91,26 @@ class RankIndex:
     """Positions of entries that did not complete (enqueued, started, failed)."""
     signatures: tuple[tuple[Hashable, ...], ...]
     """Signature id -> the compared fields' values (see ``signature.FIELDS``)."""
+    shared: bytes | None = None
+    """Names ``groups`` and ``signatures`` when other ranks' indexes may share them (a digest
+    of what they were built from): a process that receives indexes from several loader
+    processes shares equal ones again (``RankIndex.intern``)."""
 
     def __reduce__(self) -> tuple[object, tuple[object, ...]]:
-        return (RankIndex, (self.groups, self.incomplete, self.signatures))  # (as above)
+        return (
+            RankIndex,
+            (self.groups, self.incomplete, self.signatures, self.shared),
+        )  # (as above)
+
+    def intern(self, seen: dict[bytes, RankIndex]) -> RankIndex:
+        """This index sharing ``groups`` and ``signatures`` with an equal one in ``seen``
+        (which it joins when it is the first)."""
+        if self.shared is None:
+            return self
+        first = seen.setdefault(self.shared, self)
+        if first is self or first.groups is self.groups:
+            return self
+        return RankIndex(first.groups, self.incomplete, first.signatures, self.shared)
 
 
 def incomplete_positions(states: Sequence[int]) -> tuple[int, ...]:
@@ -197,7 +216,7 @@ _INDEXED = ("group", "seq", "flags", *_KEYED[:-1])
 # and dumped at the same point (every rank waiting in the collective a hang stopped) hold the
 # same sequence of collectives in their rings' tails, byte for byte; their indexes are equal,
 # and are then shared. Bounded; never holds dumps whose tables are not known by their bytes.
-_Built = tuple[tuple[RankGroupIndex, ...], tuple[tuple[Hashable, ...], ...]]
+_Built = tuple[tuple[RankGroupIndex, ...], tuple[tuple[Hashable, ...], ...], bytes | None]
 _BUILT: dict[tuple[object, ...], _Built] = {}
 _MAX_BUILT = 4096
 
@@ -244,15 +263,20 @@ def index_rank(d: RankDump) -> RankIndex:
     key = _content_key(d)
     built = _BUILT.get(key) if key is not None else None
     if built is None:
-        built = _build(d)
+        groups, signatures = _build(d)
+        # Named by its content, so that equal indexes built in different processes share.
+        name = None if key is None else hashlib.blake2b(pickle.dumps(key), digest_size=16).digest()
+        built = (groups, signatures, name)
         if key is not None:
             if len(_BUILT) >= _MAX_BUILT:
                 _BUILT.clear()
             _BUILT[key] = built
-    return RankIndex(built[0], incomplete, built[1])
+    return RankIndex(built[0], incomplete, built[1], built[2])
 
 
-def _build(d: RankDump) -> _Built:
+def _build(
+    d: RankDump,
+) -> tuple[tuple[RankGroupIndex, ...], tuple[tuple[Hashable, ...], ...]]:
     """``index_rank``'s groups and signatures, built from ``d``'s columns."""
     cols = d.columns
     groups, seqs, flags = cols["group"], cols["seq"], cols["flags"]

@@ -7,12 +7,13 @@ against records materialised one by one.
 
 from __future__ import annotations
 
+import pickle
 from pathlib import Path
 
 import pytest
 
 from flightrec.analysis.model import RankDump
-from flightrec.analysis.rankindex import index_rank
+from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.analysis.signature import signature
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.read import read_dump
@@ -90,3 +91,20 @@ def test_a_rank_whose_collective_differs_gets_its_own_index(tmp_path: Path) -> N
     _check(same)
     _check(other)
     assert index_rank(same).groups is not index_rank(other).groups
+
+
+def test_equal_indexes_from_different_processes_are_shared_again(tmp_path: Path) -> None:
+    simulate(SimConfig(parse_layout("tp=4,pp=4", 64), 200, Fault.STALL, 9), tmp_path)
+    dumps = [fast_read(p.read_bytes(), str(p)) for p in sorted(tmp_path.glob("*.frdump"))]
+    # Each pickled on its own, as loader processes and batches hand them over: nothing shared.
+    received = [pickle.loads(pickle.dumps(index_rank(d))) for d in dumps if d is not None]
+    assert len({id(ri.groups) for ri in received}) == len(dumps)
+    seen: dict[bytes, RankIndex] = {}
+    interned = [ri.intern(seen) for ri in received]
+    assert len({id(ri.groups) for ri in interned}) <= len(dumps) // 2
+    for ri, again in zip(received, interned, strict=True):
+        assert again.incomplete == ri.incomplete
+        assert again.signatures == ri.signatures
+        assert [(list(g.seqs), list(g.positions), g.signature_ids) for g in again.groups] == [
+            (list(g.seqs), list(g.positions), g.signature_ids) for g in ri.groups
+        ]
