@@ -107,9 +107,6 @@ def match(run: Run) -> Matched:
     guessed: dict[str, dict[int, tuple[tuple[int, ...], list[int]]]] = defaultdict(dict)
     meta: dict[str, tuple[str, str]] = {}
     signatures: dict[int, tuple[tuple[Hashable, ...], ...]] = {}
-    # Ranks with equal rings share their group views and indexes (``index_rank``): their
-    # progress is equal too. (Keyed by identity: every view and index lives in ``run``.)
-    progressed: dict[tuple[int, int, int, tuple[int, ...], bool], GroupProgress] = {}
     for rank, d in run.dumps.items():
         keys = d.group_keys
         cols = d.columns
@@ -135,11 +132,7 @@ def match(run: Run) -> Matched:
                 )
                 continue
             per_key[key] = gi
-            same = (id(g), id(gi), local, incomplete[rank], d.tracks_completion)
-            made = progressed.get(same)
-            if made is None:
-                made = progressed[same] = _progress(d, local, gi, incomplete[rank])
-            progress[key][rank] = made
+            progress[key][rank] = _progress(d, local, gi, incomplete[rank])
             ranks_of = tuple(g.ranks)  # the shared tuple itself (tuple() of a tuple is a no-op)
             # A member list rebuilt from one rank's own native dump (gloo's name none) is a
             # guess: it counts only where no dump of the group knows its members.

@@ -102,12 +102,8 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
     graph = nx.DiGraph()
     waits: list[Wait] = []
     present = m.run.dumps
-    graph.add_nodes_from(
-        (rank_node(rank), {"kind": "rank", "rank": rank, "present": rank in present})
-        for rank in range(m.run.world_size)
-    )
-    # Edges are added in one call at the end, in the order found (a graph of 131,072 ranks).
-    edges: list[tuple[Node, Node]] = []
+    for rank in range(m.run.world_size):
+        graph.add_node(rank_node(rank), kind="rank", rank=rank, present=rank in present)
     for rank in present:
         d = m.dump(rank)
         cols = d.columns
@@ -141,8 +137,8 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
                 graph.add_node(
                     node, kind="p2p", group=group, seq=n, op=op, sender=sender, receiver=receiver
                 )
-                edges.append((rank_node(rank), node))
-                edges.append((node, rank_node(peer)))
+                graph.add_edge(rank_node(rank), node)
+                graph.add_edge(node, rank_node(peer))
             else:
                 seq = cols["seq"][pos]
                 node = ("coll", group, seq)
@@ -164,10 +160,9 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
                     for q in members:
                         last = m.last_seq(q, group) if q in present else None
                         if q not in present or last is None or last < seq:
-                            edges.append((node, rank_node(q)))
-                edges.append((rank_node(rank), node))
+                            graph.add_edge(node, rank_node(q))
+                graph.add_edge(rank_node(rank), node)
             waits.append(Wait(rank, pos, node, waited, d.wall_ns(enq), below))
-    graph.add_edges_from(edges)
     return graph, waits
 
 
