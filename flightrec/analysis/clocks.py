@@ -31,7 +31,7 @@ from statistics import median
 from typing import NamedTuple
 
 from flightrec.analysis.matching import Matched
-from flightrec.analysis.signature import taker
+from flightrec.analysis.signature import Taker, taker
 from flightrec.format import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED
@@ -191,6 +191,11 @@ class Lane(NamedTuple):
         return Lane(seqs, take(self.positions), take(self.enqueue_ns), take(self.complete_ns))
 
 
+_Window = tuple[tuple[int, ...], tuple[int, ...], Taker, bool, frozenset[int]]
+"""A group index's newest seqs, their positions, their gather, whether the seqs are in order,
+and the positions as a set."""
+
+
 def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
     """Per member of ``group``: its newest ``recent`` collectives that completed, as a lane.
 
@@ -199,29 +204,49 @@ def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
     64k lanes at 16,384 ranks.
     """
     out: dict[int, Lane] = {}
+    # Ranks with equal rings share one group index (``rankindex.index_rank``): what depends
+    # on the index alone (the window, its gather, whether its seqs are in order) is worked
+    # out once per distinct index. (Keyed by identity: every index lives in ``m``.)
+    windows: dict[int, _Window] = {}
+    dumps = m.run.dumps
     for r in m.groups[group].ranks:
         gi = m.index.get(r, {}).get(group)
-        if gi is None or not gi.seqs or not m.dump(r).tracks_completion:
+        d = dumps.get(r)
+        if gi is None or d is None or not gi.seqs or not d.tracks_completion:
             continue
-        e = m.dump(r).dump.entries
-        seqs = tuple(gi.seqs[-recent:])
-        pos = tuple(gi.positions[-recent:])
-        take = taker(pos)
+        window = windows.get(id(gi))
+        if window is None:
+            seqs = tuple(gi.seqs[-recent:])
+            pos = tuple(gi.positions[-recent:])
+            # (C speed, unlike a loop over pairs)
+            window = (seqs, pos, taker(pos), seqs == tuple(sorted(set(seqs))), frozenset(pos))
+            windows[id(gi)] = window
+        seqs, pos, take, ordered, held = window
+        e = d.dump.entries
         enq, comp = take(e.enqueue_ns), take(e.complete_ns)
         incomplete = m.incomplete.get(r)
         if incomplete is None:
             incomplete = tuple(p for p in pos if e.state[p] != _COMPLETED)
+        zero = 0 in enq or 0 in comp
+        if not zero and not held.isdisjoint(incomplete):
+            # Usually the entries still outstanding are the newest: the rest is a prefix.
+            k = len(pos) - len(held.intersection(incomplete))
+            if held.isdisjoint(incomplete) or not set(pos[:k]).intersection(incomplete):
+                seqs, pos, enq, comp = seqs[:k], pos[:k], enq[:k], comp[:k]
+            else:
+                zero = True  # (not a prefix: entry by entry below)
         # Usually every one completed with both times: keep all without a loop per entry.
-        if 0 in enq or 0 in comp or not set(incomplete).isdisjoint(pos):
+        if zero:
             state = e.state
             keep = [i for i, p in enumerate(pos) if state[p] == _COMPLETED and comp[i] and enq[i]]
             if not keep:
                 continue
             kept = taker(keep)
             seqs, pos, enq, comp = (tuple(kept(c)) for c in (seqs, pos, enq, comp))
+            ordered = seqs == tuple(sorted(set(seqs)))
         if not seqs:
             continue
-        if seqs != tuple(sorted(set(seqs))):  # (C speed, unlike a loop over pairs)
+        if not ordered:
             # Repeated or unordered seqs (unnumbered entries): the newest entry of each seq.
             last = {s: i for i, s in enumerate(seqs)}
             keep = [last[s] for s in sorted(last)]
