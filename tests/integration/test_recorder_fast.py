@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -306,3 +307,136 @@ def test_c_slot_layout_is_the_rings() -> None:
     from flightrec.format.slot import SLOT_SIZE
 
     assert codegen._fast is not None and codegen._fast.SLOT_SIZE == SLOT_SIZE
+
+
+def test_a_tensor_changed_in_place_gets_its_new_signature(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Neither ``_version`` nor identity says a tensor changed: ``t.data = ...`` swaps shape and
+    # dtype under the same object without a version bump. The C path reads both at every call.
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    tensors = rt.recorder.tensors.values
+    t = torch.ones(2)
+    seen = []
+    for change in (
+        lambda: None,
+        lambda: setattr(t, "data", torch.ones(3, dtype=torch.float64)),
+        lambda: t.resize_(5),
+        lambda: t.unsqueeze_(0),
+    ):
+        change()
+        for path in ("python", "c", "c"):  # the Python path fills the caches, then C hits
+            call_site(w[path], t)
+            seen.append(tensors[rows(rt)[-1].inputs])
+    assert seen == [
+        *[(((2,), "float32"),)] * 3,
+        *[(((3,), "float64"),)] * 3,
+        *[(((5,), "float64"),)] * 3,
+        *[(((1, 5), "float64"),)] * 3,
+    ]
+
+
+class _Doubled(torch.Tensor):
+    """A tensor type whose ``shape`` is Python code (getattr, not torch's getter)."""
+
+    @property
+    def shape(self) -> Any:  # type: ignore[override]
+        return torch.Size([2 * n for n in super().shape])
+
+
+class _Plain(torch.Tensor):
+    """A tensor type with torch's own getters, until a test replaces one."""
+
+
+def test_tensor_types_keep_their_own_shape_and_dtype_getters(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    tensors = rt.recorder.tensors.values
+    plain, odd = torch.ones(3), torch.ones(3).as_subclass(_Doubled)
+    got = []
+    for t in (plain, odd, plain, odd):
+        for path in ("python", "c"):
+            call_site(w[path], t)
+            got.append(tensors[rows(rt)[-1].inputs][0][0])
+    assert got == [(3,), (3,), (6,), (6,)] * 2
+    # A type changed after its getters were cached (its version tag moves): the new one counts.
+    sub = torch.ones(3).as_subclass(_Plain)
+    for path in ("python", "c", "c"):
+        call_site(w[path], sub)
+        assert tensors[rows(rt)[-1].inputs] == (((3,), "float32"),)
+    monkeypatch.setattr(_Plain, "shape", property(lambda self: torch.Size([7])), raising=False)
+    for path in ("python", "c", "c"):
+        call_site(w[path], sub)
+        assert tensors[rows(rt)[-1].inputs] == (((7,), "float32"),), path
+
+
+def test_a_replaced_group_entry_is_seen_by_the_c_path(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The C path keeps the group it found last while ``by_pg`` is unchanged; a new default
+    # group (init after destroy) replaces ``by_pg[None]``, and the next call must see it.
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    t = torch.ones(1)
+    other = dist.new_group([0])
+    by_pg = rt.recorder.groups.by_pg
+    w["python"](t, group=other)  # registers the other group
+    for _ in range(2):
+        w["c"](t)
+    default, replacement = by_pg[None], by_pg[other]
+    assert rows(rt)[-1].group == default.index
+    by_pg[None] = replacement
+    try:
+        w["c"](t)
+        assert rows(rt)[-1].group == replacement.index
+    finally:
+        by_pg[None] = default
+    w["c"](t)
+    assert rows(rt)[-1].group == default.index
+    dist.destroy_process_group(other)
+
+
+def _parent(fn: Callable[[], None]) -> None:
+    sys._getframe()  # its frame object exists before the call, as under a debugger
+    fn()  # one instruction, a new activation of this frame at every call
+
+
+def test_site_stacks_tell_activations_and_callers_apart(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The C cache matches the caller's caller by its frame object, never by where the
+    # interpreter keeps the frame: a new activation of ``_parent`` (likely at the same
+    # address, at the same instruction, calling the same function) called from another line
+    # gets its own stack, and so does another function called from the same instruction.
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    t = torch.ones(1)
+
+    def first() -> None:
+        w["c"](t)
+
+    def second() -> None:
+        w["c"](t)
+
+    def top() -> tuple[str, str, str, int]:
+        frames = rt.recorder.stacks.symbolize(rows(rt)[-1].stack)
+        (_, a, _), (_, b, _), (_, c, line) = frames[0][:3], frames[1][:3], frames[2][:3]
+        return a.rsplit(".", 1)[-1], b.rsplit(".", 1)[-1], c.rsplit(".", 1)[-1], line
+
+    here = "test_site_stacks_tell_activations_and_callers_apart"
+    got: list[tuple[Any, ...]] = []
+    for _ in range(2):
+        _parent(first)
+        got.append(top())
+        _parent(first)  # the same again, from the next line
+        got.append(top())
+        _parent(second)
+        got.append(top())
+        for fn in (first, second):  # one activation of this frame, at one instruction
+            fn()
+            got.append(top()[:2])
+    assert [g[:3] for g in got[:3]] == [("first", "_parent", here)] * 2 + [
+        ("second", "_parent", here)
+    ]
+    assert got[1][3] == got[0][3] + 2 and got[2][3] == got[0][3] + 4
+    assert got[3:5] == [("first", here), ("second", here)]
+    assert got[5:] == got[:5]

@@ -20,6 +20,21 @@
 #include <string.h>
 #include <time.h>
 
+/* The interpreter's own frames, read where their layout is known (CPython 3.11 to 3.13): the
+ * Site's hot path tells its caller's code, instruction and parent frame apart without making
+ * Python create a frame object for the caller (PyEval_GetFrame does, and frees it when the
+ * caller returns: a fifth of the stack's cost). Elsewhere, and on any cache miss, the public
+ * API (PyEval_GetFrame, PyFrame_GetBack) as before. */
+#if !defined(PYPY_VERSION) && !defined(Py_LIMITED_API) && PY_VERSION_HEX >= 0x030B0000 && \
+    PY_VERSION_HEX < 0x030E0000
+#define FR_IFRAME 1
+#define Py_BUILD_CORE 1
+#include <internal/pycore_frame.h>
+#undef Py_BUILD_CORE
+#else
+#define FR_IFRAME 0
+#endif
+
 #if !PY_LITTLE_ENDIAN
 #error "the ring's slots are little-endian; build without this extension on big-endian hosts"
 #endif
@@ -130,7 +145,8 @@ active_find(Active *a, unsigned long ident)
     return -1;
 }
 
-static int
+/* Set the thread's record id; its index in the arrays, or -1 (out of memory). */
+static Py_ssize_t
 active_put(Active *a, unsigned long ident, long long rid)
 {
     Py_ssize_t i = active_find(a, ident);
@@ -155,7 +171,7 @@ active_put(Active *a, unsigned long ident, long long rid)
         a->ident[i] = ident;
     }
     a->rid[i] = rid;
-    return 0;
+    return i;
 }
 
 static int
@@ -230,7 +246,7 @@ Active_setitem(Active *self, PyObject *key, PyObject *value)
     if (rid == -1 && PyErr_Occurred()) {
         return -1;
     }
-    return active_put(self, ident, rid);
+    return active_put(self, ident, rid) < 0 ? -1 : 0;
 }
 
 static PyObject *
@@ -365,6 +381,14 @@ typedef struct {
     Counter *g_counter;
     uint32_t g_index;
     int g_gpu;
+    /* The group argument that by_pg mapped to g_info, and by_pg's version tag then: while the
+     * dict is unchanged (any insert, removal or clear changes the tag) the same group object
+     * maps to the same info, without hashing the group and probing the dict (a tenth of the
+     * C path). Only compared, never dereferenced: by_pg held the key when it was cached, and
+     * dropping it changes the tag. */
+    const void *g_key;
+    uint64_t g_version;
+    int g_key_valid;
     /* The calling thread's ident as an int object, for the dict keys (one allocation per
      * thread switch instead of two per call). */
     unsigned long tid_ident;
@@ -376,6 +400,12 @@ typedef struct {
     /* Recorder.enabled, pushed here by its setter (reading the attribute cost a sixth of the
      * path). */
     int enabled;
+    /* The ``shape`` and ``dtype`` getters of the tensor type seen last, valid while the type
+     * is unchanged (its version tag: assigning an attribute on it or a base changes it). */
+    PyTypeObject *tt_type; /* strong reference */
+    unsigned int tt_version;
+    getter tt_shape, tt_dtype;
+    void *tt_shape_closure, *tt_dtype_closure;
     /* The last few tensor specs hit: (group specs dict, shape, dtype) -> (signature, device),
      * compared in C without building, hashing and looking up a key (see spec_of). */
     PyObject *sc_specs[SPEC_CACHE], *sc_shape[SPEC_CACHE], *sc_dtype[SPEC_CACHE];
@@ -459,6 +489,52 @@ group_fields(FastPath *self, PyObject *info)
     return 0;
 }
 
+/* by_pg's version tag (PEP 509; deprecated in 3.12 but kept up to date on every change through
+ * 3.13); FR_DICT_VERSION is 0 where there is none, and every call looks the group up. */
+#if PY_VERSION_HEX < 0x030E0000 && !defined(Py_LIMITED_API) && !defined(PYPY_VERSION)
+#define FR_DICT_VERSION 1
+#if defined(__GNUC__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+#endif
+static inline uint64_t
+dict_version(PyObject *d)
+{
+    return ((PyDictObject *)d)->ma_version_tag;
+}
+#if defined(__GNUC__)
+#pragma GCC diagnostic pop
+#endif
+#else
+#define FR_DICT_VERSION 0
+#endif
+
+/* The GroupInfo that by_pg maps ``group`` to, with its fields cached (borrowed: the cache
+ * holds it); NULL (no exception set) when there is none or it is not what the Python path
+ * stores. */
+static PyObject *
+group_of(FastPath *self, PyObject *group)
+{
+#if FR_DICT_VERSION
+    if (self->g_key_valid && self->g_key == (const void *)group &&
+        self->g_version == dict_version(self->by_pg)) {
+        return self->g_info;
+    }
+#endif
+    self->g_key_valid = 0;
+    PyObject *info = PyDict_GetItemWithError(self->by_pg, group); /* borrowed */
+    if (info == NULL || info == Py_None || group_fields(self, info) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+#if FR_DICT_VERSION
+    self->g_key = (const void *)group;
+    self->g_version = dict_version(self->by_pg);
+    self->g_key_valid = 1;
+#endif
+    return self->g_info;
+}
+
 /* The calling thread's ident as an int (new reference). */
 static PyObject *
 thread_id(FastPath *self)
@@ -496,6 +572,73 @@ c_getattr(PyObject *obj, PyObject *name)
     return PyObject_GetAttr(obj, name);
 }
 
+/* The getter ``name`` resolves to on ``type`` (a getset descriptor, which wins over the
+ * instance dict), or 0 where getattr does something else. */
+static int
+getset_of(PyTypeObject *type, PyObject *name, getter *get, void **closure)
+{
+    if (type->tp_getattro != PyObject_GenericGetAttr) {
+        return 0;
+    }
+    PyObject *descr = _PyType_Lookup(type, name); /* borrowed */
+    if (descr == NULL || !Py_IS_TYPE(descr, &PyGetSetDescr_Type)) {
+        return 0;
+    }
+    PyGetSetDef *gs = ((PyGetSetDescrObject *)descr)->d_getset;
+    if (gs->get == NULL) {
+        return 0;
+    }
+    *get = gs->get;
+    *closure = gs->closure;
+    return 1;
+}
+
+/* ``tensor.shape`` and ``tensor.dtype`` (new references; 0, or -1 with an error).
+ * The getters of the last tensor type are kept with the type's version tag, so a hit calls
+ * them straight away; any other type takes c_getattr's path. */
+static int
+shape_dtype(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype)
+{
+    PyTypeObject *type = Py_TYPE(tensor);
+    if (type != self->tt_type || type->tp_version_tag != self->tt_version ||
+        !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        getter gs = NULL, gd = NULL;
+        void *cs = NULL, *cd = NULL;
+        /* _PyType_Lookup assigns the type a valid version tag where it can. */
+        int ok = getset_of(type, s_shape, &gs, &cs) && getset_of(type, s_dtype, &gd, &cd) &&
+                 PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG);
+        if (!ok) {
+            *shape = c_getattr(tensor, s_shape);
+            if (*shape == NULL) {
+                return -1;
+            }
+            *dtype = c_getattr(tensor, s_dtype);
+            if (*dtype == NULL) {
+                Py_CLEAR(*shape);
+                return -1;
+            }
+            return 0;
+        }
+        Py_INCREF(type);
+        Py_XSETREF(self->tt_type, type);
+        self->tt_version = type->tp_version_tag;
+        self->tt_shape = gs;
+        self->tt_shape_closure = cs;
+        self->tt_dtype = gd;
+        self->tt_dtype_closure = cd;
+    }
+    *shape = self->tt_shape(tensor, self->tt_shape_closure);
+    if (*shape == NULL) {
+        return -1;
+    }
+    *dtype = self->tt_dtype(tensor, self->tt_dtype_closure);
+    if (*dtype == NULL) {
+        Py_CLEAR(*shape);
+        return -1;
+    }
+    return 0;
+}
+
 /* Whether two shapes (tuples of exact ints) are equal, without calling into Python. */
 static int
 same_shape(PyObject *a, PyObject *b)
@@ -529,14 +672,13 @@ same_shape(PyObject *a, PyObject *b)
 static int
 spec_of(FastPath *self, PyObject *specs, PyObject *tensor, uint32_t *sig, uint32_t *dev)
 {
-    PyObject *shape = c_getattr(tensor, s_shape);
-    if (shape == NULL) {
+    PyObject *shape, *dtype;
+    if (shape_dtype(self, tensor, &shape, &dtype) < 0) {
         return -1;
     }
-    PyObject *dtype = c_getattr(tensor, s_dtype);
-    if (dtype == NULL || !PyTuple_Check(shape)) {
+    if (!PyTuple_Check(shape)) {
         Py_DECREF(shape);
-        Py_XDECREF(dtype);
+        Py_DECREF(dtype);
         return -1;
     }
     for (int i = 0; i < SPEC_CACHE; i++) {
@@ -597,21 +739,93 @@ tcache_of(FastPath *self, unsigned long ident, int create)
     return c;
 }
 
-/* The stack index of the caller ``frame``: from the C cache when the caller's caller is the
- * cached frame at the same instruction and the caller's code and offset were seen under it,
- * else StackTable.capture (which walks, interns and refreshes its own caches). */
+#if FR_IFRAME
+/* What PyFrame_GetLasti answers for the frame object of ``f``. */
+static inline int
+iframe_lasti(_PyInterpreterFrame *f)
+{
+    int lasti = _PyInterpreterFrame_LASTI(f);
+    return lasti < 0 ? -1 : lasti * (int)sizeof(_Py_CODEUNIT);
+}
+
+/* ``f`` or the first frame below it that has started running (what PyEval_GetFrame and
+ * PyFrame_GetBack skip to: frames still setting up, and 3.12+'s C-stack entry frames). */
+static inline _PyInterpreterFrame *
+first_complete(_PyInterpreterFrame *f)
+{
+    while (f != NULL && _PyFrame_IsIncomplete(f)) {
+        f = f->previous;
+    }
+    return f;
+}
+
+/* The stack index of the calling thread's current Python frame (the Site's caller) from the
+ * C cache, read off the interpreter's frames; -1 on a miss. The caller's caller is compared
+ * through its frame object, which the cache holds (``parent``): a live interpreter frame
+ * points to its frame object, so it matches only the very activation that was cached, and
+ * one that was never materialized (frame_obj NULL) is a miss. */
 static int
-stack_of(FastPath *self, PyObject *frame, PyObject *tid, uint32_t *out)
+stack_hit_here(FastPath *self, unsigned long ident, uint32_t *out)
+{
+    PyThreadState *ts = PyThreadState_Get();
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = first_complete(ts->current_frame);
+#else
+    _PyInterpreterFrame *f = first_complete(ts->cframe->current_frame);
+#endif
+    if (f == NULL || self->depth < 2) {
+        return -1;
+    }
+    _PyInterpreterFrame *p = first_complete(f->previous);
+    if (p == NULL || p->frame_obj == NULL) {
+        return -1;
+    }
+    TCache *c = tcache_of(self, ident, 0);
+    if (c == NULL || c->parent != (PyObject *)p->frame_obj || c->parent_lasti != iframe_lasti(p)) {
+        return -1;
+    }
+#if PY_VERSION_HEX >= 0x030D0000
+    PyCodeObject *code = _PyFrame_GetCode(f);
+#else
+    PyCodeObject *code = f->f_code;
+#endif
+    int lasti = iframe_lasti(f);
+    for (int i = 0; i < c->nheads; i++) {
+        if (c->code[i] == code && c->lasti[i] == lasti) {
+            *out = c->index[i];
+            return 0;
+        }
+    }
+    return -1;
+}
+#endif
+
+/* The stack index of the caller ``frame`` (NULL: the calling thread's current Python frame,
+ * the Site's caller): from the C cache when the caller's caller is the cached frame at the
+ * same instruction and the caller's code and offset were seen under it, else
+ * StackTable.capture (which walks, interns and refreshes its own caches). */
+static int
+stack_of(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *out)
 {
     if (self->depth == 0 || frame == Py_None) {
         *out = 0;
         return 0;
     }
+    if (frame == NULL) {
+#if FR_IFRAME
+        if (stack_hit_here(self, ident, out) == 0) {
+            return 0;
+        }
+#endif
+        frame = (PyObject *)PyEval_GetFrame(); /* borrowed; materialized for the walk */
+        if (frame == NULL) {
+            return -1;
+        }
+    }
     if (!PyFrame_Check(frame)) {
         return -1;
     }
     PyFrameObject *f = (PyFrameObject *)frame;
-    unsigned long ident = self->tid_ident;
     PyCodeObject *code = PyFrame_GetCode(f); /* new reference */
     int lasti = PyFrame_GetLasti(f);
     PyFrameObject *parent = self->depth > 1 ? PyFrame_GetBack(f) : NULL; /* new reference */
@@ -627,7 +841,10 @@ stack_of(FastPath *self, PyObject *frame, PyObject *tid, uint32_t *out)
             }
         }
     }
-    PyObject *index = PyObject_CallFunctionObjArgs(self->capture, frame, tid, NULL);
+    PyObject *tid = thread_id(self);
+    PyObject *index =
+        tid == NULL ? NULL : PyObject_CallFunctionObjArgs(self->capture, frame, tid, NULL);
+    Py_XDECREF(tid);
     int rc = index == NULL ? -1 : as_index(index, out);
     Py_XDECREF(index);
     if (rc == 0 && parent != NULL) {
@@ -660,7 +877,7 @@ stack_of(FastPath *self, PyObject *frame, PyObject *tid, uint32_t *out)
  * the reduce op, or the int 0 where the function has none; root: the root as a global rank,
  * or None; group_root: the same as a rank within the group, or None (used when root is
  * None); async_op: the argument; frame: the caller's frame (sys._getframe(1)), or None
- * without stacks.
+ * without stacks (NULL, from the Site only: the calling thread's current frame).
  *
  * Returns the record id (> 0) of the entry written, 0 when the call must not be recorded
  * (tracing off, or a call made inside a recorded one), -1 when the Python path must decide.
@@ -678,18 +895,13 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     if (!self->enabled || (base_flags & FLAG_IS_P2P)) {
         goto fallback; /* the Python path handles "off", and point-to-point */
     }
-    tid = thread_id(self);
-    if (tid == NULL) {
-        goto fallback;
-    }
-    unsigned long ident = self->tid_ident;
+    unsigned long ident = PyThread_get_thread_ident();
     if (active_find(self->active, ident) >= 0) {
         result = 0; /* inside a recorded call */
         goto fallback;
     }
-    info = PyDict_GetItemWithError(self->by_pg, group);
-    if (info == NULL || info == Py_None || group_fields(self, info) < 0) {
-        info = NULL;
+    info = group_of(self, group);
+    if (info == NULL) {
         goto fallback;
     }
     Py_INCREF(info);
@@ -698,6 +910,7 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     PyObject *specs = self->g_specs, *ranks = self->g_ranks;
     Counter *counter = self->g_counter;
     uint32_t group_i = self->g_index;
+    int group_gpu = self->g_gpu;
     int64_t t0 = now_ns();
 
     int has_in = !PyLong_CheckExact(tin), has_out = !PyLong_CheckExact(tout);
@@ -784,23 +997,25 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
         thread = self->th_index;
     }
     else {
-        PyObject *th = PyDict_GetItemWithError(self->threads, tid);
+        tid = thread_id(self);
+        PyObject *th = tid == NULL ? NULL : PyDict_GetItemWithError(self->threads, tid);
         if (th == NULL || as_index(th, &thread) < 0) {
             goto fallback;
         }
         self->th_ident = ident;
         self->th_index = thread;
     }
-    int is_async = PyObject_IsTrue(async_op);
+    int is_async = async_op == Py_False ? 0 : PyObject_IsTrue(async_op);
     if (is_async < 0) {
         goto fallback;
     }
     /* Last step that may run Python code (a stack walk on a miss): nothing is consumed yet. */
-    if (stack_of(self, frame, tid, &stack) < 0) {
+    if (stack_of(self, frame, ident, &stack) < 0) {
         goto fallback;
     }
 
-    if (active_put(self->active, ident, 0) < 0) {
+    Py_ssize_t guard = active_put(self->active, ident, 0);
+    if (guard < 0) {
         goto fallback; /* no memory for the guard: let the Python path decide */
     }
     /* From here on nothing can fail: take the sequence number and the record id (the
@@ -827,11 +1042,11 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     put_u32(slot + OFF_FLAGS, base_flags | (is_async ? 1u : 0u));
     put_u64(slot + OFF_RID2, rid);
     memcpy(p, slot, SLOT_SIZE);
-    active_put(self->active, ident, (long long)rid); /* the thread's entry exists: no growth */
-    *gpu = self->g_gpu;
+    self->active->rid[guard] = (long long)rid;
+    *gpu = group_gpu;
     result = (long)rid;
     Py_DECREF(info);
-    Py_DECREF(tid);
+    Py_XDECREF(tid);
     return result;
 
 fallback:
@@ -1046,6 +1261,7 @@ FastPath_traverse(FastPath *self, visitproc visit, void *arg)
     for (int i = 0; i < RED_CACHE; i++) {
         Py_VISIT(self->red_obj[i]);
     }
+    Py_VISIT(self->tt_type);
     Py_VISIT(self->g_info);
     Py_VISIT(self->g_specs);
     Py_VISIT(self->g_counter);
@@ -1075,6 +1291,8 @@ FastPath_clear(FastPath *self)
     for (int i = 0; i < RED_CACHE; i++) {
         Py_CLEAR(self->red_obj[i]);
     }
+    self->g_key_valid = 0;
+    Py_CLEAR(self->tt_type);
     Py_CLEAR(self->g_info);
     Py_CLEAR(self->g_specs);
     Py_CLEAR(self->g_counter);
@@ -1241,16 +1459,9 @@ Site_vectorcall(Site *self, PyObject *const *args, size_t nargsf, PyObject *kwna
     }
 #define ROLE(r, absent) (self->where[r] >= 0 ? vals[self->where[r]] : (absent))
     PyObject *group = ROLE(R_GROUP, Py_None), *async_op = ROLE(R_ASYNC, Py_False);
-    PyObject *frame = Py_None;
-    if (self->fast->depth > 0) {
-        /* No frame of our own: the current frame is the caller's (sys._getframe(1) in the
-         * Python wrapper). */
-        PyFrameObject *f = PyEval_GetFrame();
-        if (f == NULL) {
-            goto python;
-        }
-        frame = (PyObject *)f;
-    }
+    /* No frame of our own: the current frame is the caller's (sys._getframe(1) in the Python
+     * wrapper); NULL tells stack_of to read it there, without materializing it on a hit. */
+    PyObject *frame = self->fast->depth > 0 ? NULL : Py_None;
     int gpu = 0;
     long rid = do_enter(self->fast, self->op, self->flags, group, ROLE(R_IN, zero),
                         ROLE(R_OUT, zero), ROLE(R_RED, zero), ROLE(R_ROOT, Py_None),
