@@ -20,6 +20,22 @@
 #include <string.h>
 #include <time.h>
 
+/* Hot and cold code. On a hit the C path runs a few hundred instructions, but spread over
+ * more cache lines of code than it needs: torch's call around it (about 40K instructions)
+ * evicts them from the instruction cache at every call, so each line the hit path touches is
+ * a miss (callgrind's cache simulation counted some 80 per call in this file). Misses and
+ * errors are therefore COLD functions or UNLIKELY branches, which the compiler lays out away
+ * from the straight line of a hit. */
+#if defined(__GNUC__)
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define COLD __attribute__((cold, noinline))
+#else
+#define LIKELY(x) (x)
+#define UNLIKELY(x) (x)
+#define COLD
+#endif
+
 /* The interpreter's own frames, read where their layout is known (CPython 3.11 to 3.13): the
  * Site's hot path tells its caller's code, instruction and parent frame apart without making
  * Python create a frame object for the caller (PyEval_GetFrame does, and frees it when the
@@ -512,15 +528,9 @@ dict_version(PyObject *d)
 /* The GroupInfo that by_pg maps ``group`` to, with its fields cached (borrowed: the cache
  * holds it); NULL (no exception set) when there is none or it is not what the Python path
  * stores. */
-static PyObject *
-group_of(FastPath *self, PyObject *group)
+COLD static PyObject *
+group_lookup(FastPath *self, PyObject *group)
 {
-#if FR_DICT_VERSION
-    if (self->g_key_valid && self->g_key == (const void *)group &&
-        self->g_version == dict_version(self->by_pg)) {
-        return self->g_info;
-    }
-#endif
     self->g_key_valid = 0;
     PyObject *info = PyDict_GetItemWithError(self->by_pg, group); /* borrowed */
     if (info == NULL || info == Py_None || group_fields(self, info) < 0) {
@@ -533,6 +543,18 @@ group_of(FastPath *self, PyObject *group)
     self->g_key_valid = 1;
 #endif
     return self->g_info;
+}
+
+static inline PyObject *
+group_of(FastPath *self, PyObject *group)
+{
+#if FR_DICT_VERSION
+    if (LIKELY(self->g_key_valid && self->g_key == (const void *)group &&
+               self->g_version == dict_version(self->by_pg))) {
+        return self->g_info;
+    }
+#endif
+    return group_lookup(self, group);
 }
 
 /* The calling thread's ident as an int (new reference). */
@@ -596,12 +618,11 @@ getset_of(PyTypeObject *type, PyObject *name, getter *get, void **closure)
 /* ``tensor.shape`` and ``tensor.dtype`` (new references; 0, or -1 with an error).
  * The getters of the last tensor type are kept with the type's version tag, so a hit calls
  * them straight away; any other type takes c_getattr's path. */
-static int
-shape_dtype(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype)
+COLD static int
+shape_dtype_slow(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype)
 {
     PyTypeObject *type = Py_TYPE(tensor);
-    if (type != self->tt_type || type->tp_version_tag != self->tt_version ||
-        !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+    {
         getter gs = NULL, gd = NULL;
         void *cs = NULL, *cd = NULL;
         /* _PyType_Lookup assigns the type a valid version tag where it can. */
@@ -639,6 +660,26 @@ shape_dtype(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype
     return 0;
 }
 
+static inline int
+shape_dtype(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype)
+{
+    PyTypeObject *type = Py_TYPE(tensor);
+    if (UNLIKELY(type != self->tt_type || type->tp_version_tag != self->tt_version ||
+                 !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG))) {
+        return shape_dtype_slow(self, tensor, shape, dtype);
+    }
+    *shape = self->tt_shape(tensor, self->tt_shape_closure);
+    if (UNLIKELY(*shape == NULL)) {
+        return -1;
+    }
+    *dtype = self->tt_dtype(tensor, self->tt_dtype_closure);
+    if (UNLIKELY(*dtype == NULL)) {
+        Py_CLEAR(*shape);
+        return -1;
+    }
+    return 0;
+}
+
 /* Whether two shapes (tuples of exact ints) are equal, without calling into Python. */
 static int
 same_shape(PyObject *a, PyObject *b)
@@ -666,6 +707,9 @@ same_shape(PyObject *a, PyObject *b)
     return 1;
 }
 
+COLD static int spec_miss(FastPath *self, PyObject *specs, PyObject *shape, PyObject *dtype,
+                          uint32_t *sig, uint32_t *dev);
+
 /* specs.get((tensor.shape, tensor.dtype)) -> (signature index, device index); -1 on a miss.
  * The last few hits are kept in C and compared by value (the shape is read at every call:
  * a tensor reshaped in place between two calls gets its new signature). */
@@ -673,10 +717,10 @@ static int
 spec_of(FastPath *self, PyObject *specs, PyObject *tensor, uint32_t *sig, uint32_t *dev)
 {
     PyObject *shape, *dtype;
-    if (shape_dtype(self, tensor, &shape, &dtype) < 0) {
+    if (UNLIKELY(shape_dtype(self, tensor, &shape, &dtype) < 0)) {
         return -1;
     }
-    if (!PyTuple_Check(shape)) {
+    if (UNLIKELY(!PyTuple_Check(shape))) {
         Py_DECREF(shape);
         Py_DECREF(dtype);
         return -1;
@@ -691,6 +735,14 @@ spec_of(FastPath *self, PyObject *specs, PyObject *tensor, uint32_t *sig, uint32
             return 0;
         }
     }
+    return spec_miss(self, specs, shape, dtype, sig, dev);
+}
+
+/* spec_of's miss: the group's dict, then a place in the C cache. Takes shape and dtype. */
+COLD static int
+spec_miss(FastPath *self, PyObject *specs, PyObject *shape, PyObject *dtype, uint32_t *sig,
+          uint32_t *dev)
+{
     int rc = -1;
     PyObject *key = PyTuple_Pack(2, shape, dtype);
     PyObject *value = key == NULL ? NULL : PyDict_GetItemWithError(specs, key); /* borrowed */
@@ -804,19 +856,29 @@ stack_hit_here(FastPath *self, unsigned long ident, uint32_t *out)
  * the Site's caller): from the C cache when the caller's caller is the cached frame at the
  * same instruction and the caller's code and offset were seen under it, else
  * StackTable.capture (which walks, interns and refreshes its own caches). */
-static int
+COLD static int stack_of_frame(FastPath *self, PyObject *frame, unsigned long ident,
+                               uint32_t *out);
+
+static inline int
 stack_of(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *out)
 {
     if (self->depth == 0 || frame == Py_None) {
         *out = 0;
         return 0;
     }
-    if (frame == NULL) {
 #if FR_IFRAME
-        if (stack_hit_here(self, ident, out) == 0) {
-            return 0;
-        }
+    if (frame == NULL && LIKELY(stack_hit_here(self, ident, out) == 0)) {
+        return 0;
+    }
 #endif
+    return stack_of_frame(self, frame, ident, out);
+}
+
+/* stack_of with a frame object (NULL: the current one, materialized here for the walk). */
+COLD static int
+stack_of_frame(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *out)
+{
+    if (frame == NULL) {
         frame = (PyObject *)PyEval_GetFrame(); /* borrowed; materialized for the walk */
         if (frame == NULL) {
             return -1;
@@ -882,26 +944,125 @@ stack_of(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *out)
  * Returns the record id (> 0) of the entry written, 0 when the call must not be recorded
  * (tracing off, or a call made inside a recorded one), -1 when the Python path must decide.
  */
+/* The reduce op's string index, past the identity cache (a dict hit is then cached). */
+COLD static int
+red_slow(FastPath *self, PyObject *red, uint32_t *red_i)
+{
+    if (PyLong_CheckExact(red)) {
+        return as_index(red, red_i);
+    }
+    PyObject *v = PyDict_GetItemWithError(self->reds, red);
+    if (v == NULL || as_index(v, red_i) < 0) {
+        return -1;
+    }
+    int slot = self->red_next;
+    self->red_next = (slot + 1) % RED_CACHE;
+    Py_INCREF(red);
+    Py_XSETREF(self->red_obj[slot], red);
+    self->red_idx[slot] = *red_i;
+    return 0;
+}
+
+/* The root or peer as a global rank, as the Python path's PyPath.peer: ``root``, else the
+ * global rank of group rank ``group_root`` (-1 out of range). -1 on anything unexpected. */
+static int
+peer_of(PyObject *root, PyObject *group_root, PyObject *ranks, int32_t *peer)
+{
+    if (root != Py_None) {
+        if (!PyLong_CheckExact(root)) {
+            return -1;
+        }
+        long r = PyLong_AsLong(root);
+        if ((r == -1 && PyErr_Occurred()) || r < INT32_MIN || r > INT32_MAX) {
+            return -1;
+        }
+        *peer = (int32_t)r;
+        return 0;
+    }
+    if (!PyLong_CheckExact(group_root)) {
+        return -1;
+    }
+    Py_ssize_t g = PyLong_AsSsize_t(group_root);
+    if (g == -1 && PyErr_Occurred()) {
+        return -1;
+    }
+    if (g >= 0 && g < PyTuple_GET_SIZE(ranks)) {
+        PyObject *r = PyTuple_GET_ITEM(ranks, g);
+        long v = PyLong_CheckExact(r) ? PyLong_AsLong(r) : -1;
+        if (!PyLong_CheckExact(r) || (v == -1 && PyErr_Occurred()) || v < INT32_MIN ||
+            v > INT32_MAX) {
+            return -1;
+        }
+        *peer = (int32_t)v;
+    }
+    return 0;
+}
+
+/* The thread name index of a thread other than the one seen last (``threads`` dict). */
+COLD static int
+thread_slow(FastPath *self, unsigned long ident, uint32_t *thread)
+{
+    PyObject *tid = thread_id(self);
+    PyObject *th = tid == NULL ? NULL : PyDict_GetItemWithError(self->threads, tid);
+    int rc = th == NULL ? -1 : as_index(th, thread);
+    Py_XDECREF(tid);
+    if (rc == 0) {
+        self->th_ident = ident;
+        self->th_index = *thread;
+    }
+    return rc;
+}
+
+/* The (signature, device) of the tensor arguments; 0 where there are none, -1 on a miss. */
+static inline int
+tensors_of(FastPath *self, PyObject *specs, PyObject *tin, PyObject *tout, uint32_t *sig_in,
+           uint32_t *sig_out, uint32_t *dev)
+{
+    int has_in = !PyLong_CheckExact(tin), has_out = !PyLong_CheckExact(tout);
+    if (!has_in && !has_out) {
+        return 0;
+    }
+    if (UNLIKELY(!PyDict_CheckExact(specs))) {
+        return -1;
+    }
+    if (has_in && spec_of(self, specs, tin, sig_in, dev) < 0) {
+        return -1;
+    }
+    if (has_out && tout == tin) {
+        *sig_out = *sig_in;
+    }
+    else if (has_out) {
+        uint32_t dev_out = 0;
+        if (spec_of(self, specs, tout, sig_out, &dev_out) < 0) {
+            return -1;
+        }
+        if (!has_in) {
+            *dev = dev_out;
+        }
+    }
+    return 0;
+}
+
 static long
 do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyObject *tin,
          PyObject *tout, PyObject *red, PyObject *root, PyObject *group_root, PyObject *async_op,
          PyObject *frame, int *gpu)
 {
-    PyObject *tid = NULL, *info = NULL;
+    PyObject *info = NULL;
     long result = -1;
     uint32_t sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
     int32_t peer = -1;
 
-    if (!self->enabled || (base_flags & FLAG_IS_P2P)) {
+    if (UNLIKELY(!self->enabled || (base_flags & FLAG_IS_P2P))) {
         goto fallback; /* the Python path handles "off", and point-to-point */
     }
     unsigned long ident = PyThread_get_thread_ident();
-    if (active_find(self->active, ident) >= 0) {
+    if (UNLIKELY(active_find(self->active, ident) >= 0)) {
         result = 0; /* inside a recorded call */
         goto fallback;
     }
     info = group_of(self, group);
-    if (info == NULL) {
+    if (UNLIKELY(info == NULL)) {
         goto fallback;
     }
     Py_INCREF(info);
@@ -913,109 +1074,45 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     int group_gpu = self->g_gpu;
     int64_t t0 = now_ns();
 
-    int has_in = !PyLong_CheckExact(tin), has_out = !PyLong_CheckExact(tout);
-    if (has_in || has_out) {
-        int rc = 0;
-        uint32_t dev_out = 0;
-        if (PyDict_CheckExact(specs)) {
-            if (has_in) {
-                rc = spec_of(self, specs, tin, &sig_in, &dev);
-            }
-            if (rc == 0 && has_out && tout == tin) {
-                sig_out = sig_in;
-            }
-            else if (rc == 0 && has_out) {
-                rc = spec_of(self, specs, tout, &sig_out, &dev_out);
-                if (!has_in) {
-                    dev = dev_out;
-                }
-            }
-        }
-        else {
-            rc = -1;
-        }
-        if (rc < 0) {
-            goto fallback;
-        }
+    if (UNLIKELY(tensors_of(self, specs, tin, tout, &sig_in, &sig_out, &dev) < 0)) {
+        goto fallback;
     }
+    int red_hit = 0;
     if (PyLong_CheckExact(red)) {
-        if (as_index(red, &red_i) < 0) {
-            goto fallback;
-        }
+        red_hit = as_index(red, &red_i) == 0; /* the int 0: the function has none */
     }
     else {
-        int hit = 0;
         for (int i = 0; i < RED_CACHE; i++) {
             if (self->red_obj[i] == red) {
                 red_i = self->red_idx[i];
-                hit = 1;
+                red_hit = 1;
                 break;
             }
         }
-        if (!hit) {
-            PyObject *v = PyDict_GetItemWithError(self->reds, red);
-            if (v == NULL || as_index(v, &red_i) < 0) {
-                goto fallback;
-            }
-            int slot = self->red_next;
-            self->red_next = (slot + 1) % RED_CACHE;
-            Py_INCREF(red);
-            Py_XSETREF(self->red_obj[slot], red);
-            self->red_idx[slot] = red_i;
-        }
     }
-    if (root != Py_None) {
-        if (!PyLong_CheckExact(root)) {
-            goto fallback;
-        }
-        long r = PyLong_AsLong(root);
-        if ((r == -1 && PyErr_Occurred()) || r < INT32_MIN || r > INT32_MAX) {
-            goto fallback;
-        }
-        peer = (int32_t)r;
+    if (!red_hit && red_slow(self, red, &red_i) < 0) {
+        goto fallback;
     }
-    else if (group_root != Py_None) {
-        /* As the Python path: the group rank's global rank, -1 when out of range. */
-        if (!PyLong_CheckExact(group_root)) {
-            goto fallback;
-        }
-        Py_ssize_t g = PyLong_AsSsize_t(group_root);
-        if (g == -1 && PyErr_Occurred()) {
-            goto fallback;
-        }
-        if (g >= 0 && g < PyTuple_GET_SIZE(ranks)) {
-            PyObject *r = PyTuple_GET_ITEM(ranks, g);
-            long v = PyLong_CheckExact(r) ? PyLong_AsLong(r) : -1;
-            if (!PyLong_CheckExact(r) || (v == -1 && PyErr_Occurred()) || v < INT32_MIN ||
-                v > INT32_MAX) {
-                goto fallback;
-            }
-            peer = (int32_t)v;
-        }
+    if ((root != Py_None || group_root != Py_None) && peer_of(root, group_root, ranks, &peer) < 0) {
+        goto fallback;
     }
-    if (self->th_ident == ident && ident != 0) {
+    if (LIKELY(self->th_ident == ident && ident != 0)) {
         thread = self->th_index;
     }
-    else {
-        tid = thread_id(self);
-        PyObject *th = tid == NULL ? NULL : PyDict_GetItemWithError(self->threads, tid);
-        if (th == NULL || as_index(th, &thread) < 0) {
-            goto fallback;
-        }
-        self->th_ident = ident;
-        self->th_index = thread;
+    else if (thread_slow(self, ident, &thread) < 0) {
+        goto fallback;
     }
     int is_async = async_op == Py_False ? 0 : PyObject_IsTrue(async_op);
-    if (is_async < 0) {
+    if (UNLIKELY(is_async < 0)) {
         goto fallback;
     }
     /* Last step that may run Python code (a stack walk on a miss): nothing is consumed yet. */
-    if (stack_of(self, frame, ident, &stack) < 0) {
+    if (UNLIKELY(stack_of(self, frame, ident, &stack) < 0)) {
         goto fallback;
     }
 
     Py_ssize_t guard = active_put(self->active, ident, 0);
-    if (guard < 0) {
+    if (UNLIKELY(guard < 0)) {
         goto fallback; /* no memory for the guard: let the Python path decide */
     }
     /* From here on nothing can fail: take the sequence number and the record id (the
@@ -1046,14 +1143,12 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     *gpu = group_gpu;
     result = (long)rid;
     Py_DECREF(info);
-    Py_XDECREF(tid);
     return result;
 
 fallback:
     /* Errors here are the Python path's to meet again (and to report as torch would). */
     PyErr_Clear();
     Py_XDECREF(info);
-    Py_XDECREF(tid);
     return result;
 }
 
@@ -1436,10 +1531,23 @@ Site_vectorcall(Site *self, PyObject *const *args, size_t nargsf, PyObject *kwna
     if (nargs > n) {
         goto python;
     }
+    if (kwnames == NULL) {
+        /* Positional only, the common shape (``all_reduce(t)``): arguments, then defaults. */
+        if (nargs < self->required) {
+            goto python;
+        }
+        for (Py_ssize_t i = 0; i < nargs; i++) {
+            vals[i] = args[i];
+        }
+        for (Py_ssize_t i = nargs; i < n; i++) {
+            vals[i] = PyTuple_GET_ITEM(self->defaults, i - self->required);
+        }
+        goto bound;
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         vals[i] = i < nargs ? args[i] : NULL;
     }
-    if (kwnames != NULL) {
+    {
         Py_ssize_t nk = PyTuple_GET_SIZE(kwnames);
         for (Py_ssize_t k = 0; k < nk; k++) {
             Py_ssize_t j = param_index(self, PyTuple_GET_ITEM(kwnames, k));
@@ -1457,6 +1565,7 @@ Site_vectorcall(Site *self, PyObject *const *args, size_t nargsf, PyObject *kwna
             vals[i] = PyTuple_GET_ITEM(self->defaults, i - self->required);
         }
     }
+bound:;
 #define ROLE(r, absent) (self->where[r] >= 0 ? vals[self->where[r]] : (absent))
     PyObject *group = ROLE(R_GROUP, Py_None), *async_op = ROLE(R_ASYNC, Py_False);
     /* No frame of our own: the current frame is the caller's (sys._getframe(1) in the Python
@@ -1473,7 +1582,12 @@ Site_vectorcall(Site *self, PyObject *const *args, size_t nargsf, PyObject *kwna
     /* vals are borrowed from args, which the caller keeps alive for the whole call. */
     Py_INCREF(group);
     Py_INCREF(async_op);
-    PyObject *result = PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
+    /* torch's function (a Python function) through its own vectorcall: PyObject_Vectorcall
+     * adds a dispatch and a result check the interpreter already guarantees (about 45
+     * instructions a call). */
+    vectorcallfunc call = PyVectorcall_Function(self->orig);
+    PyObject *result = call != NULL ? call(self->orig, args, nargsf, kwnames)
+                                    : PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
     if (result == NULL) {
         report_failure(self->fast, rid);
     }
