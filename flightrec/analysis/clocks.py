@@ -227,23 +227,25 @@ def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
         incomplete = m.incomplete.get(r)
         if incomplete is None:
             incomplete = tuple(p for p in pos if e.state[p] != _COMPLETED)
-        zero = 0 in enq or 0 in comp
-        if not zero and not held.isdisjoint(incomplete):
-            # Usually the entries still outstanding are the newest: the rest is a prefix.
-            k = len(pos) - len(held.intersection(incomplete))
-            if held.isdisjoint(incomplete) or not set(pos[:k]).intersection(incomplete):
-                seqs, pos, enq, comp = seqs[:k], pos[:k], enq[:k], comp[:k]
+        if 0 in enq or 0 in comp or not held.isdisjoint(incomplete):
+            # Usually what to leave out (outstanding, without both times) is the newest
+            # entries: the rest is a prefix.
+            out_of = set(incomplete)
+            k = len(pos)
+            while k and (pos[k - 1] in out_of or not enq[k - 1] or not comp[k - 1]):
+                k -= 1
+            if 0 in enq[:k] or 0 in comp[:k] or not out_of.isdisjoint(pos[:k]):
+                state = e.state  # (not a prefix: entry by entry)
+                keep = [
+                    i for i, p in enumerate(pos) if state[p] == _COMPLETED and comp[i] and enq[i]
+                ]
+                if not keep:
+                    continue
+                kept = taker(keep)
+                seqs, pos, enq, comp = (tuple(kept(c)) for c in (seqs, pos, enq, comp))
+                ordered = seqs == tuple(sorted(set(seqs)))
             else:
-                zero = True  # (not a prefix: entry by entry below)
-        # Usually every one completed with both times: keep all without a loop per entry.
-        if zero:
-            state = e.state
-            keep = [i for i, p in enumerate(pos) if state[p] == _COMPLETED and comp[i] and enq[i]]
-            if not keep:
-                continue
-            kept = taker(keep)
-            seqs, pos, enq, comp = (tuple(kept(c)) for c in (seqs, pos, enq, comp))
-            ordered = seqs == tuple(sorted(set(seqs)))
+                seqs, pos, enq, comp = seqs[:k], pos[:k], enq[:k], comp[:k]
         if not seqs:
             continue
         if not ordered:
