@@ -18,31 +18,52 @@ from flightrec.format.view import DumpView
 _HEADER_TEXT = tuple(f.name for f in pb.Header.DESCRIPTOR.fields if f.type == f.TYPE_STRING)
 
 
-def scrub(view: DumpView) -> DumpView:
-    """``view`` with no control characters in its strings, header or group names.
+# Table bytes (``DumpView.tables``: strings, threads, exceptions among them) found without a
+# control character, per process: the ranks of one job mostly hold the same. Bounded.
+_CLEAN: set[bytes] = set()
+_MAX_CLEAN = 4096
 
-    One regular-expression search over the joined strings in the common case (nothing to
-    replace); the tables are rewritten in place only when something is found.
-    """
-    meta = view.meta
+
+def _scrub_tables(meta: pb.Dump) -> bool:
+    """Replace control characters in the strings, thread names and exceptions; whether any."""
+    found = False
     strings = meta.strings
     if CONTROL.search("\t".join(strings)):
         for i, s in enumerate(strings):
             if CONTROL.search(s):
                 strings[i] = printable(s)
-    h = meta.header
-    for name in _HEADER_TEXT:
-        value = getattr(h, name)
-        if value and CONTROL.search(value):
-            setattr(h, name, printable(value))
+                found = True
     for t in meta.threads:
         if CONTROL.search(t.name):
             t.name = printable(t.name)
+            found = True
     for x in meta.exceptions:
         for name in ("type", "message", "thread", "via"):
             value = getattr(x, name)
             if CONTROL.search(value):  # a multi-line message reads as one line
                 setattr(x, name, printable(value.strip().replace("\n", " / ")))
+                found = True
+    return found
+
+
+def scrub(view: DumpView) -> DumpView:
+    """``view`` with no control characters in its strings, header or group names.
+
+    One regular-expression search over the joined strings in the common case (nothing to
+    replace), none where the same table bytes were found clean before; the tables are
+    rewritten in place only when something is found.
+    """
+    meta = view.meta
+    h = meta.header
+    for name in _HEADER_TEXT:
+        value = getattr(h, name)
+        if value and CONTROL.search(value):
+            setattr(h, name, printable(value))
+    tables = view.tables
+    if (tables is None or tables not in _CLEAN) and not _scrub_tables(meta) and tables:
+        if len(_CLEAN) >= _MAX_CLEAN:
+            _CLEAN.clear()
+        _CLEAN.add(tables)
     groups = view.groups
     if any(CONTROL.search(g.name) or CONTROL.search(g.desc) for g in groups):
         groups = tuple(
