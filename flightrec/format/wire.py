@@ -227,12 +227,14 @@ def _columns(
     table an index column points into."""
     if _wire is not None:
         got = _wire.columns(data, ranges, _NUMBERS, _KINDS, _bounds(sizes))
+        if None not in got:  # (the C loop checked that every column has as many values)
+            return dict(zip(ENTRY_COLUMNS, got, strict=True))  # type: ignore[arg-type]
         columns = {
             name: col for name, col in zip(ENTRY_COLUMNS, got, strict=True) if col is not None
         }
         left = [name for name in ENTRY_COLUMNS if name not in columns]
-        if left:  # values protobuf would truncate: decoded as it does
-            columns.update(_columns_py(data, _spans(data, ranges, left), sizes))
+        # Values protobuf would truncate: decoded as it does.
+        columns.update(_columns_py(data, _spans(data, ranges, left), sizes))
     else:
         columns = _columns_py(data, _spans(data, ranges, ENTRY_COLUMNS), sizes)
     n = len(columns[ENTRY_COLUMNS[0]])
@@ -241,9 +243,18 @@ def _columns(
     return {name: columns[name] for name in ENTRY_COLUMNS}
 
 
+_BOUNDS: dict[tuple[tuple[str, int], ...], tuple[int, ...]] = {}
+
+
 def _bounds(sizes: dict[str, int]) -> tuple[int, ...]:
     """Per entry column (``ENTRY_COLUMNS`` order), the size of the table it indexes, or -1."""
-    return tuple(sizes[_BOUNDED[name]] if name in _BOUNDED else -1 for name in ENTRY_COLUMNS)
+    key = tuple(sizes.items())
+    found = _BOUNDS.get(key)
+    if found is None:
+        found = tuple(sizes[_BOUNDED[name]] if name in _BOUNDED else -1 for name in ENTRY_COLUMNS)
+        if len(_BOUNDS) < 4096:
+            _BOUNDS[key] = found
+    return found
 
 
 def _spans(
