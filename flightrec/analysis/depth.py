@@ -77,7 +77,6 @@ def _short(
     received: dict[tuple[str, int, int], int],
 ) -> bool:
     """Whether rank ``r``'s tail misses a collective or P2P ordinal a peer is at."""
-    cols = d.columns
     for key, g, gi, newest in rows:
         floor = max(1, low.get(key, newest) - _BEFORE_FRONTIER)
         if newest >= floor:
@@ -99,6 +98,7 @@ def _short(
         if not behind:
             continue
         oldest: dict[tuple[int, bool], int] = {}
+        cols = d.columns
         for pos in gi.p2p_positions:
             ident = (cols["peer"][pos], bool(cols["flags"][pos] & _SEND))
             ordinal = cols["p2p_seq"][pos]
