@@ -273,6 +273,9 @@ def _hot_path() -> str:
         [sys.executable, "-c", "from flightrec.recorder.low_level import codegen; print(codegen.USE_FAST)"],
         capture_output=True, text=True,
         env={**os.environ, **({"PYTHONPATH": str(ROOT)} if SOURCE else {})},
+        # As the measured scripts run: from benchmarks/, so that ``-c`` does not import the
+        # checkout in the working folder (unbuilt in a fresh clone) instead of the package.
+        cwd=HERE,
     )  # fmt: skip
     built = out.stdout.strip() == "True"
     return "C extension built" if built else "C extension NOT built (c-e are pure Python too)"
