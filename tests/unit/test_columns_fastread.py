@@ -177,12 +177,17 @@ _VARINTS = st.lists(
 ).map(lambda vs: b"".join(_varint(v) for v in vs))
 
 
-@settings(
+# Comparing the two loops on arbitrary bytes: the same examples every run (the ``loops``
+# fixture does not change between them).
+_ALIKE = settings(
     max_examples=300,
     deadline=None,
     derandomize=True,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
+
+
+@_ALIKE
 @given(payload=st.one_of(st.binary(max_size=60), _VARINTS), cut=st.integers(0, 3))
 def test_the_c_loops_return_what_the_python_loops_return(
     loops: str, payload: bytes, cut: int
@@ -236,12 +241,7 @@ _TOP = st.sampled_from(
 )
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@_ALIKE
 @given(
     fields=st.lists(st.tuples(_TOP, st.binary(max_size=12), st.booleans()), max_size=12),
     junk=st.binary(max_size=3),
@@ -268,12 +268,7 @@ _COLUMN_VALUES = st.lists(
 )
 
 
-@settings(
-    max_examples=300,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+@_ALIKE
 @given(
     values=st.lists(_COLUMN_VALUES, min_size=len(ENTRY_COLUMNS), max_size=len(ENTRY_COLUMNS)),
     parts=st.integers(1, 2),
