@@ -615,6 +615,32 @@ getset_of(PyTypeObject *type, PyObject *name, getter *get, void **closure)
     return 1;
 }
 
+/* An attribute by name as a getter (its closure: the name), for types whose getters are not
+ * kept (see shape_dtype_slow). */
+static PyObject *
+by_name(PyObject *obj, void *name)
+{
+    return c_getattr(obj, (PyObject *)name);
+}
+
+/* ``tensor.shape`` and ``tensor.dtype`` through the given getters (new references; 0, or -1
+ * with an error). */
+static inline int
+read_shape_dtype(PyObject *tensor, getter gs, void *cs, getter gd, void *cd, PyObject **shape,
+                 PyObject **dtype)
+{
+    *shape = gs(tensor, cs);
+    if (UNLIKELY(*shape == NULL)) {
+        return -1;
+    }
+    *dtype = gd(tensor, cd);
+    if (UNLIKELY(*dtype == NULL)) {
+        Py_CLEAR(*shape);
+        return -1;
+    }
+    return 0;
+}
+
 /* ``tensor.shape`` and ``tensor.dtype`` (new references; 0, or -1 with an error).
  * The getters of the last tensor type are kept with the type's version tag, so a hit calls
  * them straight away; any other type takes c_getattr's path. */
@@ -622,42 +648,22 @@ COLD static int
 shape_dtype_slow(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype)
 {
     PyTypeObject *type = Py_TYPE(tensor);
-    {
-        getter gs = NULL, gd = NULL;
-        void *cs = NULL, *cd = NULL;
-        /* _PyType_Lookup assigns the type a valid version tag where it can. */
-        int ok = getset_of(type, s_shape, &gs, &cs) && getset_of(type, s_dtype, &gd, &cd) &&
-                 PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG);
-        if (!ok) {
-            *shape = c_getattr(tensor, s_shape);
-            if (*shape == NULL) {
-                return -1;
-            }
-            *dtype = c_getattr(tensor, s_dtype);
-            if (*dtype == NULL) {
-                Py_CLEAR(*shape);
-                return -1;
-            }
-            return 0;
-        }
-        Py_INCREF(type);
-        Py_XSETREF(self->tt_type, type);
-        self->tt_version = type->tp_version_tag;
-        self->tt_shape = gs;
-        self->tt_shape_closure = cs;
-        self->tt_dtype = gd;
-        self->tt_dtype_closure = cd;
+    getter gs = NULL, gd = NULL;
+    void *cs = NULL, *cd = NULL;
+    /* _PyType_Lookup assigns the type a valid version tag where it can. */
+    int ok = getset_of(type, s_shape, &gs, &cs) && getset_of(type, s_dtype, &gd, &cd) &&
+             PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG);
+    if (!ok) {
+        return read_shape_dtype(tensor, by_name, s_shape, by_name, s_dtype, shape, dtype);
     }
-    *shape = self->tt_shape(tensor, self->tt_shape_closure);
-    if (*shape == NULL) {
-        return -1;
-    }
-    *dtype = self->tt_dtype(tensor, self->tt_dtype_closure);
-    if (*dtype == NULL) {
-        Py_CLEAR(*shape);
-        return -1;
-    }
-    return 0;
+    Py_INCREF(type);
+    Py_XSETREF(self->tt_type, type);
+    self->tt_version = type->tp_version_tag;
+    self->tt_shape = gs;
+    self->tt_shape_closure = cs;
+    self->tt_dtype = gd;
+    self->tt_dtype_closure = cd;
+    return read_shape_dtype(tensor, gs, cs, gd, cd, shape, dtype);
 }
 
 static inline int
@@ -668,16 +674,8 @@ shape_dtype(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype
                  !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG))) {
         return shape_dtype_slow(self, tensor, shape, dtype);
     }
-    *shape = self->tt_shape(tensor, self->tt_shape_closure);
-    if (UNLIKELY(*shape == NULL)) {
-        return -1;
-    }
-    *dtype = self->tt_dtype(tensor, self->tt_dtype_closure);
-    if (UNLIKELY(*dtype == NULL)) {
-        Py_CLEAR(*shape);
-        return -1;
-    }
-    return 0;
+    return read_shape_dtype(tensor, self->tt_shape, self->tt_shape_closure, self->tt_dtype,
+                            self->tt_dtype_closure, shape, dtype);
 }
 
 /* Whether two shapes (tuples of exact ints) are equal, without calling into Python. */
