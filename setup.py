@@ -43,4 +43,10 @@ WIRE = Extension(
     optional=True,  # a failed build leaves the Python loops of the dump reader (same results)
 )
 
-setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[FAST, WIRE])
+ARRIVALS = Extension(
+    "flightrec.analysis._arrivals",
+    sources=["flightrec/analysis/_arrivals.c"],
+    optional=True,  # a failed build leaves the straggler pass's Python loops (same results)
+)
+
+setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[FAST, WIRE, ARRIVALS])

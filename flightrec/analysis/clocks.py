@@ -191,9 +191,70 @@ class Lane(NamedTuple):
         return Lane(seqs, take(self.positions), take(self.enqueue_ns), take(self.complete_ns))
 
 
-_Window = tuple[tuple[int, ...], tuple[int, ...], Taker, bool, frozenset[int]]
+Window = tuple[tuple[int, ...], tuple[int, ...], Taker, bool, frozenset[int]]
 """A group index's newest seqs, their positions, their gather, whether the seqs are in order,
 and the positions as a set."""
+
+
+def window_of(positions: Sequence[int], seqs: Sequence[int]) -> Window:
+    """What ``lane`` needs of a group index's newest entries, worked out once per index."""
+    seqs_t, pos = tuple(seqs), tuple(positions)
+    # (C speed, unlike a loop over pairs)
+    return (seqs_t, pos, taker(pos), seqs_t == tuple(sorted(set(seqs_t))), frozenset(pos))
+
+
+def lane(
+    enqueue_ns: Sequence[int],
+    complete_ns: Sequence[int],
+    state: Sequence[int],
+    window: Window,
+    base: int,
+    incomplete: Sequence[int] | None = None,
+) -> Lane | None:
+    """One member's lane: the entries of ``window`` that completed with both times, the
+    newest per seq, in increasing seq order, times plus ``base``; None when none did.
+
+    Args:
+        enqueue_ns: the member's ring's column.
+        complete_ns: the same.
+        state: the same.
+        window: its group index's newest entries (``window_of``).
+        base: added to its times (``base_ns``).
+        incomplete: positions of its entries that did not complete, when known (else found
+            from ``state``).
+    """
+    seqs, pos, take, ordered, held = window
+    enq, comp = take(enqueue_ns), take(complete_ns)
+    if incomplete is None:
+        incomplete = tuple(p for p in pos if state[p] != _COMPLETED)
+    if 0 in enq or 0 in comp or not held.isdisjoint(incomplete):
+        # Usually what to leave out (outstanding, without both times) is the newest
+        # entries: the rest is a prefix.
+        out_of = set(incomplete)
+        k = len(pos)
+        while k and (pos[k - 1] in out_of or not enq[k - 1] or not comp[k - 1]):
+            k -= 1
+        if 0 in enq[:k] or 0 in comp[:k] or not out_of.isdisjoint(pos[:k]):
+            # (not a prefix: entry by entry)
+            keep = [i for i, p in enumerate(pos) if state[p] == _COMPLETED and comp[i] and enq[i]]
+            if not keep:
+                return None
+            kept = taker(keep)
+            seqs, pos, enq, comp = (tuple(kept(c)) for c in (seqs, pos, enq, comp))
+            ordered = seqs == tuple(sorted(set(seqs)))
+        else:
+            seqs, pos, enq, comp = seqs[:k], pos[:k], enq[:k], comp[:k]
+    if not seqs:
+        return None
+    if not ordered:
+        # Repeated or unordered seqs (unnumbered entries): the newest entry of each seq.
+        last = {s: i for i, s in enumerate(seqs)}
+        keep = [last[s] for s in sorted(last)]
+        seqs = tuple(sorted(last))
+        pos = tuple(pos[i] for i in keep)
+        enq = tuple(enq[i] for i in keep)
+        comp = tuple(comp[i] for i in keep)
+    return Lane(seqs, tuple(pos), tuple(map(base.__add__, enq)), tuple(map(base.__add__, comp)))
 
 
 def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
@@ -207,7 +268,7 @@ def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
     # Ranks with equal rings share one group index (``rankindex.index_rank``): what depends
     # on the index alone (the window, its gather, whether its seqs are in order) is worked
     # out once per distinct index. (Keyed by identity: every index lives in ``m``.)
-    windows: dict[int, _Window] = {}
+    windows: dict[int, Window] = {}
     dumps = m.run.dumps
     for r in m.groups[group].ranks:
         gi = m.index.get(r, {}).get(group)
@@ -216,50 +277,11 @@ def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
             continue
         window = windows.get(id(gi))
         if window is None:
-            seqs = tuple(gi.seqs[-recent:])
-            pos = tuple(gi.positions[-recent:])
-            # (C speed, unlike a loop over pairs)
-            window = (seqs, pos, taker(pos), seqs == tuple(sorted(set(seqs))), frozenset(pos))
-            windows[id(gi)] = window
-        seqs, pos, take, ordered, held = window
+            window = windows[id(gi)] = window_of(gi.positions[-recent:], gi.seqs[-recent:])
         e = d.dump.entries
-        enq, comp = take(e.enqueue_ns), take(e.complete_ns)
-        incomplete = m.incomplete.get(r)
-        if incomplete is None:
-            incomplete = tuple(p for p in pos if e.state[p] != _COMPLETED)
-        if 0 in enq or 0 in comp or not held.isdisjoint(incomplete):
-            # Usually what to leave out (outstanding, without both times) is the newest
-            # entries: the rest is a prefix.
-            out_of = set(incomplete)
-            k = len(pos)
-            while k and (pos[k - 1] in out_of or not enq[k - 1] or not comp[k - 1]):
-                k -= 1
-            if 0 in enq[:k] or 0 in comp[:k] or not out_of.isdisjoint(pos[:k]):
-                state = e.state  # (not a prefix: entry by entry)
-                keep = [
-                    i for i, p in enumerate(pos) if state[p] == _COMPLETED and comp[i] and enq[i]
-                ]
-                if not keep:
-                    continue
-                kept = taker(keep)
-                seqs, pos, enq, comp = (tuple(kept(c)) for c in (seqs, pos, enq, comp))
-                ordered = seqs == tuple(sorted(set(seqs)))
-            else:
-                seqs, pos, enq, comp = seqs[:k], pos[:k], enq[:k], comp[:k]
-        if not seqs:
-            continue
-        if not ordered:
-            # Repeated or unordered seqs (unnumbered entries): the newest entry of each seq.
-            last = {s: i for i, s in enumerate(seqs)}
-            keep = [last[s] for s in sorted(last)]
-            seqs = tuple(sorted(last))
-            pos = tuple(pos[i] for i in keep)
-            enq = tuple(enq[i] for i in keep)
-            comp = tuple(comp[i] for i in keep)
-        base = base_ns(m, r)
-        out[r] = Lane(
-            seqs, tuple(pos), tuple(map(base.__add__, enq)), tuple(map(base.__add__, comp))
-        )
+        got = lane(e.enqueue_ns, e.complete_ns, e.state, window, base_ns(m, r), m.incomplete.get(r))
+        if got is not None:
+            out[r] = got
     return out
 
 
@@ -368,7 +390,7 @@ class _Spread(Mapping[int, float]):
         return len(self.diffs)
 
 
-def _may_share(m: Matched, group: str, recent: int) -> bool:
+def may_share(m: Matched, group: str, recent: int) -> bool:
     """Whether the members' newest ``recent`` seqs of ``group``, completed or not, have
     ``MIN_LINK_SAMPLES`` in common: when not, no lane needs building (the world group of a
     job read from its rings' tails, whose few world collectives each member holds)."""
@@ -399,17 +421,22 @@ def group_arrivals(m: Matched, group: str, recent: int = 256) -> GroupArrivals |
         The aligned arrivals, or None when fewer than two members have ``MIN_LINK_SAMPLES``
         collectives in common.
     """
-    if not _may_share(m, group, recent):
+    if not may_share(m, group, recent):
         return None
-    lanes = completed_lanes(m, group, recent)
+    return align_lanes(group, completed_lanes(m, group, recent))
+
+
+def align_lanes(group: str, lanes: Mapping[int, Lane]) -> GroupArrivals | None:
+    """Members' lanes (keyed by rank) put on the clock of the lowest rank among them, at the
+    seqs all of them hold; None when fewer than two lanes share ``MIN_LINK_SAMPLES`` seqs."""
     if len(lanes) < 2:
         return None
     # Most members hold the same window of seqs: intersect each distinct window once.
     common: set[int] | None = None
     seen: tuple[int, ...] | None = None
-    for lane in lanes.values():
-        if lane.seqs != seen:
-            seen = lane.seqs
+    for ln in lanes.values():
+        if ln.seqs != seen:
+            seen = ln.seqs
             common = set(seen) if common is None else common.intersection(seen)
     seqs = tuple(sorted(common or ()))
     if len(seqs) < MIN_LINK_SAMPLES:

@@ -15,19 +15,15 @@ writes): when it is the late one, the finding says so and carries low confidence
 from __future__ import annotations
 
 import re
+from array import array
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import TYPE_CHECKING, ClassVar
 
-from flightrec.analysis.clocks import (
-    ClockAlignment,
-    GroupArrivals,
-    HostArrivals,
-    enqueue_arrivals,
-    group_arrivals,
-)
+from flightrec.analysis.clocks import ClockAlignment, HostArrivals, enqueue_arrivals, may_share
+from flightrec.analysis.lastarrivals import GroupTally, members_of, tally, tally_arrivals
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
 from flightrec.text import compress
@@ -206,50 +202,34 @@ _Rule = tuple[int, float, int, float, float]
 class _Pending:
     """What a group's tally leaves for the steps that only a finding needs."""
 
-    arrivals: Mapping[int, Sequence[int]]
-    spread_ns: Mapping[int, float]
-    lasts: frozenset[int]
-    """Members that arrived last at least once."""
+    ranks: Sequence[int]
+    """The members tallied, in rank order."""
+    tally: GroupTally
 
 
-def _tally_group(
-    m: Matched, ga: GroupArrivals, opt: StragglerOptions, t: dict[int, _Tally]
+def _count(
+    m: Matched, group: str, ranks: Sequence[int], gt: GroupTally, t: dict[int, _Tally]
 ) -> _Pending:
-    """Count who arrived last, by how much; return what the finding's evidence needs later."""
-    ranks = ga.ranks
+    """Add a group's tally (members ``ranks``) to the per-rank tallies ``t``."""
     n = len(ranks)
-    floor_ns = opt.min_margin_ms * 1e6
-    lasts: set[int] = set()
-    # Per collective, the members' arrivals in rank order: sorting and searching these runs
-    # at C speed, so a 16,384-member group costs a few sorts per collective.
-    for i, col in enumerate(zip(*(ga.arrivals[r] for r in ranks), strict=True)):
-        ordered = sorted(col)
-        a_last, a_second = ordered[-1], ordered[-2]
-        # The last arrival; on a tie the highest rank (as sorting (arrival, rank) pairs does).
-        backwards = col[::-1]
-        j_last = backwards.index(a_last)
-        last = ranks[n - 1 - j_last]
-        lasts.add(last)
-        tl = t[last]
-        tl.last += 1
-        margin = a_last - a_second
-        if margin < floor_ns:
-            continue
-        j_second = backwards.index(a_second, j_last + 1 if a_second == a_last else 0)
-        second = ranks[n - 1 - j_second]
-        # Alignment jitter of the two ranks compared bounds what a margin can mean.
-        if margin < 3.0 * (ga.spread_ns[last] ** 2 + ga.spread_ns[second] ** 2) ** 0.5:
-            continue
+    for j, c in enumerate(gt.lasts):
+        if c:
+            t[ranks[j]].last += c
+    for i, j, margin in gt.late:
+        r = ranks[j]
+        tl = t[r]
         tl.late.append(margin / 1e6)
         tl.waited_ns += margin * (n - 1)
         tl.delay_ns += margin
-        tl.groups[ga.group] += 1
-        d = m.dump(last)
-        tl.ops[d.string(d.columns["op"][ga.positions[last][i]])] += 1
+        tl.groups[group] += 1
+        d = m.dump(r)
+        tl.ops[d.string(d.columns["op"][gt.positions[j][i]])] += 1
+    taken = len(gt.seqs)
     for r in ranks:
-        t[r].taken += len(ga.seqs)
-        t[r].sizes[n] += len(ga.seqs)
-    return _Pending(ga.arrivals, ga.spread_ns, frozenset(lasts))
+        tr = t[r]
+        tr.taken += taken
+        tr.sizes[n] += taken
+    return _Pending(ranks, gt)
 
 
 def _add_evidence(pending: _Pending, blamed: set[int], t: dict[int, _Tally]) -> None:
@@ -257,17 +237,19 @@ def _add_evidence(pending: _Pending, blamed: set[int], t: dict[int, _Tally]) -> 
 
     Only a finding needs these: computed then, one comprehension per member and group.
     """
-    arrivals = pending.arrivals
-    rules = [_median_rule(sorted(col)) for col in zip(*arrivals.values(), strict=True)]
-    for r, mine in arrivals.items():
+    gt = pending.tally
+    rows = [gt.arrivals[j] for j in range(len(pending.ranks))]
+    rules = [_median_rule(sorted(col)) for col in zip(*rows, strict=True)]
+    for r, mine in zip(pending.ranks, rows, strict=True):
         t[r].behind.extend(
             [
                 (a - (hi if a > t1 else (mid if a > t2 else lo))) / 1e6
                 for a, (t1, hi, t2, mid, lo) in zip(mine, rules, strict=True)
             ]
         )
-    for r in pending.lasts & blamed:
-        t[r].spread_ns = max(t[r].spread_ns, pending.spread_ns[r])
+    for j, r in enumerate(pending.ranks):
+        if gt.lasts[j] and r in blamed:
+            t[r].spread_ns = max(t[r].spread_ns, gt.spread(j))
 
 
 def lateness_table(
@@ -322,20 +304,27 @@ def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = Non
     """
     m = ctx.matched
     opt = options or StragglerOptions()
+    floor_ns = opt.min_margin_ms * 1e6
     tallies: dict[int, _Tally] = defaultdict(_Tally)
     pending: list[_Pending] = []
     assumed: dict[int, str] = {}
+    windows: dict[int, tuple[array[int], array[int]]] = {}
+    tracks: dict[int, bool] = {}
     for key, info in m.groups.items():
         if len(info.ranks) < 2:
             continue
-        ga = group_arrivals(m, key, opt.recent)
-        if ga is not None:
-            pending.append(_tally_group(m, ga, opt, tallies))
-            continue
+        if may_share(m, key, opt.recent):
+            ranks, members = members_of(m, key, opt.recent, windows, tracks)
+            gt = tally(members, floor_ns)
+            if gt is not None:
+                kept = [ranks[j] for j in gt.kept]
+                pending.append(_count(m, key, kept, gt, tallies))
+                continue
         # No completion times (PyTorch's gloo recorder): enqueue times, one host at a time.
         for ha in enqueue_arrivals(m, key, opt.recent):
-            pending.append(_tally_group(m, ha.arrivals, opt, tallies))
-            for r in ha.arrivals.ranks:
+            ga = ha.arrivals
+            pending.append(_count(m, key, ga.ranks, tally_arrivals(ga, floor_ns), tallies))
+            for r in ga.ranks:
                 assumed[r] = _assumption(ha)
     blamed: list[tuple[float, int]] = []
     for r, tr in tallies.items():

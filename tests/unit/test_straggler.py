@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flightrec.analysis import analyze, analyze_dir
+from flightrec.analysis import analyze, analyze_dir, lastarrivals
 from flightrec.analysis.model import FindingKind
 from flightrec.analysis.straggler import StragglerEvidence, chance_of_as_many, percentile
 from flightrec.report.json import JsonRenderer
@@ -17,6 +17,18 @@ from flightrec.report.terminal import TerminalRenderer
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 from tests.unit.factories import user_stack
 from tests.unit.test_clocks import timed_job
+
+C_LOOPS = lastarrivals._arrivals
+
+
+@pytest.fixture(autouse=True, params=["c", "python"])
+def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run each test with the per-group tally in C (where built), then in Python."""
+    if request.param == "python":
+        monkeypatch.setattr(lastarrivals, "_arrivals", None)
+    elif C_LOOPS is None:
+        pytest.skip("flightrec.analysis._arrivals is not built")
+    return str(request.param)
 
 
 def test_late_rank_is_named_with_its_numbers() -> None:
