@@ -194,7 +194,7 @@ class ThreadInfo:
 
 
 _State: TypeAlias = (
-    "tuple[str, bytes, tuple[GroupView, ...], dict[str, array[int]], int, bytes | None]"
+    "tuple[str, bytes, tuple[GroupView, ...], tuple[str, int, bytes], int, bytes | None]"
 )
 _Caches: TypeAlias = "tuple[dict[int, FrameInfo], dict[int, tuple[FrameInfo, ...]], dict[int, tuple[TensorInfo, ...]]]"
 
@@ -247,7 +247,7 @@ class RankDump:
             self.path,
             d.meta.SerializeToString(),
             d.groups,
-            d.entries.columns(),
+            d.entries.packed(),
             d.older,
             self._tables_key,
         )
@@ -258,7 +258,7 @@ class RankDump:
         meta.ParseFromString(meta_bytes)
         # Scrubbed where it was pickled (the constructor's work; a tenth of unpickling).
         self.path = path
-        self.dump = DumpView(meta, groups, EntriesView(columns), older)
+        self.dump = DumpView(meta, groups, EntriesView.unpack(*columns), older)
         self.header = meta.header
         self._tables_key = key
         self._frame_cache, self._stack_cache, self._spec_cache = _caches(key)

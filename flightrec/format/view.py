@@ -89,6 +89,43 @@ class EntriesView:
         """Column name -> array."""
         return {name: getattr(self, name) for name in ENTRY_COLUMNS}
 
+    def packed(self) -> tuple[str, int, bytes]:
+        """Every column in one bytes object, with their type codes and common length: what a
+        loader process hands over (``unpack``). Pickling 17 arrays costs 30 times as much to
+        load as one bytes object, once per rank of a 131,072-rank job."""
+        arrays = [getattr(self, name) for name in ENTRY_COLUMNS]
+        return "".join(a.typecode for a in arrays), len(arrays[0]), b"".join(arrays)
+
+    @classmethod
+    def unpack(cls, codes: str, length: int, data: bytes) -> EntriesView:
+        """The view ``packed`` describes (on the machine that packed it: native byte order).
+
+        Making the 17 arrays is most of its cost (about 10 us); done in C it saves a tenth.
+        """
+        if len(codes) != len(ENTRY_COLUMNS):
+            raise ValueError("packed entry columns: one type code per column expected")
+        view = cls.__new__(cls)
+        arrays = _unpack(codes, length, data)
+        for name, column in zip(ENTRY_COLUMNS, arrays, strict=True):
+            setattr(view, name, column)
+        return view
+
+
+def _unpack(codes: str, length: int, data: bytes) -> list[array[int]]:
+    """The arrays of packed columns (``EntriesView.packed``)."""
+    whole = memoryview(data)
+    out: list[array[int]] = []
+    start = 0
+    for code in codes:
+        column = array(code)
+        end = start + column.itemsize * length
+        column.frombytes(whole[start:end])
+        out.append(column)
+        start = end
+    if start != len(data):
+        raise ValueError("packed entry columns: their types and length do not match")
+    return out
+
 
 class PeerView(NamedTuple):
     """Per-peer P2P counters of a group (as ``pb.PeerCounter``)."""

@@ -23,7 +23,7 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format import wire
 from flightrec.format.read import parse_dump
 from flightrec.format.schema import ENTRY_COLUMNS
-from flightrec.format.view import DumpView, compact_members, intern_ranks, narrow
+from flightrec.format.view import DumpView, EntriesView, compact_members, intern_ranks, narrow
 from flightrec.format.wire import read_compact
 from flightrec.format.write import _field, _varint
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
@@ -79,6 +79,26 @@ def test_world_group_is_shared_and_pickles_as_a_range(job: list[Path]) -> None:
     assert len(worlds) == 3 and worlds[0] is worlds[1] is worlds[2]
     assert list(worlds[0]) == list(range(512))
     assert len(pickle.dumps(dumps[0].dump.groups[0])) < 400  # not 512 numbers
+
+
+def test_entry_columns_are_handed_over_packed_in_one_bytes_object(job: list[Path]) -> None:
+    d = fast_read(job[1].read_bytes(), str(job[1]))
+    assert d is not None
+    e = d.dump.entries
+    # Columns of every width (times need 8 bytes, states one), in one object.
+    assert {a.itemsize for a in e.columns().values()} >= {1, 8}
+    codes, length, data = e.packed()
+    again = EntriesView.unpack(codes, length, data)
+    assert {k: (a.typecode, list(a)) for k, a in again.columns().items()} == {
+        k: (a.typecode, list(a)) for k, a in e.columns().items()
+    }
+    back = pickle.loads(pickle.dumps(d))
+    assert back.columns["enqueue_ns"] == e.enqueue_ns and back.columns["state"] == e.state
+    assert isinstance(back.__getstate__()[3][2], bytes)
+    with pytest.raises(ValueError, match="types and length"):
+        EntriesView.unpack(codes, length + 1, data)
+    with pytest.raises(ValueError, match="one type code per column"):
+        EntriesView.unpack(codes[:-1], length, data)
 
 
 def test_compact_members_and_narrow() -> None:
