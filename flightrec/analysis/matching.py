@@ -107,10 +107,13 @@ def match(run: Run) -> Matched:
     guessed: dict[str, dict[int, tuple[tuple[int, ...], list[int]]]] = defaultdict(dict)
     meta: dict[str, tuple[str, str]] = {}
     signatures: dict[int, tuple[tuple[Hashable, ...], ...]] = {}
+    # Ranks with equal rings share their group indexes (``rankindex.index_rank``: the same
+    # group, seq and flags columns), so a group's progress follows from the shared index and
+    # what differs per rank: its newest seq as the dump states it, its incomplete entries and
+    # whether it tracks completion. Worked out once per distinct combination.
+    progress_of: dict[tuple[int, int, int, tuple[int, ...], bool], GroupProgress] = {}
     for rank, d in run.dumps.items():
         keys = d.group_keys
-        cols = d.columns
-        flags = cols["flags"]
         # Built by the loader's workers; dumps assembled in memory are indexed here.
         ri = run.indexes.get(rank) or index_rank(d)
         per_local = ri.groups
@@ -132,7 +135,11 @@ def match(run: Run) -> Matched:
                 )
                 continue
             per_key[key] = gi
-            progress[key][rank] = _progress(d, local, gi, incomplete[rank])
+            known = (id(gi), local, g.last_seq, ri.incomplete, d.tracks_completion)
+            got = progress_of.get(known)
+            if got is None:
+                got = progress_of[known] = _progress(d, local, gi, ri.incomplete)
+            progress[key][rank] = got
             ranks_of = tuple(g.ranks)  # the shared tuple itself (tuple() of a tuple is a no-op)
             # A member list rebuilt from one rank's own native dump (gloo's name none) is a
             # guess: it counts only where no dump of the group knows its members.
@@ -150,6 +157,8 @@ def match(run: Run) -> Matched:
             if not gi.p2p_positions or key in with_counters:
                 continue
             counted: dict[tuple[int, bool], int] = {}
+            cols = d.columns
+            flags = cols["flags"]
             for pos in gi.p2p_positions:
                 ident = (cols["peer"][pos], bool(flags[pos] & _SEND))
                 counted[ident] = max(counted.get(ident, 0), cols["p2p_seq"][pos])

@@ -18,6 +18,7 @@ from functools import cached_property
 from typing import ClassVar, Literal, TypeAlias
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.schema import ENTRY_COLUMNS
 from flightrec.format.view import DumpView, EntriesView, GroupView
 from flightrec.frames import is_library_file
 from flightrec.readers.scrub import scrub
@@ -217,6 +218,24 @@ def _caches(key: bytes | None) -> _Caches:
     return found
 
 
+class _Columns(dict[str, "array[int]"]):
+    """Entry columns by name, each taken from its ``EntriesView`` on its first lookup (a dict
+    of those looked up so far: read it by name, not by iterating)."""
+
+    __slots__ = ("_entries",)
+
+    def __init__(self, entries: EntriesView) -> None:
+        super().__init__()
+        self._entries = entries
+
+    def __missing__(self, name: str) -> array[int]:
+        if name not in ENTRY_COLUMNS:
+            raise KeyError(name)
+        column: array[int] = getattr(self._entries, name)
+        self[name] = column
+        return column
+
+
 class RankDump:
     """One rank's chosen dump: its tables as parsed, its entry columns as narrow arrays.
 
@@ -289,8 +308,9 @@ class RankDump:
 
     @cached_property
     def columns(self) -> Mapping[str, array[int]]:
-        """The entry columns by name (typed arrays)."""
-        return self.dump.entries.columns()
+        """The entry columns by name (typed arrays). Filled as they are looked up: most
+        callers read two or three of the 17, once per rank."""
+        return _Columns(self.dump.entries)
 
     def __len__(self) -> int:
         return len(self.dump.entries.record_id)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from flightrec.analysis.loader import load_dir
+from flightrec.analysis.matching import _progress, match
 from flightrec.analysis.model import RankDump
 from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.analysis.signature import signature
@@ -108,3 +110,24 @@ def test_equal_indexes_from_different_processes_are_shared_again(tmp_path: Path)
         assert [(list(g.seqs), list(g.positions), g.signature_ids) for g in again.groups] == [
             (list(g.seqs), list(g.positions), g.signature_ids) for g in ri.groups
         ]
+
+
+def test_progress_is_worked_out_once_per_shared_index_and_right_for_every_rank(
+    tmp_path: Path,
+) -> None:
+    # A stalled rank: its group's peers wait in a collective it never entered; all else alike.
+    simulate(SimConfig(parse_layout("tp=4,pp=2", 32), 120, Fault.STALL, 4), tmp_path)
+    m = match(load_dir(str(tmp_path), workers=1))
+    shared = 0
+    objects = set()
+    for key, info in m.groups.items():
+        for rank, got in info.progress.items():
+            d = m.dump(rank)
+            local = d.group_keys.index(key)
+            gi = index_rank(d).groups[local]
+            assert got == _progress(d, local, gi, m.incomplete[rank]), (key, rank)
+            shared += 1
+            objects.add(id(got))
+    assert len(objects) <= shared // 2  # ranks with equal rings share theirs
+    states = {info.progress[r].last_completed for info in m.groups.values() for r in info.progress}
+    assert len(states) > 1  # and the stalled group's ranks differ from the rest
