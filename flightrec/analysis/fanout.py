@@ -80,8 +80,9 @@ def ordered_map(fn: Callable[[T], R], tasks: Sequence[T], workers: int) -> Itera
     """
     readers: list[Connection] = []
     procs: list[BaseProcess] = []
+    counter: list[Synchronized[int]] = []  # kept while the processes run (see ``_start``)
     try:
-        _start(fn, tasks, max(1, min(workers, len(tasks))), readers, procs)
+        counter.append(_start(fn, tasks, max(1, min(workers, len(tasks))), readers, procs))
         # Answers that came early, by task (a process a task or so ahead of another).
         early: dict[int, tuple[bool, Any]] = {}
         live = list(readers)
@@ -122,7 +123,7 @@ class Background(Generic[T, R]):
     def __init__(self, fn: Callable[[T], R], arg: T) -> None:
         self._readers: list[Connection] = []
         self._procs: list[BaseProcess] = []
-        _start(fn, [arg], 1, self._readers, self._procs)
+        self._counter = _start(fn, [arg], 1, self._readers, self._procs)
 
     def result(self) -> R:
         """The result (raising what ``fn`` raised, as ``ordered_map`` does)."""
@@ -156,7 +157,9 @@ def _start(
     workers: int,
     readers: list[Connection],
     procs: list[BaseProcess],
-) -> None:
+) -> Synchronized[int]:
+    """Start the processes; returns their shared task counter, which the caller must keep
+    until they end: its shared memory is freed with it, and reused by the next counter."""
     ctx = multiprocessing.get_context("fork")
     counter = ctx.Value("q", 0)
     for _ in range(workers):
@@ -166,6 +169,7 @@ def _start(
         writer.close()  # (the child holds its own end: EOF when it exits)
         readers.append(reader)
         procs.append(proc)
+    return counter
 
 
 def _stop(readers: list[Connection], procs: list[BaseProcess]) -> None:

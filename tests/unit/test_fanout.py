@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from flightrec.analysis.fanout import can_fork, ordered_map
+from flightrec.analysis.fanout import Background, can_fork, ordered_map
 from flightrec.errors import WorkerLostError
 
 pytestmark = pytest.mark.skipif(not can_fork(), reason="needs fork")
@@ -61,3 +61,16 @@ def _die_on_three(n: int) -> int:
 def test_a_process_that_dies_ends_the_iteration_with_an_error() -> None:
     with pytest.raises(WorkerLostError, match="ended without answering"):
         list(ordered_map(_die_on_three, list(range(10)), workers=2))
+
+
+def _after(pause_s: float) -> int:
+    time.sleep(pause_s)
+    return os.getpid()
+
+
+def test_calls_running_beside_each_other_each_answer() -> None:
+    # Each start shares a task counter with its processes. One freed while its processes
+    # ran was handed to the next start, whose process then found its one task taken.
+    for _ in range(5):
+        with Background(_after, 0.05) as first, Background(_after, 0.0) as second:
+            assert second.result() != first.result()
