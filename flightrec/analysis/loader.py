@@ -167,6 +167,8 @@ def _one_identity_per_process(candidates: list[RankDump], notes: list[str]) -> N
             by_host_pid[(d.header.hostname, d.header.pid)].append(d)
     fixed: list[str] = []
     for (host, pid), all_ds in by_host_pid.items():
+        if len(all_ds) < 2:
+            continue  # (one dump agrees with itself: most processes of a large job)
         jobs = {d.header.job_id for d in all_ds if d.header.job_id}
         # Two job ids on one host and pid: the pid was reused (a restarted container), two
         # processes; only a dump without a job id is then left alone.
@@ -434,6 +436,9 @@ def load_dir(
     reasons: dict[str, list[int]] = defaultdict(list)
     histories: dict[int, list[RankDump]] = {}
     for rank, ds in sorted(per_rank.items()):
+        if len(ds) == 1:  # (nothing to order, deduplicate or tell apart)
+            histories[rank] = ds
+            continue
         ds.sort(key=_order_key)
         seen: dict[tuple[int, int, int], RankDump] = {}
         unique: list[RankDump] = []
@@ -457,6 +462,9 @@ def load_dir(
     first = _first_hang(histories) if view is View.HANG else None
     hang_ns = first.header.wall_time_ns if first is not None else 0
     for rank, unique in histories.items():
+        if len(unique) == 1:
+            chosen[rank] = unique[0]
+            continue
         at = _pick(unique, view, hang_ns)
         pick = chosen[rank] = unique[at]
         if unique[at + 1 :]:
