@@ -9,7 +9,6 @@ rather than having it passed in, so the order of ``passes.PASSES`` is only their
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cached_property
 from typing import NamedTuple
 
@@ -57,12 +56,6 @@ class AnalysisContext:
         self.matched = matched
         self.earlier: list[Finding] = []
         self._alignments: dict[int, ClockAlignment] = {}
-        self._mismatches_beside: Callable[[], list[Finding]] | None = None
-
-    def mismatches_from(self, result: Callable[[], list[Finding]]) -> None:
-        """Take the mismatches from ``result()`` when first needed, instead of computing them
-        here (``passes.run_passes`` computes them in a forked process beside the passes)."""
-        self._mismatches_beside = result
 
     @property
     def run(self) -> Run:
@@ -77,8 +70,6 @@ class AnalysisContext:
     @cached_property
     def mismatches(self) -> list[Finding]:
         """Every group's first disagreement (``mismatch.find_mismatches``)."""
-        if self._mismatches_beside is not None:
-            return self._mismatches_beside()
         return mismatch.find_mismatches(self)
 
     @cached_property

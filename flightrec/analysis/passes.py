@@ -21,7 +21,6 @@ from flightrec.analysis.context import AnalysisContext
 from flightrec.analysis.crashes import find_crashes, place_crashes
 from flightrec.analysis.desync import find_desyncs
 from flightrec.analysis.fanout import Background, can_fork
-from flightrec.analysis.mismatch import find_mismatches
 from flightrec.analysis.model import Finding
 from flightrec.analysis.not_arrived import find_quiet_deaths, find_quiet_missing
 from flightrec.analysis.p2p import find_unmatched
@@ -77,9 +76,9 @@ def run_passes(ctx: AnalysisContext, workers: int = 1) -> list[Finding]:
     Args:
         ctx: the analysis context; its ``earlier`` list is filled as passes run.
         workers: CPUs the analysis may use. With more than one, the passes in ``BESIDE``
-            and the mismatches (``ctx.mismatches``) are computed in forked processes while
-            this one runs the rest; their findings take their place in priority order all
-            the same.
+            run in forked processes while this one runs the rest (the straggler pass is
+            about half of the passes' time at 16,384 ranks); their findings take their
+            place in priority order all the same.
 
     Returns:
         The findings, most likely root cause first.
@@ -90,10 +89,6 @@ def run_passes(ctx: AnalysisContext, workers: int = 1) -> list[Finding]:
             for find in PASSES:
                 if find in BESIDE:
                     beside[find] = stack.enter_context(Background(find, ctx))
-            # The mismatches too (they read the lined-up histories alone): the root-cause
-            # pass builds the wait-for graph first, then takes them.
-            mismatches = stack.enter_context(Background(find_mismatches, ctx))
-            ctx.mismatches_from(mismatches.result)
         for find in PASSES:
             found = beside[find].result() if find in beside else find(ctx)
             ctx.earlier = ctx.earlier + found

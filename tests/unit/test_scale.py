@@ -100,19 +100,14 @@ def test_reading_the_tails_of_long_rings_gives_the_verdict_of_reading_them_whole
     ]
 
 
-@pytest.mark.parametrize(
-    "fault", [Fault.STRAGGLER, Fault.STALL, Fault.DTYPE_MISMATCH], ids=lambda f: f.value
-)
+@pytest.mark.parametrize("fault", [Fault.STRAGGLER, Fault.STALL], ids=lambda f: f.value)
 def test_a_pass_run_beside_the_others_gives_the_same_findings(tmp_path: Path, fault: Fault) -> None:
-    """From 256 ranks with two CPUs, the straggler pass and the mismatches are computed in
-    forked processes."""
+    """From 256 ranks with two CPUs, the straggler pass runs in a forked process."""
     config = SimConfig(parse_layout("tp=8,pp=4", 256), 300, fault, 77)
     simulate(config, tmp_path, processes=1)
     run = load_dir(tmp_path, workers=1)
     serial, beside = analyze(run, workers=1), analyze(run, workers=2)
     assert serial.findings == beside.findings
-    assert serial.findings
-    if fault is Fault.STRAGGLER:
-        assert serial.findings[0].kind == "straggler"
-    if fault is Fault.DTYPE_MISMATCH:
-        assert any(f.kind == "mismatch" for f in beside.findings)
+    assert serial.findings and (
+        fault is not Fault.STRAGGLER or serial.findings[0].kind == "straggler"
+    )
