@@ -232,6 +232,12 @@ Up to it, every ring is read whole, a few seconds at most: what only older entri
 mismatch that did not hang, a call skipped long before the hang, a longer straggler window)
 is then never missed."""
 _CHUNK = 32
+_MAX_CHUNK = 512
+"""Files per task of a loader process: from ``_CHUNK``, growing with the job up to this (a
+quarter of each process's share at most, so that the processes stay busy to the end). A
+task's answer is pickled as one message, where dumps that share groups and indexes share
+them once: at 16,384 ranks, 512 files per task load in 3.2-3.5 s against 3.8-4.2 s with 32
+(the analysing process's CPU 1.45-1.65 s against 1.8-2.0 s), runs alternating."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +298,8 @@ def _read_all(
             if progress and (i % _CHUNK == 0 or i == total):
                 progress(i, total)
         return
-    chunks = [(files[i : i + _CHUNK], root, tail) for i in range(0, total, _CHUNK)]
+    size = max(_CHUNK, min(_MAX_CHUNK, total // (4 * workers)))
+    chunks = [(files[i : i + size], root, tail) for i in range(0, total, size)]
     # Workers parse and validate at C speed and send back compact RankDumps (typed arrays
     # pickle as raw bytes), never protobuf objects. fork: no re-import, and the parent's
     # memory is still small at this point.
