@@ -43,15 +43,6 @@ STABLE_NS = 1_000_000
 MIN_LINK_SAMPLES = 3
 
 
-class Timed(NamedTuple):
-    """One completed collective of one rank, times on the rank's wall-anchored clock (ns)."""
-
-    position: int
-    """Entry position in the rank's ring."""
-    enqueue_ns: int
-    complete_ns: int
-
-
 @dataclass(frozen=True, slots=True)
 class GroupArrivals:
     """Members' arrivals at a group's completed collectives, on the anchor member's clock.
@@ -283,22 +274,6 @@ def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
         if got is not None:
             out[r] = got
     return out
-
-
-def completed_times(m: Matched, group: str, recent: int) -> dict[int, dict[int, Timed]]:
-    """Per member of ``group``: its newest ``recent`` completed collectives, by seq.
-
-    Members without a dump, or whose dump does not track completion, are left out.
-    """
-    return {
-        r: {
-            s: Timed(p, a, c)
-            for s, p, a, c in zip(
-                lane.seqs, lane.positions, lane.enqueue_ns, lane.complete_ns, strict=True
-            )
-        }
-        for r, lane in completed_lanes(m, group, recent).items()
-    }
 
 
 def _median_sorted(ordered: Sequence[float]) -> float:
