@@ -217,10 +217,18 @@ def members_of(
         window = windows.get(id(gi))
         if window is None:
             window = windows[id(gi)] = (
-                array("q", gi.positions[-recent:]),
-                array("q", gi.seqs[-recent:]),
+                _wide(gi.positions[-recent:]),
+                _wide(gi.seqs[-recent:]),
             )
         e = d.dump.entries
         members.append((e.enqueue_ns, e.complete_ns, e.state, window[0], window[1], base_ns(m, r)))
         ranks.append(r)
     return ranks, members
+
+
+def _wide(values: Sequence[int]) -> array[int]:
+    """``values`` as 8-byte integers (unsigned beyond 2**63: the C path then declines)."""
+    try:
+        return array("q", values)
+    except OverflowError:
+        return array("Q", values)

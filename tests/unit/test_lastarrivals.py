@@ -182,3 +182,24 @@ def test_ties_go_to_the_highest_member() -> None:
     # Collective 0: members 0 and 1 tie last (member 1); collective 1: members 1 and 2 tie.
     assert lasts == [0, 1, 1]
     assert late == [(0, 1, 0), (1, 2, 0)]
+
+
+def test_seqs_beyond_63_bits_take_the_python_path() -> None:
+    _needs_c()
+    assert C_LOOPS is not None
+    top = (1 << 64) - 10
+    members = [
+        (
+            array("q", [10, 20, 30, 40]),
+            array("q", [15, 25, 35, 45]),
+            array("B", [pb.COMPLETED] * 4),
+            array("q", range(4)),
+            lastarrivals._wide([top + i for i in range(4)]),
+            0,
+        )
+        for _ in range(2)
+    ]
+    assert members[0][4].typecode == "Q"
+    assert C_LOOPS.tally(members, pb.COMPLETED, 0.0) is False
+    got = tally(members, 0.0)
+    assert got is not None and got.seqs == tuple(top + i for i in range(4))
