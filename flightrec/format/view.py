@@ -91,8 +91,8 @@ class EntriesView:
 
     def packed(self) -> tuple[str, int, bytes]:
         """Every column in one bytes object, with their type codes and common length: what a
-        loader process hands over (``unpack``). Pickling 17 arrays costs 30 times as much to
-        load as one bytes object, once per rank of a 131,072-rank job."""
+        loader process hands over (``unpack``). Pickled as 17 arrays, a rank took 68 us of a
+        loader process's CPU, as one bytes object 37 us (16,384-rank job)."""
         arrays = [getattr(self, name) for name in ENTRY_COLUMNS]
         return "".join(a.typecode for a in arrays), len(arrays[0]), b"".join(arrays)
 
