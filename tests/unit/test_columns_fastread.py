@@ -27,18 +27,13 @@ from flightrec.format.view import DumpView, EntriesView, compact_members, intern
 from flightrec.format.wire import read_compact
 from flightrec.format.write import _field, _varint
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
+from tests.unit.paths import c_and_python
 
 C_LOOPS = wire._wire
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
-def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run the test with the reader's loops in C, then in Python."""
-    if request.param == "python":
-        monkeypatch.setattr(wire, "_wire", None)
-    elif C_LOOPS is None:
-        pytest.skip("flightrec.format._wire is not built")
-    return str(request.param)
+# Every test with the reader's loops in C (where built), then in Python.
+loops = c_and_python(wire, "_wire")
 
 
 def fast_read(data: bytes, path: str) -> RankDump | None:

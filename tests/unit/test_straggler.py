@@ -16,19 +16,14 @@ from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 from tests.unit.factories import user_stack
+from tests.unit.paths import c_and_python
 from tests.unit.test_clocks import timed_job
 
 C_LOOPS = lastarrivals._arrivals
 
 
-@pytest.fixture(autouse=True, params=["c", "python"])
-def loops(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run each test with the per-group tally in C (where built), then in Python."""
-    if request.param == "python":
-        monkeypatch.setattr(lastarrivals, "_arrivals", None)
-    elif C_LOOPS is None:
-        pytest.skip("flightrec.analysis._arrivals is not built")
-    return str(request.param)
+# Every test with the per-group tally in C (where built), then in Python.
+loops = c_and_python(lastarrivals, "_arrivals")
 
 
 def test_late_rank_is_named_with_its_numbers() -> None:
