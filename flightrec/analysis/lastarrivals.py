@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from flightrec.analysis.clocks import (
     GroupArrivals,
     Lane,
+    Window,
     align_lanes,
     base_ns,
     jitter_ns,
@@ -119,13 +120,15 @@ def last_arrivals(
 def tally_py(members: Sequence[Member], floor_ns: float) -> GroupTally | None:
     """``tally`` in Python: the definition the C path follows."""
     lanes: dict[int, Lane] = {}
-    windows: dict[tuple[int, int], tuple[object, ...]] = {}
+    # Members of one shared index share their window objects (``members``, which holds them,
+    # keeps their identities for the call).
+    windows: dict[tuple[int, int], Window] = {}
     for j, (enq, comp, state, pos, seqs, base) in enumerate(members):
-        key = (id(pos), id(seqs))  # (members of one shared index share their window)
+        key = (id(pos), id(seqs))
         window = windows.get(key)
         if window is None:
-            window = windows[key] = (window_of(pos, seqs), pos, seqs)
-        got = lane(enq, comp, state, window[0], base)  # type: ignore[arg-type]
+            window = windows[key] = window_of(pos, seqs)
+        got = lane(enq, comp, state, window, base)
         if got is not None:
             lanes[j] = got
     ga = align_lanes("", lanes)
@@ -139,13 +142,17 @@ def tally_arrivals(ga: GroupArrivals, floor_ns: float) -> GroupTally:
     ``clocks.enqueue_arrivals``): ``kept`` then holds the keys of ``ga``'s members."""
     ranks = ga.ranks
     rows = [ga.arrivals[r] for r in ranks]
-    lasts, late = last_arrivals(rows, lambda j: ga.spread_ns[ranks[j]], floor_ns)
+
+    def spread(j: int) -> float:
+        return ga.spread_ns[ranks[j]]
+
+    lasts, late = last_arrivals(rows, spread, floor_ns)
     return GroupTally(
         kept=ranks,
         seqs=ga.seqs,
         arrivals=Rows(rows),
         positions=Rows([ga.positions[r] for r in ranks]),
-        spread=lambda j: ga.spread_ns[ranks[j]],
+        spread=spread,
         lasts=lasts,
         late=late,
     )
@@ -193,13 +200,12 @@ def members_of(
     group: str,
     recent: int,
     windows: dict[int, tuple[array[int], array[int]]],
-    tracks: dict[int, bool],
 ) -> tuple[list[int], list[Member]]:
     """The members ``tally`` takes for ``group``, and their ranks (increasing).
 
     Members without a dump, or whose dump does not track completion, are left out (as
-    ``clocks.completed_lanes``). ``windows`` (per group index) and ``tracks`` (per rank) keep
-    what several groups' calls share.
+    ``clocks.completed_lanes``). ``windows`` (per group index) keeps what several groups'
+    calls share.
     """
     ranks: list[int] = []
     members: list[Member] = []
@@ -207,12 +213,7 @@ def members_of(
     for r in sorted(m.groups[group].ranks):
         gi = m.index.get(r, {}).get(group)
         d = dumps.get(r)
-        if gi is None or d is None or not gi.seqs:
-            continue
-        tracked = tracks.get(r)
-        if tracked is None:
-            tracked = tracks[r] = d.tracks_completion
-        if not tracked:
+        if gi is None or d is None or not gi.seqs or not d.tracks_completion:
             continue
         window = windows.get(id(gi))
         if window is None:

@@ -309,12 +309,11 @@ def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = Non
     pending: list[_Pending] = []
     assumed: dict[int, str] = {}
     windows: dict[int, tuple[array[int], array[int]]] = {}
-    tracks: dict[int, bool] = {}
     for key, info in m.groups.items():
         if len(info.ranks) < 2:
             continue
         if may_share(m, key, opt.recent):
-            ranks, members = members_of(m, key, opt.recent, windows, tracks)
+            ranks, members = members_of(m, key, opt.recent, windows)
             gt = tally(members, floor_ns)
             if gt is not None:
                 kept = [ranks[j] for j in gt.kept]
