@@ -1,6 +1,7 @@
 """Ships ``flightrec-autostart.pth`` at the top of site-packages, and builds the optional C
-hot path ``flightrec.recorder.low_level._fast`` and the dump reader's loops
-``flightrec.format._wire``.
+hot path ``flightrec.recorder.low_level._fast``, the dump reader's loops
+``flightrec.format._wire``, the straggler pass's ``flightrec.analysis._arrivals`` and the
+native-dump reader's ``flightrec.readers.native._pickled``.
 
 Everything else lives in pyproject.toml. The extension is optional: where it cannot be built
 (no compiler, a big-endian host) the install goes on and the recorder runs its pure-Python hot
@@ -49,4 +50,10 @@ ARRIVALS = Extension(
     optional=True,  # a failed build leaves the straggler pass's Python loops (same results)
 )
 
-setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[FAST, WIRE, ARRIVALS])
+PICKLED = Extension(
+    "flightrec.readers.native._pickled",
+    sources=["flightrec/readers/native/_pickled.c"],
+    optional=True,  # a failed build leaves the native reader's Python path (same results)
+)
+
+setup(cmdclass={"build_py": BuildWithPth}, ext_modules=[FAST, WIRE, ARRIVALS, PICKLED])

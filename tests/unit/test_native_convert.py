@@ -7,14 +7,19 @@ from pathlib import Path
 
 import pytest
 
+import flightrec.readers.native as _native
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND
 from flightrec.format.members import members_of
 from flightrec.format.read import read_dump, validate
 from flightrec.readers.native import convert_dir, convert_paths, parse_name, read_native, sniff
+from tests.unit.paths import c_and_python
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
 FORMS = [("", "torch-native-pickle"), ("-json", "torch-native-json")]
+
+# Every test here runs on the C reader of pickles (where built) and on the Python path.
+reader_paths = c_and_python(_native, "_pickled")
 
 
 def _folder(scenario: str, suffix: str) -> dict[int, pb.Dump]:

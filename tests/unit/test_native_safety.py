@@ -10,11 +10,16 @@ from pathlib import Path
 
 import pytest
 
+import flightrec.readers.native as _native
 from flightrec.errors import CorruptDumpError, DumpError, NotADumpError, UnsafeDumpError
 from flightrec.readers import read_any
 from flightrec.readers.native import convert_paths, load_native, read_native, reader, sniff
+from tests.unit.paths import c_and_python
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
+
+# Every test here runs on the C reader of pickles (where built) and on the Python path.
+reader_paths = c_and_python(_native, "_pickled")
 
 
 class _Touch:

@@ -29,9 +29,11 @@ from pathlib import Path
 
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.native_names import dtype_name
 from flightrec.format.schema import dump_filename
 from flightrec.format.write import write_dump
 from flightrec.readers.native.convert import to_pb
+from flightrec.readers.native.entries import NativeEntries, finish, from_c
 from flightrec.readers.native.groups import (
     GroupEvidence,
     JobGroups,
@@ -42,6 +44,11 @@ from flightrec.readers.native.groups import (
 from flightrec.readers.native.jsonform import load_json
 from flightrec.readers.native.model import NativeDump, normalize
 from flightrec.readers.native.unpickle import load_plain_pickle
+
+try:  # the C reader of the common pickle (see _pickled.c); the Python path reads the rest
+    import flightrec.readers.native._pickled as _pickled
+except ImportError:  # pragma: no cover - the extension is optional
+    _pickled = None  # type: ignore[assignment]
 
 __all__ = [
     "MAX_NATIVE_BYTES",
@@ -158,10 +165,22 @@ def load_native(path: str | Path) -> NativeDump:
             p, "empty file" if not data else "neither a pickle nor a JSON Flight Recorder dump"
         )
     with _no_gc_pauses():
-        obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
-        del data
+        reading = _pickled.read(data, dtype_name) if form == "pickle" and _pickled else None
+        if reading is not None:
+            obj: object = reading[0]
+            entries: NativeEntries | None = finish(from_c(reading))
+        else:
+            obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
+            entries = None
+        del data, reading
         dump = normalize(
-            obj, path=p, rank=name.rank, host=name.host, form=form, mtime_ns=st.st_mtime_ns
+            obj,
+            path=p,
+            rank=name.rank,
+            host=name.host,
+            form=form,
+            mtime_ns=st.st_mtime_ns,
+            entries=entries,
         )
         del obj  # freed while the collector is off, so it never walks the tree
     return dump

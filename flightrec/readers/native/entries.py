@@ -15,6 +15,7 @@ counted against the reader's work budget before they are walked.
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
@@ -390,6 +391,36 @@ def _group_codes(r: Reader, groups: Sequence[object], pairs: list[tuple[str, str
 # -- the table --------------------------------------------------------------------------
 
 
+@dataclass(frozen=True, slots=True)
+class CheckedColumns:
+    """The entries table checked column by column, before profiling names are parsed.
+
+    What ``check_columns`` makes of the unpickled table and what the C reader
+    (``_pickled.read``, via ``from_c``) makes of the pickle's bytes: the same values.
+    """
+
+    record_id: Sequence[int]
+    pg_id: Sequence[int]
+    pg_name: Sequence[str]
+    pg_desc: Sequence[str]
+    seq: Sequence[int]
+    p2p_seq: Sequence[int]
+    names: Sequence[str]
+    """The profiling names (``"nccl:all_reduce"``)."""
+    is_p2p: Sequence[bool]
+    state: Sequence[str]
+    created_ns: Sequence[int]
+    started_ns: Sequence[int]
+    completed_ns: Sequence[int]
+    inputs: Sequence[int]
+    outputs: Sequence[int]
+    tensor_sigs: tuple[TensorSig, ...]
+    stack: Sequence[int]
+    stacks: tuple[StackTuple, ...]
+    thread: Sequence[str]
+    timeout_ms: Sequence[int]
+
+
 def read_entries(r: Reader, raw: object) -> NativeEntries:
     """Validate the ``entries`` table of a native dump.
 
@@ -403,60 +434,45 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
     Raises:
         CorruptDumpError: a value of the wrong type or size, or more work than any dump needs.
     """
+    checked = check_columns(r, raw)
+    return EMPTY_ENTRIES if checked is None else finish(checked)
+
+
+def check_columns(r: Reader, raw: object) -> CheckedColumns | None:
+    """Check the unpickled ``entries`` table column by column (None when it is empty).
+
+    Raises:
+        CorruptDumpError: a value of the wrong type or size, or more work than any dump needs.
+    """
     seq = r.seq(raw, "entries")
     if not seq:
-        return EMPTY_ENTRIES
+        return None
     entries: list[dict[object, object]] = list(seq)  # type: ignore[arg-type]
     if set(map(type, entries)) != {dict}:
         i = _first_bad(entries, frozenset({dict}))
         raise r.fail(f"entries[{i}] is {type(entries[i]).__name__}, expected a dict")
-    n = len(entries)
     cols = _columns(entries)
-
     names = r.texts(cols["profiling_name"], "profiling_name")
-    calls = {name: parse_profiling_name(name) for name in dict.fromkeys(names)}
-    if len(calls) == 1:
-        ((backend, op, src, dst),) = calls.values()
-        backends: Sequence[str] = [backend] * n
-        ops: Sequence[str] = [op] * n
-        srcs: Sequence[int] = [src] * n
-        dsts: Sequence[int] = [dst] * n
-    else:
-        backends = list(map({k: c[0] for k, c in calls.items()}.__getitem__, names))
-        ops = list(map({k: c[1] for k, c in calls.items()}.__getitem__, names))
-        if any(c[2] >= 0 or c[3] >= 0 for c in calls.values()):
-            srcs = list(map({k: c[2] for k, c in calls.items()}.__getitem__, names))
-            dsts = list(map({k: c[3] for k, c in calls.items()}.__getitem__, names))
-        else:
-            srcs = dsts = [-1] * n
     pg_name, pg_desc = _group_column(r, cols["process_group"])
-
     seqs = cols["collective_seq_id"]
     if None in seqs:  # format 1.x calls it seq_id
         seqs = [e.get("collective_seq_id", e.get("seq_id")) for e in entries]
     record_ids = cols["record_id"]
     if None in record_ids:
         record_ids = [i if v is None else v for i, v in enumerate(record_ids)]
-
     is_p2p = r.flags(cols["is_p2p"], "is_p2p")
-    if any(calls[name][1] in SEND_RECV for name in calls):
-        is_p2p = [p or op in SEND_RECV for p, op in zip(is_p2p, ops, strict=True)]
-
     interned = _Interned()
     inputs = _tensor_column(r, cols["input_sizes"], cols["input_dtypes"], "input", interned)
     outputs = _tensor_column(r, cols["output_sizes"], cols["output_dtypes"], "output", interned)
     stack = _stack_column(r, cols["frames"], interned)
-    return NativeEntries(
+    return CheckedColumns(
         record_id=r.naturals(record_ids, "record_id"),  # unsigned in the schema
         pg_id=r.ints(cols["pg_id"], "pg_id", -1),
         pg_name=pg_name,
         pg_desc=pg_desc,
         seq=r.naturals(seqs, "collective_seq_id"),
         p2p_seq=r.naturals(cols["p2p_seq_id"], "p2p_seq_id"),
-        backend=backends,
-        op=ops,
-        local_src=srcs,
-        local_dst=dsts,
+        names=names,
         is_p2p=is_p2p,
         state=r.texts(cols["state"], "state"),
         created_ns=r.naturals(cols["time_created_ns"], "time_created_ns"),
@@ -471,4 +487,99 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
         stacks=tuple(interned.stacks),
         thread=r.texts(cols["thread_name"], "thread_name"),
         timeout_ms=r.naturals(cols["timeout_ms"], "timeout_ms"),
+    )
+
+
+CReading = tuple[
+    dict[object, object],
+    int,
+    tuple[bytes, bytes, bytes, bytes, bytes, bytes, bytes, bytes],
+    tuple[list[str], list[str], list[str], list[bool], list[str], list[str]],
+    tuple[bytes, bytes, bytes],
+    tuple[TensorSig, ...],
+    tuple[StackTuple, ...],
+]
+"""What ``_pickled.read`` answers for a pickle it reads (see ``_pickled.c``)."""
+
+
+def from_c(reading: CReading) -> CheckedColumns:
+    """The checked columns of what the C reader answered (the rest of the dump aside)."""
+    _, _, ints, lists, codes, sigs, stacks = reading
+    q = [_array("q", b) for b in ints]
+    c = [_array("i", b) for b in codes]
+    pg_name, pg_desc, names, is_p2p, state, thread = lists
+    return CheckedColumns(
+        record_id=q[0],
+        pg_id=q[1],
+        pg_name=pg_name,
+        pg_desc=pg_desc,
+        seq=q[2],
+        p2p_seq=q[3],
+        names=names,
+        is_p2p=is_p2p,
+        state=state,
+        created_ns=q[4],
+        started_ns=q[5],
+        completed_ns=q[6],
+        inputs=c[0],
+        outputs=c[1],
+        tensor_sigs=sigs,
+        stack=c[2],
+        stacks=stacks,
+        thread=thread,
+        timeout_ms=q[7],
+    )
+
+
+def _array(code: str, data: bytes) -> array[int]:
+    a = array(code)
+    a.frombytes(data)
+    return a
+
+
+def finish(c: CheckedColumns) -> NativeEntries:
+    """The entries of checked columns: profiling names parsed once per distinct name."""
+    names = c.names
+    n = len(names)
+    calls = {name: parse_profiling_name(name) for name in dict.fromkeys(names)}
+    if len(calls) == 1:
+        ((backend, op, src, dst),) = calls.values()
+        backends: Sequence[str] = [backend] * n
+        ops: Sequence[str] = [op] * n
+        srcs: Sequence[int] = [src] * n
+        dsts: Sequence[int] = [dst] * n
+    else:
+        backends = list(map({k: call[0] for k, call in calls.items()}.__getitem__, names))
+        ops = list(map({k: call[1] for k, call in calls.items()}.__getitem__, names))
+        if any(call[2] >= 0 or call[3] >= 0 for call in calls.values()):
+            srcs = list(map({k: call[2] for k, call in calls.items()}.__getitem__, names))
+            dsts = list(map({k: call[3] for k, call in calls.items()}.__getitem__, names))
+        else:
+            srcs = dsts = [-1] * n
+    is_p2p = c.is_p2p
+    if any(calls[name][1] in SEND_RECV for name in calls):
+        is_p2p = [p or op in SEND_RECV for p, op in zip(is_p2p, ops, strict=True)]
+    return NativeEntries(
+        record_id=c.record_id,
+        pg_id=c.pg_id,
+        pg_name=c.pg_name,
+        pg_desc=c.pg_desc,
+        seq=c.seq,
+        p2p_seq=c.p2p_seq,
+        backend=backends,
+        op=ops,
+        local_src=srcs,
+        local_dst=dsts,
+        is_p2p=is_p2p,
+        state=c.state,
+        created_ns=c.created_ns,
+        started_ns=c.started_ns,
+        completed_ns=c.completed_ns,
+        inputs=c.inputs,
+        outputs=c.outputs,
+        tensor_sigs=c.tensor_sigs,
+        stack=c.stack,
+        stacks=c.stacks,
+        thread=c.thread,
+        timeout_ms=c.timeout_ms,
     )

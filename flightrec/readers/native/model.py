@@ -136,9 +136,19 @@ def _name_legacy_groups(
 
 
 def normalize(
-    obj: object, *, path: str, rank: int, host: str, form: str, mtime_ns: int
+    obj: object,
+    *,
+    path: str,
+    rank: int,
+    host: str,
+    form: str,
+    mtime_ns: int,
+    entries: NativeEntries | None = None,
 ) -> NativeDump:
     """Turn the plain data of one native dump into a ``NativeDump``.
+
+    ``entries``, when given, is the dump's entries table already read (by the C reader,
+    which leaves it out of ``obj``); otherwise ``obj["entries"]`` is read here.
 
     Raises:
         NotADumpError: the data is not shaped like a Flight Recorder dump at all.
@@ -146,9 +156,10 @@ def normalize(
         UnsafeDumpError: a rank list holds something other than integers.
     """
     r = Reader(path)
-    if not isinstance(obj, dict) or "entries" not in obj:
+    if not isinstance(obj, dict) or (entries is None and "entries" not in obj):
         raise NotADumpError(path, "not a PyTorch Flight Recorder dump (no 'entries' table)")
-    entries = read_entries(r, obj["entries"])
+    if entries is None:
+        entries = read_entries(r, obj["entries"])
     configs: list[PgConfig] = []
     legacy: dict[int, tuple[int, ...]] = {}
     raw_cfg = obj.get("pg_config")
