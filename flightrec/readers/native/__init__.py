@@ -3,10 +3,13 @@
 PyTorch's recorder (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE``) writes one file
 per rank named with a prefix and the rank: ``rank_3``, ``nccl_trace_rank_3``,
 ``comm_lib_trace_rank_3``, possibly with a host name in front. Its analyzer loads them with
-``pickle.load`` and ``eval``; here the pickle form goes through an unpickler that refuses every
-global (``unpickle``), the JSON form through strict JSON (``jsonform``), and the data through
-a typed validator (``model`` for the dump, ``entries`` for its ring, a column at a time, on
-the accessors of ``reader``) before anything is converted into flightrec's schema
+``pickle.load`` and ``eval``; here a pickle of the usual shape is read by a C reader that
+runs only plain-data opcodes and reads the ring straight into checked columns
+(``_pickled.c``); any other pickle
+goes through an unpickler that refuses every global (``unpickle``), the JSON form through
+strict JSON (``jsonform``), and their data through a typed validator (``model`` for the dump,
+``entries`` for its ring, a column at a time, on the accessors of ``reader``), which defines
+what the C reader must produce, before anything is converted into flightrec's schema
 (``convert``), or straight into the analyzer's compact form (``view``). Because gloo dumps
 lack group membership, it is rebuilt from all the ranks' dumps of a folder (``groups``); a
 dump that lists its own groups (NCCL) is converted alone.

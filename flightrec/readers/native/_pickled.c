@@ -901,8 +901,8 @@ sig_new(P *s, Out *o, const Val *sizes, const Val *dtypes)
         nt = MAX_TENSORS;
     if (spend(s, 2 + nt + nd) < 0)
         return -1;
-    /* The key, per tensor: its dims, their count, the dtype's text id (read back to front,
-     * it parses one way only). The text ids are kept to build the signature if new. */
+    /* The key, per tensor: its dims, their count, the id of torch's name of its dtype (read
+     * back to front, it parses one way only). */
     Py_ssize_t len = 0;
     const Val none = {T_NONE, 0, 0};
     for (Py_ssize_t i = 0; i < nt; i++) {
@@ -922,15 +922,7 @@ sig_new(P *s, Out *o, const Val *sizes, const Val *dtypes)
         Py_ssize_t tid = text_id(s, o, i < nd ? &items(s, dtypes)[i] : &none);
         if (tid < 0 || dtype_of(s, o, tid) < 0)
             return -1;
-        o->scratch[len++] = tid;
-    }
-    /* The signature is defined by torch's dtype names: key on their ids, not the raw ones. */
-    Py_ssize_t end = len;
-    for (Py_ssize_t i = nt; i > 0; i--) {
-        int64_t tid = o->scratch[end - 1];
-        o->scratch[end - 1] = o->dtype_final[tid];
-        end -= 2 + o->scratch[end - 2];
-        (void)tid;
+        o->scratch[len++] = o->dtype_final[tid]; /* torch's name defines the signature */
     }
     int fresh;
     Py_ssize_t id = intern(&o->sigs, o->scratch, len * (Py_ssize_t)sizeof(int64_t), &fresh);

@@ -8,6 +8,10 @@ C do the walking: ``list(map(dict.get, entries, repeat(key)))`` pulls one column
 value, then shared. What any value is allowed to be is exactly what the scalar accessors of
 ``Reader`` allow: the fast paths only skip work for data that is already well formed.
 
+Where ``_pickled.c`` is built, pickles of the usual shape skip all of this: the C reader
+produces the same ``CheckedColumns`` from the bytes (``from_c``), and declines everything
+else to the path here, which defines what it must produce.
+
 The work stays bounded: the pickle memo lets a small file refer to one big list many times,
 so nested lists are handled once per distinct object (by identity) and their lengths are
 counted against the reader's work budget before they are walked.
