@@ -40,6 +40,9 @@ log = logging.getLogger("flightrec")
 POLLER_STOP_WAIT_S = 2.0
 """How long the end of the job waits for the poller to leave a store call (its wait ends as
 soon as it rings its own doorbell, and a call to a live store takes milliseconds)."""
+HOST_WAIT_S = 1.0
+"""At a normal end, how long the process hosting the store waits for the other ranks' request
+threads to leave it (they are usually milliseconds behind)."""
 ERROR_DUMP_INTERVAL_NS = 5_000_000_000
 """A dead peer makes every later call fail; one error dump per interval is enough."""
 
@@ -205,12 +208,15 @@ class Runtime:
         self._stop_poller()
 
     def _stop_poller(self) -> None:
-        """Stop the request poller and wait (briefly) until its thread is out of the store."""
+        """Stop the request poller and wait (briefly) until its thread is out of the store;
+        then count it out, and in the process hosting the store, wait (briefly) until every
+        rank's is (``Poller.leave``)."""
         with self._lock:
             poller, self.poller = self.poller, None
             self.exchange = None
         if poller is not None:
             poller.stop(wait_s=POLLER_STOP_WAIT_S)
+            poller.leave(HOST_WAIT_S if _hosts_store(poller.rank) else 0.0)
 
     def start_background(self) -> None:
         """Start the watchdog, the request poller and the signal handlers (idempotent)."""
@@ -493,6 +499,13 @@ def _rank() -> int:
     except Exception:
         pass
     return int(os.environ.get("RANK", "-1") or -1)
+
+
+def _hosts_store(rank: int) -> bool:
+    """Whether this process's end takes the job's store down: rank 0, unless torchrun's agent
+    hosts the store (it does by default)."""
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower()
+    return rank == 0 and agent not in ("true", "1")
 
 
 def _world_size() -> int:

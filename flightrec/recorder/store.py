@@ -57,6 +57,8 @@ REASONS = frozenset(pb.DumpReason.keys()) - {"REASON_UNSPECIFIED"} | {RANK_DIED}
 MAX_REQUEST_BYTES = 64
 """A request description is "<rank> <REASON>"; anything longer is not one of ours."""
 MAX_RANK = 1 << 24
+LEAVE_POLL_S = 0.01
+"""How often the store's host looks whether every rank's thread is out, at the end."""
 
 
 def request_key(namespace: str) -> str:
@@ -67,6 +69,11 @@ def request_key(namespace: str) -> str:
 def bell_key(namespace: str, rank: int) -> str:
     """The doorbell rank ``rank`` waits on."""
     return f"{request_key(namespace)}/bell/{rank}"
+
+
+def out_key(namespace: str) -> str:
+    """Counts the ranks whose request thread has left its store wait for good (at their end)."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/out"
 
 
 def world_key(namespace: str) -> str:
@@ -312,6 +319,30 @@ class Poller:
             threading.Thread(target=self._ring_self, name="flightrec-stop", daemon=True).start()
         if wait_s and self._thread is not threading.current_thread():
             self._thread.join(wait_s)
+
+    def leave(self, wait_s: float = 0.0) -> None:
+        """After ``stop``: count this rank's thread out of the store for good. With ``wait_s``
+        (in the process whose end takes the store down), first wait up to that long until
+        every rank's thread is out.
+
+        A rank whose thread is still inside its wait when the store goes makes torch log a
+        C++ warning with a stack trace into that rank's log ("Connection was likely closed")
+        at a normal end, and ranks reach their end milliseconds to seconds apart. Nothing is
+        waited for when the store is already failing or this thread did not get out.
+        """
+        if self.failing or self._thread.is_alive():
+            return
+        key = out_key(self._namespace)
+        try:
+            with self._post_lock:
+                store = self.connection()
+                out = int(store.add(key, 1))
+                deadline = time.monotonic() + wait_s
+                while out < self.world_size and time.monotonic() < deadline:
+                    time.sleep(LEAVE_POLL_S)
+                    out = int(store.add(key, 0))
+        except Exception:
+            pass  # the store is gone: nobody is left waiting on it
 
     def _ring_self(self) -> None:
         try:

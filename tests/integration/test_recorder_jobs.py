@@ -149,26 +149,32 @@ def test_healthy_job_records_every_kind_of_call(tmp_path: Path) -> None:
 
 
 ENDS_NORMALLY = """
-import torch, torch.distributed as dist
+import sys, time, torch, torch.distributed as dist
 dist.init_process_group("gloo")
 t = torch.ones(4)
 for _ in range(3):
     dist.all_reduce(t)
+if dist.get_rank() == 1:
+    time.sleep(float(sys.argv[1]))  # a rank that reaches the end later than the store's host
 dist.destroy_process_group()
 print("DONE", flush=True)
 """
 
 
-@pytest.mark.parametrize("world", [1, 2])
-def test_a_job_that_ends_normally_leaves_nothing_in_its_log(tmp_path: Path, world: int) -> None:
+@pytest.mark.parametrize(("world", "late_s"), [(1, 0.0), (2, 0.0), (2, 0.5)])
+def test_a_job_that_ends_normally_leaves_nothing_in_its_log(
+    tmp_path: Path, world: int, late_s: float
+) -> None:
     # Rank 0's process hosts the store here (no torchrun agent): destroy_process_group takes
-    # it down. flightrec's request thread must be out of its store wait by then, or torch
-    # logs a C++ warning with a stack trace into the job's log ("Connection was likely
-    # closed") at every normal exit. The tests quiet torch's C++ log; users do not.
+    # it down. Every rank's request thread must be out of its store wait by then, or torch
+    # logs a C++ warning with a stack trace into that rank's log ("Connection was likely
+    # closed") at a normal exit; so the store's host waits (briefly) until every rank says
+    # its thread is out, and a rank that ends half a second later is still in time. The
+    # tests quiet torch's C++ log; users do not.
     script = tmp_path / "ends_normally.py"
     script.write_text(ENDS_NORMALLY)
     env = {"TORCH_CPP_LOG_LEVEL": "WARNING"}
-    with start_job(script, world_size=world, env=env, workdir=tmp_path) as job:
+    with start_job(script, [str(late_s)], world_size=world, env=env, workdir=tmp_path) as job:
         assert job.wait(60) == [0] * world, job.output()
     out = job.output()
     assert out.count("DONE") == world, out
