@@ -221,6 +221,7 @@ def _entry(**extra: object) -> dict[str, object]:
         pickle.dumps({"entries": [_entry()]}, protocol=0),
         b"\x80\x02}q\x00(X\x07\x00\x00\x00entriesq\x01]q\x02(}q\x03h\x05ea.",  # unset memo
         b"\x80\x02\xff",
+        b"\x80\x02}r\xff\xff\xff\x00.",  # a memo index no writer uses (a 256 MB memo)
     ],
 )
 def test_what_it_declines(data: bytes) -> None:

@@ -326,7 +326,9 @@ le(const unsigned char *p, int n)
 static int
 memo_put(P *s, Py_ssize_t idx)
 {
-    if (s->stack.n <= fence(s) || idx < 0 || idx >= MAX_MEMO)
+    /* A writer numbers its memo from 0, one slot per value memoized, and each took an
+     * opcode: an index beyond the file's size is no dump's (and would cost a large memo). */
+    if (s->stack.n <= fence(s) || idx < 0 || idx >= MAX_MEMO || idx > s->size)
         return -1;
     if (idx >= s->memo_cap) {
         Py_ssize_t old = s->memo_cap;
