@@ -208,7 +208,8 @@ size = sum(map(len, datas))
 try:
     from flightrec.format.native_names import dtype_name
     from flightrec.readers.native import _pickled
-    parse = lambda d: _pickled.read(d, dtype_name)
+    from flightrec.readers.native.reader import MAX_CELLS
+    parse = lambda d: _pickled.read(d, dtype_name, MAX_CELLS)
     how = "flightrec's C reader: the pickle into checked columns"
 except ImportError:
     parse = pickle.loads

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 import flightrec.readers.native as native
 from flightrec.errors import DumpError
 from flightrec.format.native_names import DTYPES, dtype_name
+from flightrec.readers.native import reader
 from flightrec.readers.native.entries import check_columns, finish, from_c
 from flightrec.readers.native.reader import Reader
 from flightrec.readers.native.unpickle import load_plain_pickle
@@ -35,7 +36,7 @@ pytestmark = pytest.mark.skipif(native._pickled is None, reason="_pickled is not
 
 def _read(data: bytes) -> Any:
     assert native._pickled is not None
-    return native._pickled.read(data, dtype_name)
+    return native._pickled.read(data, dtype_name, reader.MAX_CELLS)
 
 
 def _python(data: bytes) -> tuple[dict[object, object], Any]:
@@ -276,3 +277,15 @@ def test_shared_lists_are_read_once_and_alike() -> None:
 def test_edges_read_alike(entries: list[dict[str, object]]) -> None:
     for protocol in (2, 5):
         assert _agree(pickle.dumps({"entries": entries, "version": "2.10"}, protocol=protocol))
+
+
+def test_the_work_budget_is_the_python_readers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One entry shared 100,000 times through the memo: read quickly either way, but past a
+    lowered budget the C reader declines and the Python reader refuses, as it always did."""
+    entry = _entry(input_sizes=[[1]] * 64, input_dtypes=["Float"] * 64)
+    data = pickle.dumps({"entries": [entry] * 100_000}, protocol=2)
+    assert _agree(data)
+    monkeypatch.setattr(reader, "MAX_CELLS", 200_000)
+    assert _read(data) is None
+    with pytest.raises(DumpError, match="more values than any Flight Recorder dump"):
+        _python(data)

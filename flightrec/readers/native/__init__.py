@@ -35,6 +35,7 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.native_names import dtype_name
 from flightrec.format.schema import dump_filename
 from flightrec.format.write import write_dump
+from flightrec.readers.native import reader
 from flightrec.readers.native.convert import to_pb
 from flightrec.readers.native.entries import NativeEntries, finish, from_c
 from flightrec.readers.native.groups import (
@@ -168,7 +169,11 @@ def load_native(path: str | Path) -> NativeDump:
             p, "empty file" if not data else "neither a pickle nor a JSON Flight Recorder dump"
         )
     with _no_gc_pauses():
-        reading = _pickled.read(data, dtype_name) if form == "pickle" and _pickled else None
+        reading = (
+            _pickled.read(data, dtype_name, reader.MAX_CELLS)
+            if form == "pickle" and _pickled
+            else None
+        )
         if reading is not None:
             obj: object = reading[0]
             entries: NativeEntries | None = finish(from_c(reading))

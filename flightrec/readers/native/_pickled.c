@@ -19,8 +19,8 @@
  * two paths agree on real torch dumps and on arbitrary generated ones.
  *
  * Bounds: the file is at most 64 MB here, values, containers and memo slots are counted,
- * and the walk over entries counts every value it reads against the same budget as the
- * Python reader's (``reader.MAX_CELLS``): past any bound the answer is None.
+ * and the walk over entries counts every value it reads against the budget the caller passes,
+ * the Python reader's (``reader.MAX_CELLS``): past any bound the answer is None.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -31,7 +31,6 @@
 #define MAX_BYTES (64 * 1024 * 1024)
 #define MAX_VALUES (16 * 1024 * 1024)
 #define MAX_MEMO (16 * 1024 * 1024)
-#define MAX_WORK 30000000
 #define MAX_DEPTH 64
 #define MAX_FRAMES 64     /* entries.MAX_FRAMES_PER_ENTRY */
 #define MAX_TENSORS 4096  /* entries.MAX_TENSORS_PER_ENTRY */
@@ -91,7 +90,7 @@ typedef struct {
     Py_ssize_t nconts, ccap;
     Vec items;
     Py_ssize_t values; /* allocated so far, bounded by MAX_VALUES */
-    Py_ssize_t work;
+    Py_ssize_t work, max_work; /* values read, bounded as the Python reader bounds them */
     Interner text; /* distinct string contents */
     PyObject **text_obj;
     Py_ssize_t text_cap;
@@ -605,7 +604,7 @@ static int
 spend(P *s, Py_ssize_t n)
 {
     s->work += n;
-    return s->work > MAX_WORK ? -1 : 0;
+    return s->work > s->max_work ? -1 : 0;
 }
 
 static int
@@ -1238,23 +1237,27 @@ rest_of(P *s, const Val *root, PyObject **made)
 }
 
 PyDoc_STRVAR(read_doc,
-"read(data, dtype_name, /)\n--\n\n"
+"read(data, dtype_name, max_cells, /)\n--\n\n"
 "Read a native dump's pickle into (rest, n, ints, lists, codes, tensor_sigs, stacks), or\n"
 "None where the Python path must read it (see the module's source).\n\n"
 "rest: the top-level dict without its entries; ints: 8 bytes objects of n int64 (record_id,\n"
 "pg_id, seq, p2p_seq, created, started, completed, timeout_ms); lists: pg_name, pg_desc,\n"
 "profiling_name, is_p2p, state, thread; codes: 3 bytes objects of n int32 (inputs, outputs,\n"
 "stack) indexing tensor_sigs and stacks (index 0 the empty one). dtype_name maps a dtype\n"
-"string as written to torch's name.");
+"string as written to torch's name; max_cells bounds the values read (the Python reader's\n"
+"budget, reader.MAX_CELLS).");
 
 static PyObject *
 py_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
     (void)self;
-    if (nargs != 2) {
-        PyErr_SetString(PyExc_TypeError, "read(data, dtype_name)");
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "read(data, dtype_name, max_cells)");
         return NULL;
     }
+    Py_ssize_t max_work = PyLong_AsSsize_t(args[2]);
+    if (max_work < 0 && PyErr_Occurred())
+        return NULL;
     Py_buffer buf;
     if (PyObject_GetBuffer(args[0], &buf, PyBUF_SIMPLE) < 0)
         return NULL;
@@ -1270,6 +1273,7 @@ py_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
         goto decline;
     s.data = buf.buf;
     s.size = buf.len;
+    s.max_work = max_work;
     /* Every value in a container took at least one opcode byte: sized so, the arena almost
      * never moves (untouched pages of a large block cost nothing). The memo must be zeroed:
      * sized for what dumps memoize (a slot per 8-20 bytes), it grows beyond if need be. */
