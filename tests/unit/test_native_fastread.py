@@ -289,3 +289,21 @@ def test_the_work_budget_is_the_python_readers(monkeypatch: pytest.MonkeyPatch) 
     assert _read(data) is None
     with pytest.raises(DumpError, match="more values than any Flight Recorder dump"):
         _python(data)
+
+
+def test_an_opcode_across_the_end_of_a_frame_is_left_to_python() -> None:
+    """Python's unpickler cannot read an opcode across the end of a frame (protocol 4+); a
+    frame length shortened by damage must not make the C reader answer what Python refuses."""
+    data = pickle.dumps({"entries": [_entry(frames=[{"line": 3}])] * 3}, protocol=5)
+    assert data[2] == 0x95  # FRAME, its length in the next 8 bytes
+    n = int.from_bytes(data[3:11], "little")
+    declined = 0
+    for cut in range(1, 40):
+        bad = data[:3] + (n - cut).to_bytes(8, "little") + data[11:]
+        try:
+            answered = _agree(bad)
+        except DumpError:
+            assert _read(bad) is None
+            answered = False
+        declined += not answered
+    assert declined >= 15  # (a cut at an opcode boundary reads alike on both paths)

@@ -79,6 +79,10 @@ typedef struct {
 typedef struct {
     const unsigned char *data;
     Py_ssize_t size, pos;
+    /* Where the opcode being read must end: the end of the current frame (protocol 4+), else
+     * of the data. Python's unpickler, reading a file, cannot run an opcode across the end of
+     * a frame (writers never put one there): one that would is declined. */
+    Py_ssize_t limit;
     Vec stack;
     Py_ssize_t *marks;
     Py_ssize_t nmarks, mcap;
@@ -310,7 +314,7 @@ new_str(P *s, const unsigned char *p, Py_ssize_t n, Val *out)
 static int
 need(P *s, Py_ssize_t n)
 {
-    return n >= 0 && s->pos + n <= s->size ? 0 : -1;
+    return n >= 0 && s->pos + n <= s->limit ? 0 : -1;
 }
 
 static uint64_t
@@ -347,6 +351,8 @@ run(P *s, Val *root)
 {
     Val v, w;
     for (;;) {
+        if (s->pos == s->limit)
+            s->limit = s->size; /* the frame ended, at an opcode's end */
         if (need(s, 1) < 0)
             return -1;
         unsigned char op = s->data[s->pos++];
@@ -358,13 +364,14 @@ run(P *s, Val *root)
             s->pos += 1;
             break;
         case 0x95: /* FRAME */
-            if (need(s, 8) < 0)
-                return -1;
+            if (s->limit != s->size || need(s, 8) < 0)
+                return -1; /* (a frame inside a frame: no writer does that) */
             {
                 uint64_t n = le(a, 8);
                 s->pos += 8;
                 if (n > (uint64_t)(s->size - s->pos))
                     return -1;
+                s->limit = s->pos + (Py_ssize_t)n;
             }
             break;
         case '.': /* STOP */
@@ -449,7 +456,7 @@ run(P *s, Val *root)
                 return -1;
             uint64_t n = le(a, w8);
             s->pos += w8;
-            if (n > (uint64_t)(s->size - s->pos))
+            if (n > (uint64_t)(s->limit - s->pos))
                 return -1;
             if (new_str(s, s->data + s->pos, (Py_ssize_t)n, &v) < 0)
                 return -1;
@@ -562,7 +569,7 @@ run(P *s, Val *root)
             break;
         }
         case 'h': /* BINGET: a third of a dump's opcodes, so the short way first */
-            if (s->pos < s->size && a[0] < s->memo_cap && s->memo[a[0]].tag != T_UNSET &&
+            if (s->pos < s->limit && a[0] < s->memo_cap && s->memo[a[0]].tag != T_UNSET &&
                 s->stack.n < s->stack.cap) {
                 s->stack.v[s->stack.n++] = s->memo[a[0]];
                 s->pos++;
@@ -1272,7 +1279,7 @@ py_read(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
     if (buf.len > MAX_BYTES)
         goto decline;
     s.data = buf.buf;
-    s.size = buf.len;
+    s.size = s.limit = buf.len;
     s.max_work = max_work;
     /* Every value in a container took at least one opcode byte: sized so, the arena almost
      * never moves (untouched pages of a large block cost nothing). The memo must be zeroed:
