@@ -335,12 +335,12 @@ class Poller:
         key = out_key(self._namespace)
         try:
             with self._post_lock:
-                store = self.connection()
-                out = int(store.add(key, 1))
-                deadline = time.monotonic() + wait_s
-                while out < self.world_size and time.monotonic() < deadline:
-                    time.sleep(LEAVE_POLL_S)
-                    out = int(store.add(key, 0))
+                out = int(self.connection().add(key, 1))
+            deadline = time.monotonic() + wait_s
+            while out < self.world_size and time.monotonic() < deadline:
+                time.sleep(LEAVE_POLL_S)  # (the lock is free meanwhile: a SIGTERM may post)
+                with self._post_lock:
+                    out = int(self.connection().add(key, 0))
         except Exception:
             pass  # the store is gone: nobody is left waiting on it
 
