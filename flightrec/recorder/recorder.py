@@ -28,6 +28,7 @@ from flightrec.recorder import completion
 from flightrec.recorder.blackbox import BlackBox
 from flightrec.recorder.config import Config
 from flightrec.recorder.groups import GroupInfo, GroupRegistry
+from flightrec.recorder.low_level import layout
 from flightrec.recorder.low_level.python import PyPath
 from flightrec.recorder.low_level.state import new_active
 from flightrec.recorder.ring import Ring
@@ -221,12 +222,19 @@ class Recorder:
         if self._fast_path is not None:
             self._fast_path.forget_threads()
 
+    @property
+    def used(self) -> bool:
+        """Whether a call was recorded (the watchdog and the poller started)."""
+        return self._used
+
     def _start(self) -> None:
         self._used = True
         try:
             self.on_first_use()
         except Exception as exc:  # never into the job
             log.warning("flightrec: could not start the watchdog: %s", exc)
+        if self._fast_path is not None:
+            layout.install(self._fast_path)
 
     # -- slow paths of the hot path (see low_level/python.py) ------------------------------
     def group_slow(self, pg: Any) -> GroupInfo | None:

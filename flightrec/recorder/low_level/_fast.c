@@ -92,6 +92,10 @@ static PyObject *s_enabled, *s_specs, *s_shape, *s_dtype, *s_counter, *s_index,
  * watchdog's purge drops it once it has returned (``FastPath.purge``). */
 #define TC_THREADS 4
 #define SPEC_CACHE 4
+#define RAW_DIMS 5   /* dimensions torch keeps inline in a TensorImpl (SizesAndStrides) */
+#define RAW_KEYS 8   /* dispatch key sets checked against torch's getters */
+#define RAW_DTYPES 256
+#define RAW_SPAN 192 /* bytes of a TensorImpl the offsets may reach (layout.py: SPAN) */
 #define TC_HEADS 8
 typedef struct {
     unsigned long ident; /* 0: unused */
@@ -102,6 +106,36 @@ typedef struct {
     int lasti[TC_HEADS];
     uint32_t index[TC_HEADS];
 } TCache;
+
+/* Where a plain torch.Tensor keeps its shape, dtype and dispatch keys, found by layout.py at
+ * start-up by comparing torch's own answers on probe tensors with their memory (offsets from
+ * the Python object to its at::Tensor, and from the TensorImpl to its dimension count and
+ * inline sizes, its dtype's TypeMeta index and its DispatchKeySet). torch's ``shape`` and
+ * ``dtype`` getters build a torch.Size and go through torch-function checks and an error
+ * handler at every call: three quarters of the hot path's own instructions (callgrind).
+ *
+ * Reading the memory instead is used only where it must agree with the getters:
+ *  - the tensor's type is exactly the calibrated one, whose ``shape`` and ``dtype`` getters
+ *    are still torch's (checked again whenever the type's version tag moves);
+ *  - its key set holds only allowed bits (a dense tensor on CPU or a GPU, autograd, autocast,
+ *    conjugate or negative views: no sparse, nested, Python, functionalized or batched
+ *    tensor, whose sizes may live elsewhere), and a tensor with that exact key set was read
+ *    both ways and agreed (the first of each key set is checked against the getters; any
+ *    disagreement turns this path off for good);
+ *  - at most RAW_DIMS dimensions (the inline sizes), and a dtype index seen at calibration.
+ * Anything else takes the getters, as before. */
+typedef struct {
+    int on;
+    PyTypeObject *type;   /* strong reference */
+    unsigned int version; /* the type's version tag while its getters are torch's */
+    getter shape_get, dtype_get;
+    void *shape_closure, *dtype_closure;
+    Py_ssize_t off_impl, off_ndim, off_dtype, off_keys;
+    uint64_t allowed;
+    uint64_t seen[RAW_KEYS]; /* key sets read both ways and found to agree */
+    int nseen;
+    PyObject *dtypes[RAW_DTYPES]; /* TypeMeta index -> torch.dtype, strong references */
+} Layout;
 
 /* -- Counter and Active: state the C and Python paths share, readable without objects ------
  *
@@ -426,7 +460,11 @@ typedef struct {
      * compared in C without building, hashing and looking up a key (see spec_of). */
     PyObject *sc_specs[SPEC_CACHE], *sc_shape[SPEC_CACHE], *sc_dtype[SPEC_CACHE];
     uint32_t sc_sig[SPEC_CACHE], sc_dev[SPEC_CACHE];
+    /* The same shapes as C integers, for hits read from torch's own objects (see Layout);
+     * sc_ndim -1: this entry's shape does not fit (more than RAW_DIMS dimensions). */
+    int64_t sc_ndim[SPEC_CACHE], sc_sizes[SPEC_CACHE][RAW_DIMS];
     int sc_next;
+    Layout raw;
     /* Stacks of the last few threads, keyed by the caller's caller (see stack_of). */
     TCache tc[TC_THREADS];
     int tc_next;
@@ -708,6 +746,115 @@ same_shape(PyObject *a, PyObject *b)
 COLD static int spec_miss(FastPath *self, PyObject *specs, PyObject *shape, PyObject *dtype,
                           uint32_t *sig, uint32_t *dev);
 
+/* The shape (dimension count and a pointer to the sizes) and dtype (borrowed) of ``tensor``
+ * read from torch's objects; 0 where Layout's conditions do not hold (use the getters). */
+static inline const int64_t *
+raw_fields(const Layout *L, const char *impl, int64_t *ndim, PyObject **dtype)
+{
+    int64_t n;
+    uint16_t d;
+    memcpy(&n, impl + L->off_ndim, sizeof n);
+    memcpy(&d, impl + L->off_dtype, sizeof d);
+    if (UNLIKELY(n < 0 || n > RAW_DIMS || d >= RAW_DTYPES || L->dtypes[d] == NULL)) {
+        return NULL;
+    }
+    *ndim = n;
+    *dtype = L->dtypes[d];
+    return (const int64_t *)(impl + L->off_ndim + 8);
+}
+
+/* The calibrated type's version tag moved (an attribute was set on it or a base): go on
+ * reading its tensors only while ``shape`` and ``dtype`` are still torch's getters. */
+COLD static int
+raw_rearm(Layout *L, PyTypeObject *type)
+{
+    getter gs = NULL, gd = NULL;
+    void *cs = NULL, *cd = NULL;
+    if (!getset_of(type, s_shape, &gs, &cs) || !getset_of(type, s_dtype, &gd, &cd) ||
+        gs != L->shape_get || gd != L->dtype_get || cs != L->shape_closure ||
+        cd != L->dtype_closure || !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return 0;
+    }
+    L->version = type->tp_version_tag;
+    return 1;
+}
+
+/* A key set not seen yet: allowed bits only, and this tensor read both ways must agree. A
+ * disagreement means the layout is not what calibration found: the path turns off. */
+COLD static int
+raw_admit(FastPath *self, PyObject *tensor, const char *impl, uint64_t keys)
+{
+    Layout *L = &self->raw;
+    if ((keys & ~L->allowed) != 0 || L->nseen >= RAW_KEYS) {
+        return 0;
+    }
+    int64_t n = 0;
+    PyObject *raw_dtype = NULL, *shape, *dtype;
+    const int64_t *sizes = raw_fields(L, impl, &n, &raw_dtype);
+    if (sizes == NULL) {
+        return 0; /* not readable this way (more dimensions): no judgement on the key set */
+    }
+    if (read_shape_dtype(tensor, L->shape_get, L->shape_closure, L->dtype_get,
+                         L->dtype_closure, &shape, &dtype) < 0) {
+        PyErr_Clear(); /* the getters' path raises it again */
+        return 0;
+    }
+    int agree = dtype == raw_dtype && PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) == n;
+    for (Py_ssize_t i = 0; agree && i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(shape, i);
+        int overflow = 0;
+        long long v = PyLong_CheckExact(x) ? PyLong_AsLongLongAndOverflow(x, &overflow) : -1;
+        agree = PyLong_CheckExact(x) && !overflow && v == sizes[i];
+    }
+    PyErr_Clear();
+    Py_DECREF(shape);
+    Py_DECREF(dtype);
+    if (!agree) {
+        L->on = 0;
+        return 0;
+    }
+    /* The getters may have run Python code (a torch-function mode) and let another thread in,
+     * which may have filled the slots or cleared the layout meanwhile. */
+    if (!L->on || L->nseen >= RAW_KEYS) {
+        return 0;
+    }
+    L->seen[L->nseen++] = keys;
+    return 1;
+}
+
+static inline int
+raw_read(FastPath *self, PyObject *tensor, int64_t *ndim, const int64_t **sizes,
+         PyObject **dtype)
+{
+    Layout *L = &self->raw;
+    PyTypeObject *type = Py_TYPE(tensor);
+    if (UNLIKELY(!L->on || type != L->type)) {
+        return 0;
+    }
+    if (UNLIKELY(type->tp_version_tag != L->version) && !raw_rearm(L, type)) {
+        return 0;
+    }
+    const char *impl = *(const char *const *)((const char *)tensor + L->off_impl);
+    if (UNLIKELY(impl == NULL)) {
+        return 0;
+    }
+    uint64_t keys;
+    memcpy(&keys, impl + L->off_keys, sizeof keys);
+    int known = 0;
+    for (int i = 0; i < L->nseen; i++) {
+        if (L->seen[i] == keys) {
+            known = 1;
+            break;
+        }
+    }
+    if (UNLIKELY(!known) && !raw_admit(self, tensor, impl, keys)) {
+        return 0;
+    }
+    *sizes = raw_fields(L, impl, ndim, dtype);
+    return *sizes != NULL;
+}
+
+
 /* specs.get((tensor.shape, tensor.dtype)) -> (signature index, device index); -1 on a miss.
  * The last few hits are kept in C and compared by value (the shape is read at every call:
  * a tensor reshaped in place between two calls gets its new signature). */
@@ -715,6 +862,18 @@ static int
 spec_of(FastPath *self, PyObject *specs, PyObject *tensor, uint32_t *sig, uint32_t *dev)
 {
     PyObject *shape, *dtype;
+    int64_t n;
+    const int64_t *sizes;
+    if (LIKELY(raw_read(self, tensor, &n, &sizes, &dtype))) {
+        for (int i = 0; i < SPEC_CACHE; i++) {
+            if (self->sc_specs[i] == specs && self->sc_dtype[i] == dtype &&
+                self->sc_ndim[i] == n && memcmp(self->sc_sizes[i], sizes, 8 * (size_t)n) == 0) {
+                *sig = self->sc_sig[i];
+                *dev = self->sc_dev[i];
+                return 0;
+            }
+        }
+    }
     if (UNLIKELY(shape_dtype(self, tensor, &shape, &dtype) < 0)) {
         return -1;
     }
@@ -734,6 +893,26 @@ spec_of(FastPath *self, PyObject *specs, PyObject *tensor, uint32_t *sig, uint32
         }
     }
     return spec_miss(self, specs, shape, dtype, sig, dev);
+}
+
+/* A shape tuple's sizes as C integers (its length), or -1 where it does not fit RAW_DIMS. */
+static int64_t
+c_sizes(PyObject *shape, int64_t *out)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(shape);
+    if (n > RAW_DIMS) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(shape, i);
+        int overflow = 0;
+        out[i] = PyLong_CheckExact(x) ? PyLong_AsLongLongAndOverflow(x, &overflow) : -1;
+        if (!PyLong_CheckExact(x) || overflow || (out[i] == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return n;
 }
 
 /* spec_of's miss: the group's dict, then a place in the C cache. Takes shape and dtype. */
@@ -758,6 +937,7 @@ spec_miss(FastPath *self, PyObject *specs, PyObject *shape, PyObject *dtype, uin
             Py_XSETREF(self->sc_shape[i], copy);
             Py_INCREF(dtype);
             Py_XSETREF(self->sc_dtype[i], dtype);
+            self->sc_ndim[i] = c_sizes(copy, self->sc_sizes[i]);
             self->sc_sig[i] = *sig;
             self->sc_dev[i] = *dev;
         }
@@ -1288,6 +1468,107 @@ FastPath_forget_threads(FastPath *self, PyObject *Py_UNUSED(ignored))
     Py_RETURN_NONE;
 }
 
+static void
+raw_clear(Layout *L)
+{
+    L->on = 0;
+    L->nseen = 0;
+    Py_CLEAR(L->type);
+    for (int i = 0; i < RAW_DTYPES; i++) {
+        Py_CLEAR(L->dtypes[i]);
+    }
+}
+
+/* set_layout(type, impl, ndim, dtype, keys, allowed, dtypes): read the shape and dtype of
+ * ``type``'s tensors from memory at these offsets (see Layout; layout.py finds them).
+ * ``dtypes`` maps TypeMeta indexes to torch.dtype objects. Raises on arguments out of
+ * range; the path stays off until a call succeeds. */
+static PyObject *
+FastPath_set_layout(FastPath *self, PyObject *args)
+{
+    PyTypeObject *type;
+    Py_ssize_t off[4];
+    unsigned long long allowed;
+    PyObject *dtypes;
+    if (!PyArg_ParseTuple(args, "O!nnnnKO!:set_layout", &PyType_Type, &type, &off[0], &off[1],
+                          &off[2], &off[3], &allowed, &PyDict_Type, &dtypes)) {
+        return NULL;
+    }
+    Layout *L = &self->raw;
+    raw_clear(L);
+    if (off[0] < (Py_ssize_t)sizeof(PyObject) || off[0] + 8 > type->tp_basicsize ||
+        off[0] % 8 || off[1] < 0 || off[1] % 8 || off[1] + 8 * (RAW_DIMS + 1) > RAW_SPAN ||
+        off[2] < 0 || off[2] % 2 || off[2] + 2 > RAW_SPAN || off[3] < 0 || off[3] % 8 ||
+        off[3] + 8 > RAW_SPAN) {
+        PyErr_SetString(PyExc_ValueError, "set_layout: offset out of range");
+        return NULL;
+    }
+    getter gs = NULL, gd = NULL;
+    void *cs = NULL, *cd = NULL;
+    if (!getset_of(type, s_shape, &gs, &cs) || !getset_of(type, s_dtype, &gd, &cd) ||
+        !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        PyErr_SetString(PyExc_ValueError, "set_layout: shape and dtype are not C getters");
+        return NULL;
+    }
+    PyObject *key, *value;
+    Py_ssize_t pos = 0;
+    while (PyDict_Next(dtypes, &pos, &key, &value)) {
+        long i = PyLong_Check(key) ? PyLong_AsLong(key) : -1;
+        if (i < 0 || i >= RAW_DTYPES) {
+            PyErr_Clear();
+            raw_clear(L);
+            PyErr_SetString(PyExc_ValueError, "set_layout: dtype index out of range");
+            return NULL;
+        }
+        Py_INCREF(value);
+        Py_XSETREF(L->dtypes[i], value);
+    }
+    Py_INCREF(type);
+    L->type = type;
+    L->version = type->tp_version_tag;
+    L->shape_get = gs;
+    L->shape_closure = cs;
+    L->dtype_get = gd;
+    L->dtype_closure = cd;
+    L->off_impl = off[0];
+    L->off_ndim = off[1];
+    L->off_dtype = off[2];
+    L->off_keys = off[3];
+    L->allowed = allowed;
+    L->on = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+FastPath_clear_layout(FastPath *self, PyObject *Py_UNUSED(ignored))
+{
+    raw_clear(&self->raw);
+    Py_RETURN_NONE;
+}
+
+/* raw_spec(tensor) -> (sizes, dtype) read from memory, or None where the getters would be
+ * used: what the hot path sees (tests, and layout.py's check of its own offsets). */
+static PyObject *
+FastPath_raw_spec(FastPath *self, PyObject *tensor)
+{
+    int64_t n;
+    const int64_t *sizes;
+    PyObject *dtype;
+    if (!raw_read(self, tensor, &n, &sizes, &dtype)) {
+        Py_RETURN_NONE;
+    }
+    PyObject *shape = PyTuple_New((Py_ssize_t)n);
+    for (int64_t i = 0; shape != NULL && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(sizes[i]);
+        if (x == NULL) {
+            Py_CLEAR(shape);
+            break;
+        }
+        PyTuple_SET_ITEM(shape, (Py_ssize_t)i, x);
+    }
+    return shape == NULL ? NULL : Py_BuildValue("(NO)", shape, dtype);
+}
+
 static int
 FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
 {
@@ -1355,6 +1636,10 @@ FastPath_traverse(FastPath *self, visitproc visit, void *arg)
         Py_VISIT(self->red_obj[i]);
     }
     Py_VISIT(self->tt_type);
+    Py_VISIT(self->raw.type);
+    for (int i = 0; i < RAW_DTYPES; i++) {
+        Py_VISIT(self->raw.dtypes[i]);
+    }
     Py_VISIT(self->g_info);
     Py_VISIT(self->g_specs);
     Py_VISIT(self->g_counter);
@@ -1386,6 +1671,7 @@ FastPath_clear(FastPath *self)
     }
     self->g_key_valid = 0;
     Py_CLEAR(self->tt_type);
+    raw_clear(&self->raw);
     Py_CLEAR(self->g_info);
     Py_CLEAR(self->g_specs);
     Py_CLEAR(self->g_counter);
@@ -1422,6 +1708,12 @@ static PyMethodDef FastPath_methods[] = {
      "Record that a call entered with enter() returned."},
     {"purge", (PyCFunction)FastPath_purge, METH_O,
      "Forget cached frames that are no longer on their thread's stack."},
+    {"set_layout", (PyCFunction)FastPath_set_layout, METH_VARARGS,
+     "Read tensors' shape and dtype from memory at these offsets (see layout.py)."},
+    {"clear_layout", (PyCFunction)FastPath_clear_layout, METH_NOARGS,
+     "Take torch's getters again for every tensor."},
+    {"raw_spec", (PyCFunction)FastPath_raw_spec, METH_O,
+     "(sizes, dtype) of a tensor as the hot path reads it from memory, or None."},
     {"forget_threads", (PyCFunction)FastPath_forget_threads, METH_NOARGS,
      "Forget the cached thread name index (the recorder's thread names were forgotten)."},
     {NULL, NULL, 0, NULL},
@@ -1430,6 +1722,11 @@ static PyMethodDef FastPath_methods[] = {
 static PyMemberDef FastPath_members[] = {
     {"enabled", T_INT, offsetof(FastPath, enabled), 0,
      "Whether calls are recorded (Recorder.enabled sets it)."},
+    {"raw_on", T_INT, offsetof(FastPath, raw.on), READONLY,
+     "Whether tensors' shape and dtype are read from memory (set_layout, and no "
+     "disagreement with torch's getters since)."},
+    {"raw_key_sets", T_INT, offsetof(FastPath, raw.nseen), READONLY,
+     "How many dispatch key sets were read both ways and found to agree."},
     {NULL, 0, 0, 0, NULL},
 };
 

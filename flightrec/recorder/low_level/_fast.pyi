@@ -24,6 +24,10 @@ class Active:
 
 class FastPath:
     enabled: int
+    @property
+    def raw_on(self) -> int: ...
+    @property
+    def raw_key_sets(self) -> int: ...
     def __init__(
         self,
         recorder: Any,
@@ -53,6 +57,19 @@ class FastPath:
         /,
     ) -> int: ...
     def leave(self, rid: int, result: Any, async_op: Any, group: Any, /) -> None: ...
+    def set_layout(
+        self,
+        tensor_type: type,
+        impl: int,
+        ndim: int,
+        dtype: int,
+        keys: int,
+        allowed: int,
+        dtypes: dict[int, Any],
+        /,
+    ) -> None: ...
+    def clear_layout(self) -> None: ...
+    def raw_spec(self, tensor: Any, /) -> tuple[tuple[int, ...], Any] | None: ...
     def purge(self, live: dict[int, Any], /) -> None: ...
     def forget_threads(self) -> None: ...
 

@@ -29,6 +29,7 @@ try:
     from flightrec.recorder.low_level import _fast
 except ImportError:  # not built (no compiler at install, big-endian host): pure Python
     _fast = None  # type: ignore[assignment]
+from flightrec.recorder.low_level import layout
 from flightrec.recorder.low_level.python import split
 from flightrec.recorder.specs import OpSpec, Param
 
@@ -157,6 +158,8 @@ def _fast_path(rec: Recorder) -> Any:
             depth=rec.depth,
         )
         fast.enabled = int(rec.enabled)
+        if rec.used:  # else the first recorded call installs it, once torch is imported
+            layout.install(fast)
         rec._fast_path = fast
         rec.stacks.purgers.append(fast.purge)
     return fast
