@@ -16,7 +16,7 @@ from flightrec.errors import (
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.members import Grid, expand, grid_of, members_of, set_members
-from flightrec.format.read import has_magic, parse_dump, read_dump
+from flightrec.format.read import has_magic, parse_dump, read_dump, validate
 from flightrec.format.schema import MAGIC_PREFIX, dump_filename
 from flightrec.format.view import DumpView
 from flightrec.format.wire import read_compact
@@ -137,6 +137,26 @@ def test_inconsistent_dump_is_corrupt(damage: object, words: str) -> None:
     damage(dump)  # type: ignore[operator]
     with pytest.raises(CorruptDumpError, match=words):
         parse_dump(dump.SerializeToString(), "damaged.frdump")
+
+
+@pytest.mark.parametrize(
+    ("column", "table"),
+    [("op", "strings"), ("reduce_op", "strings"), ("thread", "strings"), ("device", "strings"),
+     ("group", "groups"), ("stack", "stacks"), ("inputs", "tensor_specs"),
+     ("outputs", "tensor_specs")],
+)  # fmt: skip
+def test_one_byte_index_columns_are_checked_at_their_tables_bound(column: str, table: str) -> None:
+    # A view's index columns are one-byte arrays, checked by deleting the values in range.
+    view = DumpView.of(small_dump())
+    values = getattr(view.entries, column)
+    assert values.typecode == "B"
+    bound = len(getattr(view, table))
+    values[-1] = bound - 1
+    validate(view, "view.frdump")  # type: ignore[arg-type]  # reads like pb.Dump
+    for bad in (bound, 255):
+        values[-1] = bad
+        with pytest.raises(CorruptDumpError, match=f"view.frdump.*column {column} points outside"):
+            validate(view, "view.frdump")  # type: ignore[arg-type]
 
 
 def test_oversized_file_is_refused_without_reading(tmp_path: Path) -> None:
