@@ -89,6 +89,9 @@ def calibrate() -> Layout | None:
     """The offsets where every probe agrees with torch at exactly one place, else None."""
     torch = _torch()
     probes = _probes()
+    typed = _typed_probes()
+    if any(type(t) is not torch.Tensor for t in (*probes, *typed)):
+        return None  # a mode (FakeTensorMode, a TorchFunctionMode) made the probes: no answer
     basic = torch.Tensor.__basicsize__
     heads = [ctypes.string_at(id(t), basic) for t in probes]
     impls = [ctypes.string_at(t._cdata, SPAN) for t in probes]
@@ -105,7 +108,6 @@ def calibrate() -> Layout | None:
         o for o in range(0, SPAN - 7, 8)
         if all(_u64(m, o) == k for m, k in zip(impls, keys_of, strict=True))
     )  # fmt: skip
-    typed = _typed_probes()
     typed_impls = [ctypes.string_at(t._cdata, SPAN) for t in typed]
     dtype = _only(
         o for o in range(0, SPAN - 1, 2) if _one_to_one(typed_impls, typed, probes, impls, o)
