@@ -38,7 +38,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench_scale import ROOT, child_env, compare_readers, generate, measure, verdict_matches
+from bench_scale import (
+    ROOT,
+    child_env,
+    compare_readers,
+    generate,
+    measure,
+    verdict_matches,
+    warm_bytecode,
+)
 
 TARGET_SPEEDUP = 20.0
 TARGET_MEMORY_SHARE = 0.25
@@ -347,6 +355,7 @@ def main() -> int:
         walls: list[float] = []
         loads: list[float] = []
         last = None
+        warm_bytecode()
         for _ in range(args.repeat):
             loads.append(load_average())
             last = measure(

@@ -131,7 +131,7 @@ def incomplete_positions(states: Sequence[int]) -> tuple[int, ...]:
 
 
 # _ONLY[v] maps byte v to 1 and every other byte to 0.
-_ONLY = [bytes(int(b == v) for b in range(256)) for v in range(256)]
+_ONLY = [bytes(v) + b"\x01" + bytes(255 - v) for v in range(256)]
 
 
 _HAS_BITS: dict[int, bytes] = {}

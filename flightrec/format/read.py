@@ -81,6 +81,8 @@ def read_dump(path: str | Path, max_bytes: int = MAX_DUMP_BYTES) -> pb.Dump:
     return parse_dump(data, path)
 
 
+_ALL_BYTES = bytes(range(256))
+
 # The largest value an unsigned array of each type code can hold.
 _ARRAY_MAX = {"B": 0xFF, "H": 0xFFFF, "I": 0xFFFFFFFF}
 
@@ -105,7 +107,7 @@ def _check_index(path: str | Path, what: str, values: object, bound: int) -> Non
         raise CorruptDumpError(path, f"{what} points outside its table (size {bound})")
 
 
-_BELOW = [bytes(range(n)) for n in range(256)]
+_BELOW = [_ALL_BYTES[:n] for n in range(256)]
 """``_BELOW[n]``: the byte values below ``n`` (those a one-byte index into a table of ``n``
 may hold; ``_check_index`` reaches here only for ``n`` below 256)."""
 
