@@ -12,8 +12,6 @@ from __future__ import annotations
 from functools import cached_property
 from typing import NamedTuple
 
-import networkx as nx
-
 from flightrec.analysis import mismatch, rootcause
 from flightrec.analysis.clocks import (
     ClockAlignment,
@@ -22,6 +20,7 @@ from flightrec.analysis.clocks import (
     timeline,
     timing_notes,
 )
+from flightrec.analysis.graph import DiGraph
 from flightrec.analysis.loader import Run
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding
@@ -35,7 +34,7 @@ TIMELINE_RECENT = 256
 class WaitGraph(NamedTuple):
     """The wait-for graph (see ``waits``) and every blocked entry behind it."""
 
-    graph: nx.DiGraph
+    graph: DiGraph
     waits: list[Wait]
 
 

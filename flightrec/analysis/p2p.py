@@ -11,8 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import networkx as nx
-
+from flightrec.analysis.graph import DiGraph, NoCycle, find_cycle
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
 from flightrec.analysis.routine import Departure
 from flightrec.analysis.waits import Node
@@ -54,7 +53,7 @@ def _node_key(node: Node) -> tuple[int, int, str]:
 
 
 def cycle_finding(
-    graph: nx.DiGraph,
+    graph: DiGraph,
     members: Sequence[Node],
     waits: dict[Node, float],
     where: Mapping[Node, str] | None = None,
@@ -75,13 +74,13 @@ def cycle_finding(
     # (the members come from a set): walk a graph built in sorted order, from the lowest rank,
     # and start the cycle at its lowest rank.
     order = sorted(members, key=_node_key)
-    sub = nx.DiGraph()
+    sub = DiGraph()
     sub.add_nodes_from(order)
     edges = graph.subgraph(members).edges()
     sub.add_edges_from(sorted(edges, key=lambda e: (_node_key(e[0]), _node_key(e[1]))))
     try:
-        cycle = [u for u, _ in nx.find_cycle(sub, source=order[0])]
-    except nx.NetworkXNoCycle:  # pragma: no cover - a component of size > 1 has a cycle
+        cycle = [u for u, _ in find_cycle(sub, order[0])]
+    except NoCycle:  # pragma: no cover - a component of size > 1 has a cycle
         cycle = order
     first_at = min(range(len(cycle)), key=lambda i: _node_key(cycle[i]))
     cycle = cycle[first_at:] + cycle[:first_at]

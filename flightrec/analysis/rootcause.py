@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, NamedTuple
 
-import networkx as nx
-
+from flightrec.analysis.graph import DiGraph, condensation
+from flightrec.analysis.graph import ancestors as graph_ancestors
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.mismatch import exchange_mismatch, relation_mismatch
 from flightrec.analysis.model import (
@@ -70,7 +70,7 @@ class RootCauses(NamedTuple):
     """Keys of the groups whose waits lead to one of the findings."""
 
 
-def _consequence(graph: nx.DiGraph, node: Node, longest: dict[Node, float]) -> Consequence:
+def _consequence(graph: DiGraph, node: Node, longest: dict[Node, float]) -> Consequence:
     attrs = graph.nodes[node]
     waiters = tuple(sorted(int(p[1]) for p in graph.predecessors(node) if p[0] == "rank"))  # type: ignore[call-overload]
     if attrs["kind"] == "p2p":
@@ -164,7 +164,7 @@ def _failed_alone(m: Matched, group: str, seq: int, members: tuple[int, ...]) ->
 
 
 def _stuck_finding(
-    m: Matched, graph: nx.DiGraph, node: Node, consequences: list[Consequence]
+    m: Matched, graph: DiGraph, node: Node, consequences: list[Consequence]
 ) -> Finding:
     attrs = graph.nodes[node]
     members = tuple(attrs["pg_ranks"])
@@ -267,7 +267,7 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
     for w in waits:
         longest[w.node] = max(longest[w.node], w.waited_s)
         earliest[w.node] = min(earliest.get(w.node, w.since_wall_ns), w.since_wall_ns)
-    cond = nx.condensation(graph)
+    cond = condensation(graph)
     members_of = {c: list(cond.nodes[c]["members"]) for c in cond.nodes}
     mismatch_at = {(f.process_group, f.seq): f for f in mismatches if f.seq is not None}
 
@@ -279,7 +279,7 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
 
     def ancestors(c: int) -> set[Node]:
         if c not in ancestors_of:
-            ancestors_of[c] = {n for a in nx.ancestors(cond, c) for n in members_of[a]}
+            ancestors_of[c] = {n for a in graph_ancestors(cond, c) for n in members_of[a]}
         return ancestors_of[c]
 
     for c in cond.nodes:
@@ -366,7 +366,7 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
 
 def _break_cycle(
     m: Matched,
-    graph: nx.DiGraph,
+    graph: DiGraph,
     members: list[Node],
     cycle: Finding,
     longest: dict[Node, float],
@@ -448,7 +448,7 @@ def _locations(m: Matched, waits: list[Wait]) -> dict[Node, str]:
     return out
 
 
-def _component(cond: nx.DiGraph, node: Node) -> int:
+def _component(cond: DiGraph, node: Node) -> int:
     return int(cond.graph["mapping"][node])
 
 

@@ -16,8 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-import networkx as nx
-
+from flightrec.analysis.graph import DiGraph
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import BelowTimeout, Finding, FindingKind, ProcessGroupInfo, op_label
 from flightrec.format import flightrec_pb2 as pb
@@ -90,7 +89,7 @@ def _someone_missing(m: Matched, info: ProcessGroupInfo | None, seq: int) -> boo
     return False
 
 
-def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
+def build_wait_graph(m: Matched) -> tuple[DiGraph, list[Wait]]:
     """Build the wait-for graph of the run.
 
     Args:
@@ -99,7 +98,7 @@ def build_wait_graph(m: Matched) -> tuple[nx.DiGraph, list[Wait]]:
     Returns:
         The graph (node attributes: ``kind``, ``group``, ``seq``, ``op``...) and every wait.
     """
-    graph = nx.DiGraph()
+    graph = DiGraph()
     waits: list[Wait] = []
     present = m.run.dumps
     for rank in range(m.run.world_size):

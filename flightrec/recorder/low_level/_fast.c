@@ -746,8 +746,8 @@ same_shape(PyObject *a, PyObject *b)
 COLD static int spec_miss(FastPath *self, PyObject *specs, PyObject *shape, PyObject *dtype,
                           uint32_t *sig, uint32_t *dev);
 
-/* The shape (dimension count and a pointer to the sizes) and dtype (borrowed) of ``tensor``
- * read from torch's objects; 0 where Layout's conditions do not hold (use the getters). */
+/* The inline sizes of TensorImpl ``impl`` (their count in ``ndim``) and its dtype (borrowed);
+ * NULL where they cannot be read this way (more dimensions, a dtype not calibrated). */
 static inline const int64_t *
 raw_fields(const Layout *L, const char *impl, int64_t *ndim, PyObject **dtype)
 {
@@ -822,6 +822,8 @@ raw_admit(FastPath *self, PyObject *tensor, const char *impl, uint64_t keys)
     return 1;
 }
 
+/* The shape (dimension count and a pointer to the sizes) and dtype (borrowed) of ``tensor``
+ * read from torch's objects: 1, or 0 where Layout's conditions do not hold (use the getters). */
 static inline int
 raw_read(FastPath *self, PyObject *tensor, int64_t *ndim, const int64_t **sizes,
          PyObject **dtype)
