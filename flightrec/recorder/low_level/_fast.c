@@ -746,6 +746,26 @@ same_shape(PyObject *a, PyObject *b)
 COLD static int spec_miss(FastPath *self, PyObject *specs, PyObject *shape, PyObject *dtype,
                           uint32_t *sig, uint32_t *dev);
 
+/* A shape tuple's sizes as C integers (its length), or -1 where it does not fit RAW_DIMS. */
+static int64_t
+c_sizes(PyObject *shape, int64_t *out)
+{
+    Py_ssize_t n = PyTuple_GET_SIZE(shape);
+    if (n > RAW_DIMS) {
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *x = PyTuple_GET_ITEM(shape, i);
+        int overflow = 0;
+        out[i] = PyLong_CheckExact(x) ? PyLong_AsLongLongAndOverflow(x, &overflow) : -1;
+        if (!PyLong_CheckExact(x) || overflow || (out[i] == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1;
+        }
+    }
+    return n;
+}
+
 /* The inline sizes of TensorImpl ``impl`` (their count in ``ndim``) and its dtype (borrowed);
  * NULL where they cannot be read this way (more dimensions, a dtype not calibrated). */
 static inline const int64_t *
@@ -799,14 +819,9 @@ raw_admit(FastPath *self, PyObject *tensor, const char *impl, uint64_t keys)
         PyErr_Clear(); /* the getters' path raises it again */
         return 0;
     }
-    int agree = dtype == raw_dtype && PyTuple_Check(shape) && PyTuple_GET_SIZE(shape) == n;
-    for (Py_ssize_t i = 0; agree && i < n; i++) {
-        PyObject *x = PyTuple_GET_ITEM(shape, i);
-        int overflow = 0;
-        long long v = PyLong_CheckExact(x) ? PyLong_AsLongLongAndOverflow(x, &overflow) : -1;
-        agree = PyLong_CheckExact(x) && !overflow && v == sizes[i];
-    }
-    PyErr_Clear();
+    int64_t got[RAW_DIMS];
+    int agree = dtype == raw_dtype && PyTuple_Check(shape) && c_sizes(shape, got) == n &&
+                memcmp(got, sizes, 8 * (size_t)n) == 0;
     Py_DECREF(shape);
     Py_DECREF(dtype);
     if (!agree) {
@@ -856,7 +871,6 @@ raw_read(FastPath *self, PyObject *tensor, int64_t *ndim, const int64_t **sizes,
     return *sizes != NULL;
 }
 
-
 /* specs.get((tensor.shape, tensor.dtype)) -> (signature index, device index); -1 on a miss.
  * The last few hits are kept in C and compared by value (the shape is read at every call:
  * a tensor reshaped in place between two calls gets its new signature). */
@@ -895,26 +909,6 @@ spec_of(FastPath *self, PyObject *specs, PyObject *tensor, uint32_t *sig, uint32
         }
     }
     return spec_miss(self, specs, shape, dtype, sig, dev);
-}
-
-/* A shape tuple's sizes as C integers (its length), or -1 where it does not fit RAW_DIMS. */
-static int64_t
-c_sizes(PyObject *shape, int64_t *out)
-{
-    Py_ssize_t n = PyTuple_GET_SIZE(shape);
-    if (n > RAW_DIMS) {
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *x = PyTuple_GET_ITEM(shape, i);
-        int overflow = 0;
-        out[i] = PyLong_CheckExact(x) ? PyLong_AsLongLongAndOverflow(x, &overflow) : -1;
-        if (!PyLong_CheckExact(x) || overflow || (out[i] == -1 && PyErr_Occurred())) {
-            PyErr_Clear();
-            return -1;
-        }
-    }
-    return n;
 }
 
 /* spec_of's miss: the group's dict, then a place in the C cache. Takes shape and dtype. */
