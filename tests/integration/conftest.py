@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,3 +15,13 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _HERE in Path(str(item.path)).parents:
             item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[None]:
+    """A 1-rank gloo default group for the module's tests (torch imported only here: the
+    integration tests that need no torch still collect without it)."""
+    from tests.integration.gloo import one_rank_gloo
+
+    with one_rank_gloo():
+        yield

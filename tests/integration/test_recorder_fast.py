@@ -16,18 +16,12 @@ from flightrec.format.slot import COMPLETED, FAILED, Slot, decode  # noqa: E402
 from flightrec.recorder.low_level import codegen  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import spec_for  # noqa: E402
-from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
+from tests.integration.gloo import traced_runtime  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     codegen._fast is None, reason="C hot path not built (python setup.py build_ext --inplace)"
 )
 c10d = dist.distributed_c10d
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[None]:
-    with one_rank_gloo():
-        yield
 
 
 @pytest.fixture

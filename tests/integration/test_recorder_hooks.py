@@ -21,16 +21,10 @@ from flightrec.recorder.config import Config  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import TRACED  # noqa: E402
 from flightrec.recorder.watchdog import Watchdog  # noqa: E402
-from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
+from tests.integration.gloo import traced_runtime  # noqa: E402
 from tests.integration.jobs import free_port  # noqa: E402
 
 c10d = dist.distributed_c10d
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[None]:
-    with one_rank_gloo():
-        yield
 
 
 @pytest.fixture(params=["c", "python"])

@@ -16,17 +16,11 @@ import torch.distributed as dist  # noqa: E402
 from flightrec.format.slot import decode  # noqa: E402
 from flightrec.recorder.low_level import codegen, layout  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
-from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
+from tests.integration.gloo import traced_runtime  # noqa: E402
 
 pytestmark = pytest.mark.skipif(
     codegen._fast is None, reason="C hot path not built (python setup.py build_ext --inplace)"
 )
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[None]:
-    with one_rank_gloo():
-        yield
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -63,13 +62,7 @@ dist = pytest.importorskip("torch.distributed")
 
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.store import connect, default_store  # noqa: E402
-from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def pg() -> Iterator[None]:
-    with one_rank_gloo():
-        yield
+from tests.integration.gloo import traced_runtime  # noqa: E402
 
 
 @pytest.fixture
