@@ -69,14 +69,15 @@ def install(fast: Any) -> bool:
     if not USE_LAYOUT:
         return False
     try:
-        found = calibrate()
+        probes = _probes()
+        found = calibrate(probes)
         if found is None:
             return False
         fast.set_layout(
             _torch().Tensor, found.impl, found.ndim, found.dtype, found.keys, found.allowed,
             found.dtypes,
         )  # fmt: skip
-        agree = all(fast.raw_spec(t) in (None, (tuple(t.shape), t.dtype)) for t in _probes())
+        agree = all(fast.raw_spec(t) in (None, (tuple(t.shape), t.dtype)) for t in probes)
         if not (agree and fast.raw_on):
             fast.clear_layout()
         return bool(fast.raw_on)
@@ -85,10 +86,11 @@ def install(fast: Any) -> bool:
         return False
 
 
-def calibrate() -> Layout | None:
-    """The offsets where every probe agrees with torch at exactly one place, else None."""
+def calibrate(probes: list[Any] | None = None) -> Layout | None:
+    """The offsets where every probe (``_probes()`` unless given) agrees with torch at exactly
+    one place, else None."""
     torch = _torch()
-    probes = _probes()
+    probes = _probes() if probes is None else probes
     typed = _typed_probes()
     if any(type(t) is not torch.Tensor for t in (*probes, *typed)):
         return None  # a mode (FakeTensorMode, a TorchFunctionMode) made the probes: no answer
