@@ -82,6 +82,7 @@ def read_dump(path: str | Path, max_bytes: int = MAX_DUMP_BYTES) -> pb.Dump:
 
 
 _ALL_BYTES = bytes(range(256))
+"""Every byte value: its first ``n`` are those a one-byte index into a table of ``n`` may hold."""
 
 # The largest value an unsigned array of each type code can hold.
 _ARRAY_MAX = {"B": 0xFF, "H": 0xFFFF, "I": 0xFFFFFFFF}
@@ -98,18 +99,13 @@ def _check_index(path: str | Path, what: str, values: object, bound: int) -> Non
     if top is not None and top < bound:
         return
     if code == "B":
-        out = values.tobytes().translate(None, _BELOW[bound])  # type: ignore[attr-defined]
+        out = values.tobytes().translate(None, _ALL_BYTES[:bound])  # type: ignore[attr-defined]
         if out:
             raise CorruptDumpError(path, f"{what} points outside its table (size {bound})")
         return
     seq = values[:]  # type: ignore[index]
     if seq and max(seq) >= bound:
         raise CorruptDumpError(path, f"{what} points outside its table (size {bound})")
-
-
-_BELOW = [_ALL_BYTES[:n] for n in range(256)]
-"""``_BELOW[n]``: the byte values below ``n`` (those a one-byte index into a table of ``n``
-may hold; ``_check_index`` reaches here only for ``n`` below 256)."""
 
 
 def validate(dump: pb.Dump, path: str | Path = "<dump>", tables: bool = True) -> None:
