@@ -365,6 +365,47 @@ def test_tensor_types_keep_their_own_shape_and_dtype_getters(
         assert tensors[rows(rt)[-1].inputs] == (((7,), "float32"),), path
 
 
+class _Nested(torch.Tensor):
+    """A tensor whose ``shape`` makes a collective on another group (set ``nested``): the C
+    path's getter call runs Python code, which moves the group cache under it."""
+
+    nested: Callable[[], None] | None = None
+
+    @property
+    def shape(self) -> Any:  # type: ignore[override]
+        if _Nested.nested is not None:
+            _Nested.nested()
+        return super().shape
+
+
+def test_a_group_cache_moved_by_python_code_mid_call_is_not_used(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The C path borrows the cached group's fields; a getter that runs a collective on another
+    # group replaces them before the outer call takes its sequence number. The outer call
+    # must still be recorded on its own group, with its own counter (the Python path takes it).
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    other = dist.new_group([0])
+    plain = torch.ones(2)
+    for group in (None, other):
+        w["python"](plain, group=group)  # both groups known, caches filled
+        w["c"](plain, group=group)
+    monkeypatch.setattr(_Nested, "nested", lambda: w["c"](plain, group=other))
+    t = torch.ones(2).as_subclass(_Nested)
+    before = len(rows(rt))
+    w["c"](t)
+    got = rows(rt)[before:]
+    infos = rt.recorder.groups
+    default, nested = infos.by_pg[None], infos.by_pg[other]
+    outer = [r for r in got if r.group == default.index]
+    inner = [r for r in got if r.group == nested.index]
+    assert len(outer) == 1 and inner, [(r.group, r.seq) for r in got]
+    assert outer[0].seq == 3  # the default group's third call
+    assert [r.seq for r in inner] == list(range(3, 3 + len(inner)))
+    monkeypatch.setattr(_Nested, "nested", None)
+    dist.destroy_process_group(other)
+
+
 def test_a_replaced_group_entry_is_seen_by_the_c_path(
     rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -30,10 +30,12 @@
 #define LIKELY(x) __builtin_expect(!!(x), 1)
 #define UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define COLD __attribute__((cold, noinline))
+#define COMPILER_BARRIER() __asm__ __volatile__("" ::: "memory")
 #else
 #define LIKELY(x) (x)
 #define UNLIKELY(x) (x)
 #define COLD
+#define COMPILER_BARRIER() ((void)0)
 #endif
 
 /* The interpreter's own frames, read where their layout is known (CPython 3.11 to 3.13): the
@@ -98,13 +100,16 @@ static PyObject *s_enabled, *s_specs, *s_shape, *s_dtype, *s_counter, *s_index,
 #define RAW_SPAN 192 /* bytes of a TensorImpl the offsets may reach (layout.py: SPAN) */
 #define TC_HEADS 8
 typedef struct {
-    unsigned long ident; /* 0: unused */
-    PyObject *parent;    /* strong reference */
+    PyCodeObject *code; /* kept alive by the StackTable, which interned it */
+    int lasti;
+    uint32_t index;
+} TcHead;
+
+typedef struct {
+    PyObject *parent; /* strong reference (the thread's ident: FastPath.tc_ident) */
     int parent_lasti;
     int nheads, next_head;
-    PyCodeObject *code[TC_HEADS]; /* kept alive by the StackTable, which interned them */
-    int lasti[TC_HEADS];
-    uint32_t index[TC_HEADS];
+    TcHead head[TC_HEADS]; /* code, offset and stack index side by side: one line per hit */
 } TCache;
 
 /* Where a plain torch.Tensor keeps its shape, dtype and dispatch keys, found by layout.py at
@@ -125,16 +130,20 @@ typedef struct {
  *  - at most RAW_DIMS dimensions (the inline sizes), and a dtype index seen at calibration.
  * Anything else takes the getters, as before. */
 typedef struct {
+    /* What every read needs, together. */
     int on;
-    PyTypeObject *type;   /* strong reference */
-    unsigned int version; /* the type's version tag while its getters are torch's */
+    int nseen;
+    unsigned int version;              /* the type's version tag while its getters are torch's */
+    int32_t off_impl, off_ndim, off_dtype, off_keys; /* set_layout checks their range */
+    PyTypeObject *type;                /* strong reference */
+    uint64_t seen[RAW_KEYS];           /* key sets read both ways and found to agree */
+    /* For admitting a new key set, and re-arming after the type changed. */
+    uint64_t allowed;
     getter shape_get, dtype_get;
     void *shape_closure, *dtype_closure;
-    Py_ssize_t off_impl, off_ndim, off_dtype, off_keys;
-    uint64_t allowed;
-    uint64_t seen[RAW_KEYS]; /* key sets read both ways and found to agree */
-    int nseen;
-    PyObject *dtypes[RAW_DTYPES]; /* TypeMeta index -> torch.dtype, strong references */
+    /* TypeMeta index -> torch.dtype, strong references: apart from the fields above, since a
+     * read touches one entry of these 2 KB. */
+    PyObject *dtypes[RAW_DTYPES];
 } Layout;
 
 /* -- Counter and Active: state the C and Python paths share, readable without objects ------
@@ -177,11 +186,16 @@ static PyTypeObject CounterType = {
     .tp_members = Counter_members,
 };
 
+#define ACTIVE_INLINE 4
 typedef struct {
     PyObject_HEAD
     Py_ssize_t n, cap;
-    unsigned long *ident;
+    unsigned long *ident; /* ident_in, or heap memory once more threads are inside calls */
     long long *rid;
+    /* The first few threads in the object itself: the hot path's guard reads one cache line
+     * instead of three (the object and two arrays). */
+    unsigned long ident_in[ACTIVE_INLINE];
+    long long rid_in[ACTIVE_INLINE];
 } Active;
 
 static Py_ssize_t
@@ -195,27 +209,45 @@ active_find(Active *a, unsigned long ident)
     return -1;
 }
 
+/* Room for one more thread: the inline arrays first, then the heap. */
+COLD static int
+active_grow(Active *a)
+{
+    if (a->ident == NULL) {
+        a->ident = a->ident_in;
+        a->rid = a->rid_in;
+        a->cap = ACTIVE_INLINE;
+        return 0;
+    }
+    Py_ssize_t cap = a->cap * 2;
+    unsigned long *idents = PyMem_Malloc(cap * sizeof *idents);
+    long long *rids = PyMem_Malloc(cap * sizeof *rids);
+    if (idents == NULL || rids == NULL) {
+        PyMem_Free(idents);
+        PyMem_Free(rids);
+        PyErr_NoMemory();
+        return -1;
+    }
+    memcpy(idents, a->ident, a->n * sizeof *idents);
+    memcpy(rids, a->rid, a->n * sizeof *rids);
+    if (a->ident != a->ident_in) {
+        PyMem_Free(a->ident);
+        PyMem_Free(a->rid);
+    }
+    a->ident = idents;
+    a->rid = rids;
+    a->cap = cap;
+    return 0;
+}
+
 /* Set the thread's record id; its index in the arrays, or -1 (out of memory). */
 static Py_ssize_t
 active_put(Active *a, unsigned long ident, long long rid)
 {
     Py_ssize_t i = active_find(a, ident);
     if (i < 0) {
-        if (a->n == a->cap) {
-            Py_ssize_t cap = a->cap ? a->cap * 2 : 8;
-            unsigned long *idents = PyMem_Realloc(a->ident, cap * sizeof *idents);
-            if (idents == NULL) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            a->ident = idents;
-            long long *rids = PyMem_Realloc(a->rid, cap * sizeof *rids);
-            if (rids == NULL) {
-                PyErr_NoMemory();
-                return -1;
-            }
-            a->rid = rids;
-            a->cap = cap;
+        if (UNLIKELY(a->n == a->cap) && active_grow(a) < 0) {
+            return -1;
         }
         i = a->n++;
         a->ident[i] = ident;
@@ -368,8 +400,10 @@ Active_iter(Active *self)
 static void
 Active_dealloc(Active *self)
 {
-    PyMem_Free(self->ident);
-    PyMem_Free(self->rid);
+    if (self->ident != self->ident_in) {
+        PyMem_Free(self->ident);
+        PyMem_Free(self->rid);
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -404,70 +438,87 @@ static PyTypeObject ActiveType = {
     .tp_methods = Active_methods,
 };
 
+/* One cached tensor spec (see spec_of): the fields a hit compares, then its answer. */
+typedef struct {
+    PyObject *specs; /* the group's specs dict (strong reference); NULL: unused */
+    PyObject *dtype; /* strong reference */
+    uint32_t sig, dev;
+    int64_t ndim; /* -1: the shape does not fit (more than RAW_DIMS dimensions) */
+    int64_t sizes[RAW_DIMS];
+    PyObject *shape; /* a plain tuple (strong reference), for hits through the getters */
+} SpecEntry;
+
+/* The hot path's state. Fields a recorded call reads come first, packed: torch's call around
+ * it (about 40K instructions) evicts them from the data cache at every call, so each cache
+ * line they span is a miss per call (callgrind). Objects the Python path shares (Active, the
+ * Counters, the ring) are reached through pointers; what only start-up, misses and dumps use
+ * comes last. */
 typedef struct {
     PyObject_HEAD
-    PyObject *rec;     /* Recorder: .enabled, .settle() */
-    PyObject *by_pg;   /* dict: group (or None) -> GroupInfo */
-    Active *active;    /* thread ident -> record id (the reentrancy guard) */
-    PyObject *threads; /* dict: thread ident -> thread name index */
-    PyObject *tcaches; /* dict: thread ident -> stacks._ThreadCache */
-    PyObject *reds;    /* dict: reduce op -> string index */
-    Counter *ids;      /* record ids (shared with the Python path) */
-    PyObject *capture; /* StackTable.capture(frame, ident) -> int */
-    Py_buffer buf;     /* the ring's buffer (bytearray or the black box's mmap) */
-    int has_buf;
-    Py_ssize_t capacity;
+    /* Recorder.enabled, pushed here by its setter (reading the attribute cost a sixth of the
+     * path). */
+    int enabled;
     int depth;
-    /* Reduce ops seen last, by identity: hashing a pybind11 enum member runs its Python-level
-     * __hash__ (about 0.2 us, a tenth of the budget). The dict hit for an object never
-     * changes (tables only grow), and the strong reference keeps the identity valid. */
-    PyObject *red_obj[RED_CACHE];
-    uint32_t red_idx[RED_CACHE];
-    int red_next;
-    /* The fields of the GroupInfo seen last (strong references): attribute lookups cost a
-     * tenth of the C path, and a GroupInfo's specs, counter, ranks, index and backend never
-     * change. Valid while by_pg still maps the call's group to that same object. */
-    PyObject *g_info, *g_specs, *g_ranks;
-    Counter *g_counter;
-    uint32_t g_index;
-    int g_gpu;
+    char *ring; /* the ring's memory (buf.buf) */
+    Py_ssize_t capacity, ring_len;
+    Active *active;  /* thread ident -> record id (the reentrancy guard) */
+    Counter *ids;    /* record ids (shared with the Python path) */
     /* The group argument that by_pg mapped to g_info, and by_pg's version tag then: while the
      * dict is unchanged (any insert, removal or clear changes the tag) the same group object
      * maps to the same info, without hashing the group and probing the dict (a tenth of the
      * C path). Only compared, never dereferenced: by_pg held the key when it was cached, and
      * dropping it changes the tag. */
+    PyObject *by_pg; /* dict: group (or None) -> GroupInfo */
     const void *g_key;
     uint64_t g_version;
     int g_key_valid;
-    /* The calling thread's ident as an int object, for the dict keys (one allocation per
-     * thread switch instead of two per call). */
-    unsigned long tid_ident;
-    PyObject *tid_obj;
+    uint32_t g_gen; /* moves whenever the fields below change (see do_enter) */
+    /* The fields of the GroupInfo seen last (strong references): attribute lookups cost a
+     * tenth of the C path, and a GroupInfo's specs, counter, ranks, index and backend never
+     * change. Valid while by_pg still maps the call's group to that same object. */
+    PyObject *g_specs, *g_ranks;
+    Counter *g_counter;
+    uint32_t g_index;
+    int g_gpu;
     /* The thread name index of the thread seen last (``threads``' value for it), until the
      * recorder forgets thread names at a dump (``forget_threads``). 0: none cached. */
     unsigned long th_ident;
     uint32_t th_index;
-    /* Recorder.enabled, pushed here by its setter (reading the attribute cost a sixth of the
-     * path). */
-    int enabled;
+    /* Reduce ops seen last, by identity: hashing a pybind11 enum member runs its Python-level
+     * __hash__ (about 0.2 us, a tenth of the budget). The dict hit for an object never
+     * changes (tables only grow), and the strong reference keeps the identity valid. */
+    uint32_t red_idx[RED_CACHE];
+    PyObject *red_obj[RED_CACHE];
+    int sc_last; /* the spec cache's entry hit last, probed first */
+    /* Stacks of the last few threads, keyed by the caller's caller (see stack_of): their
+     * idents here, so that finding the calling thread's cache reads no line of its own. */
+    unsigned long tc_ident[TC_THREADS]; /* 0: unused */
+    /* Tensors' shape and dtype read from memory (its hot fields first, its dtype table last). */
+    Layout raw;
+    /* The last few tensor specs hit: (group specs dict, shape, dtype) -> (signature, device),
+     * compared in C without building, hashing and looking up a key (see spec_of). */
+    SpecEntry sc[SPEC_CACHE];
+    TCache tc[TC_THREADS];
+    int red_next, sc_next, tc_next;
+    /* -- the rest: start-up, misses, dumps -- */
+    PyObject *g_info; /* the GroupInfo whose fields g_* holds (strong reference) */
+    PyObject *rec;     /* Recorder: .enabled, .settle() */
+    PyObject *threads; /* dict: thread ident -> thread name index */
+    PyObject *tcaches; /* dict: thread ident -> stacks._ThreadCache */
+    PyObject *reds;    /* dict: reduce op -> string index */
+    PyObject *capture; /* StackTable.capture(frame, ident) -> int */
+    Py_buffer buf;     /* the ring's buffer (bytearray or the black box's mmap) */
+    int has_buf;
+    /* The calling thread's ident as an int object, for the dict keys (one allocation per
+     * thread switch instead of two per call). */
+    unsigned long tid_ident;
+    PyObject *tid_obj;
     /* The ``shape`` and ``dtype`` getters of the tensor type seen last, valid while the type
      * is unchanged (its version tag: assigning an attribute on it or a base changes it). */
     PyTypeObject *tt_type; /* strong reference */
     unsigned int tt_version;
     getter tt_shape, tt_dtype;
     void *tt_shape_closure, *tt_dtype_closure;
-    /* The last few tensor specs hit: (group specs dict, shape, dtype) -> (signature, device),
-     * compared in C without building, hashing and looking up a key (see spec_of). */
-    PyObject *sc_specs[SPEC_CACHE], *sc_shape[SPEC_CACHE], *sc_dtype[SPEC_CACHE];
-    uint32_t sc_sig[SPEC_CACHE], sc_dev[SPEC_CACHE];
-    /* The same shapes as C integers, for hits read from torch's own objects (see Layout);
-     * sc_ndim -1: this entry's shape does not fit (more than RAW_DIMS dimensions). */
-    int64_t sc_ndim[SPEC_CACHE], sc_sizes[SPEC_CACHE][RAW_DIMS];
-    int sc_next;
-    Layout raw;
-    /* Stacks of the last few threads, keyed by the caller's caller (see stack_of). */
-    TCache tc[TC_THREADS];
-    int tc_next;
 } FastPath;
 
 static inline int64_t
@@ -533,6 +584,7 @@ group_fields(FastPath *self, PyObject *info)
         Py_XDECREF(ranks);
         return -1;
     }
+    self->g_gen++;
     Py_INCREF(info);
     Py_XSETREF(self->g_info, info);
     Py_XSETREF(self->g_specs, specs);
@@ -563,43 +615,53 @@ dict_version(PyObject *d)
 #define FR_DICT_VERSION 0
 #endif
 
-/* The GroupInfo that by_pg maps ``group`` to, with its fields cached (borrowed: the cache
- * holds it); NULL (no exception set) when there is none or it is not what the Python path
- * stores. */
-COLD static PyObject *
+/* Cache the fields of the GroupInfo that by_pg maps ``group`` to: 0, or -1 (no exception
+ * set) when there is none or it is not what the Python path stores. */
+COLD static int
 group_lookup(FastPath *self, PyObject *group)
 {
     self->g_key_valid = 0;
     PyObject *info = PyDict_GetItemWithError(self->by_pg, group); /* borrowed */
     if (info == NULL || info == Py_None || group_fields(self, info) < 0) {
         PyErr_Clear();
-        return NULL;
+        return -1;
     }
 #if FR_DICT_VERSION
     self->g_key = (const void *)group;
     self->g_version = dict_version(self->by_pg);
     self->g_key_valid = 1;
 #endif
-    return self->g_info;
+    return 0;
 }
 
-static inline PyObject *
+/* The g_* fields hold ``group``'s GroupInfo: 0, or -1 where it has none (see group_lookup). */
+static inline int
 group_of(FastPath *self, PyObject *group)
 {
 #if FR_DICT_VERSION
     if (LIKELY(self->g_key_valid && self->g_key == (const void *)group &&
                self->g_version == dict_version(self->by_pg))) {
-        return self->g_info;
+        return 0;
     }
 #endif
     return group_lookup(self, group);
+}
+
+/* The calling thread's ident (threading.get_ident()), from its thread state: the interpreter
+ * keeps it there, in a cache line it reads all the time, where pthread_self() reads one of
+ * its own (about 4 data-cache misses a call, for two calls). */
+static inline unsigned long
+thread_ident(void)
+{
+    unsigned long ident = PyThreadState_Get()->thread_id;
+    return LIKELY(ident != 0) ? ident : PyThread_get_thread_ident();
 }
 
 /* The calling thread's ident as an int (new reference). */
 static PyObject *
 thread_id(FastPath *self)
 {
-    unsigned long ident = PyThread_get_thread_ident();
+    unsigned long ident = thread_ident();
     if (self->tid_obj == NULL || self->tid_ident != ident) {
         PyObject *obj = PyLong_FromUnsignedLong(ident);
         if (obj == NULL) {
@@ -745,6 +807,7 @@ same_shape(PyObject *a, PyObject *b)
 
 COLD static int spec_miss(FastPath *self, PyObject *specs, PyObject *shape, PyObject *dtype,
                           uint32_t *sig, uint32_t *dev);
+static int spec_getters(FastPath *self, PyObject *tensor, uint32_t *sig, uint32_t *dev);
 
 /* A shape tuple's sizes as C integers (its length), or -1 where it does not fit RAW_DIMS. */
 static int64_t
@@ -871,44 +934,76 @@ raw_read(FastPath *self, PyObject *tensor, int64_t *ndim, const int64_t **sizes,
     return *sizes != NULL;
 }
 
+/* Whether ``n`` sizes are equal (an inline loop: n is a dimension count, mostly 1 to 3, where
+ * a call to memcmp costs more than the compare). */
+static inline int
+same_sizes(const int64_t *a, const int64_t *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (a[i] != b[i]) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
 /* specs.get((tensor.shape, tensor.dtype)) -> (signature index, device index); -1 on a miss.
  * The last few hits are kept in C and compared by value (the shape is read at every call:
  * a tensor reshaped in place between two calls gets its new signature). */
 static int
 spec_of(FastPath *self, PyObject *specs, PyObject *tensor, uint32_t *sig, uint32_t *dev)
 {
-    PyObject *shape, *dtype;
     int64_t n;
     const int64_t *sizes;
+    PyObject *dtype;
     if (LIKELY(raw_read(self, tensor, &n, &sizes, &dtype))) {
-        for (int i = 0; i < SPEC_CACHE; i++) {
-            if (self->sc_specs[i] == specs && self->sc_dtype[i] == dtype &&
-                self->sc_ndim[i] == n && memcmp(self->sc_sizes[i], sizes, 8 * (size_t)n) == 0) {
-                *sig = self->sc_sig[i];
-                *dev = self->sc_dev[i];
+        /* The entry hit last first: a loop over one tensor reads one entry's cache line. */
+        for (int k = 0, i = self->sc_last; k < SPEC_CACHE; k++, i = (i + 1) % SPEC_CACHE) {
+            const SpecEntry *e = &self->sc[i];
+            if (e->specs == specs && e->dtype == dtype && e->ndim == n &&
+                same_sizes(e->sizes, sizes, n)) {
+                *sig = e->sig;
+                *dev = e->dev;
+                self->sc_last = i;
                 return 0;
             }
         }
     }
+    return spec_getters(self, tensor, sig, dev);
+}
+
+/* spec_of through torch's getters, which may run Python code (a subclass, a torch-function
+ * mode): on the group cache's current specs dict, held meanwhile; do_enter's g_gen check
+ * catches a cache that changed since the call began. */
+static int
+spec_getters(FastPath *self, PyObject *tensor, uint32_t *sig, uint32_t *dev)
+{
+    PyObject *shape, *dtype, *specs = self->g_specs;
+    Py_INCREF(specs);
+    int rc = -1;
     if (UNLIKELY(shape_dtype(self, tensor, &shape, &dtype) < 0)) {
-        return -1;
+        goto done;
     }
     if (UNLIKELY(!PyTuple_Check(shape))) {
         Py_DECREF(shape);
         Py_DECREF(dtype);
-        return -1;
+        goto done;
     }
     for (int i = 0; i < SPEC_CACHE; i++) {
-        if (self->sc_specs[i] == specs && self->sc_dtype[i] == dtype &&
-            same_shape(self->sc_shape[i], shape)) {
-            *sig = self->sc_sig[i];
-            *dev = self->sc_dev[i];
+        const SpecEntry *e = &self->sc[i];
+        if (e->specs == specs && e->dtype == dtype && same_shape(e->shape, shape)) {
+            *sig = e->sig;
+            *dev = e->dev;
             Py_DECREF(shape);
             Py_DECREF(dtype);
-            return 0;
+            rc = 0;
+            goto done;
         }
     }
-    return spec_miss(self, specs, shape, dtype, sig, dev);
+    rc = spec_miss(self, specs, shape, dtype, sig, dev);
+done:
+    Py_DECREF(specs);
+    return rc;
 }
 
 /* spec_of's miss: the group's dict, then a place in the C cache. Takes shape and dtype. */
@@ -926,16 +1021,16 @@ spec_miss(FastPath *self, PyObject *specs, PyObject *shape, PyObject *dtype, uin
         /* Keep a plain tuple copy: the cache must not hold a subclass whose items change. */
         PyObject *copy = PyTuple_GetSlice(shape, 0, PyTuple_GET_SIZE(shape));
         if (copy != NULL) {
-            int i = self->sc_next;
-            self->sc_next = (i + 1) % SPEC_CACHE;
+            SpecEntry *e = &self->sc[self->sc_next];
+            self->sc_next = (self->sc_next + 1) % SPEC_CACHE;
             Py_INCREF(specs);
-            Py_XSETREF(self->sc_specs[i], specs);
-            Py_XSETREF(self->sc_shape[i], copy);
+            Py_XSETREF(e->specs, specs);
+            Py_XSETREF(e->shape, copy);
             Py_INCREF(dtype);
-            Py_XSETREF(self->sc_dtype[i], dtype);
-            self->sc_ndim[i] = c_sizes(copy, self->sc_sizes[i]);
-            self->sc_sig[i] = *sig;
-            self->sc_dev[i] = *dev;
+            Py_XSETREF(e->dtype, dtype);
+            e->ndim = c_sizes(copy, e->sizes);
+            e->sig = *sig;
+            e->dev = *dev;
         }
         rc = 0;
     }
@@ -950,17 +1045,18 @@ static TCache *
 tcache_of(FastPath *self, unsigned long ident, int create)
 {
     for (int i = 0; i < TC_THREADS; i++) {
-        if (self->tc[i].ident == ident) {
+        if (self->tc_ident[i] == ident) {
             return &self->tc[i];
         }
     }
     if (!create) {
         return NULL;
     }
-    TCache *c = &self->tc[self->tc_next];
-    self->tc_next = (self->tc_next + 1) % TC_THREADS;
+    int i = self->tc_next;
+    self->tc_next = (i + 1) % TC_THREADS;
+    TCache *c = &self->tc[i];
     Py_CLEAR(c->parent);
-    c->ident = ident;
+    self->tc_ident[i] = ident;
     c->nheads = c->next_head = 0;
     return c;
 }
@@ -1017,8 +1113,8 @@ stack_hit_here(FastPath *self, unsigned long ident, uint32_t *out)
 #endif
     int lasti = iframe_lasti(f);
     for (int i = 0; i < c->nheads; i++) {
-        if (c->code[i] == code && c->lasti[i] == lasti) {
-            *out = c->index[i];
+        if (c->head[i].code == code && c->head[i].lasti == lasti) {
+            *out = c->head[i].index;
             return 0;
         }
     }
@@ -1069,8 +1165,8 @@ stack_of_frame(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *o
     TCache *c = parent != NULL ? tcache_of(self, ident, 0) : NULL;
     if (c != NULL && c->parent == (PyObject *)parent && c->parent_lasti == parent_lasti) {
         for (int i = 0; i < c->nheads; i++) {
-            if (c->code[i] == code && c->lasti[i] == lasti) {
-                *out = c->index[i];
+            if (c->head[i].code == code && c->head[i].lasti == lasti) {
+                *out = c->head[i].index;
                 Py_DECREF(code);
                 Py_DECREF(parent);
                 return 0;
@@ -1097,9 +1193,9 @@ stack_of_frame(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *o
         if (c->nheads < TC_HEADS) {
             c->nheads++;
         }
-        c->code[h] = code;
-        c->lasti[h] = lasti;
-        c->index[h] = *out;
+        c->head[h].code = code;
+        c->head[h].lasti = lasti;
+        c->head[h].index = *out;
     }
     Py_DECREF(code);
     Py_XDECREF(parent);
@@ -1196,9 +1292,6 @@ tensors_of(FastPath *self, PyObject *specs, PyObject *tin, PyObject *tout, uint3
     if (!has_in && !has_out) {
         return 0;
     }
-    if (UNLIKELY(!PyDict_CheckExact(specs))) {
-        return -1;
-    }
     if (has_in && spec_of(self, specs, tin, sig_in, dev) < 0) {
         return -1;
     }
@@ -1222,33 +1315,31 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
          PyObject *tout, PyObject *red, PyObject *root, PyObject *group_root, PyObject *async_op,
          PyObject *frame, int *gpu)
 {
-    PyObject *info = NULL;
-    long result = -1;
     uint32_t sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
     int32_t peer = -1;
 
-    if (UNLIKELY(!self->enabled || (base_flags & FLAG_IS_P2P))) {
-        goto fallback; /* the Python path handles "off", and point-to-point */
+    if (UNLIKELY(!self->enabled || (base_flags & FLAG_IS_P2P) || self->ring == NULL)) {
+        return -1; /* the Python path handles "off", and point-to-point */
     }
-    unsigned long ident = PyThread_get_thread_ident();
+    unsigned long ident = thread_ident();
     if (UNLIKELY(active_find(self->active, ident) >= 0)) {
-        result = 0; /* inside a recorded call */
+        return 0; /* inside a recorded call */
+    }
+    if (UNLIKELY(group_of(self, group) < 0)) {
         goto fallback;
     }
-    info = group_of(self, group);
-    if (UNLIKELY(info == NULL)) {
+    /* The cached group's fields are borrowed from the FastPath, which holds them. Steps that
+     * may run Python code (cache misses: a stack walk, torch's getters, a dict lookup that
+     * hashes) may let another thread's call replace them: each such step holds what it uses
+     * itself, and g_gen, which every replacement moves, is compared before the fields are
+     * used again. No Python code runs before peer_of. */
+    uint32_t gen = self->g_gen;
+    if ((root != Py_None || group_root != Py_None) &&
+        peer_of(root, group_root, self->g_ranks, &peer) < 0) {
         goto fallback;
     }
-    Py_INCREF(info);
-    /* Borrowed from info's attributes, which info (held) keeps alive even if another
-     * thread's call replaces the cache while a stack walk below runs Python code. */
-    PyObject *specs = self->g_specs, *ranks = self->g_ranks;
-    Counter *counter = self->g_counter;
-    uint32_t group_i = self->g_index;
-    int group_gpu = self->g_gpu;
     int64_t t0 = now_ns();
-
-    if (UNLIKELY(tensors_of(self, specs, tin, tout, &sig_in, &sig_out, &dev) < 0)) {
+    if (UNLIKELY(tensors_of(self, self->g_specs, tin, tout, &sig_in, &sig_out, &dev) < 0)) {
         goto fallback;
     }
     int red_hit = 0;
@@ -1267,9 +1358,6 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     if (!red_hit && red_slow(self, red, &red_i) < 0) {
         goto fallback;
     }
-    if ((root != Py_None || group_root != Py_None) && peer_of(root, group_root, ranks, &peer) < 0) {
-        goto fallback;
-    }
     if (LIKELY(self->th_ident == ident && ident != 0)) {
         thread = self->th_index;
     }
@@ -1284,6 +1372,9 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     if (UNLIKELY(stack_of(self, frame, ident, &stack) < 0)) {
         goto fallback;
     }
+    if (UNLIKELY(self->g_gen != gen)) {
+        goto fallback; /* the group cache changed under a miss: the Python path decides */
+    }
 
     Py_ssize_t guard = active_put(self->active, ident, 0);
     if (UNLIKELY(guard < 0)) {
@@ -1291,39 +1382,39 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     }
     /* From here on nothing can fail: take the sequence number and the record id (the
      * counters are C integers; no Python code runs between here and the slot's write). */
-    unsigned long long seq = ++counter->value;
+    unsigned long long seq = ++self->g_counter->value;
     unsigned long long rid = ++self->ids->value;
-    Py_ssize_t off = (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;
-    char *p = (char *)self->buf.buf + off;
-    char slot[SLOT_SIZE];
-    memset(slot, 0, sizeof slot);
-    put_u64(slot + OFF_RID, rid);
-    put_u64(slot + OFF_ENQ, (uint64_t)t0);
-    slot[OFF_STATE] = ENQUEUED;
-    put_u64(slot + OFF_SEQ, seq);
-    put_u32(slot + OFF_GROUP, group_i);
-    put_u32(slot + OFF_OP, op);
-    put_u32(slot + OFF_RED, red_i);
-    put_u32(slot + OFF_PEER, (uint32_t)peer);
-    put_u32(slot + OFF_THREAD, thread);
-    put_u32(slot + OFF_STACK, stack);
-    put_u32(slot + OFF_IN, sig_in);
-    put_u32(slot + OFF_OUT, sig_out);
-    put_u32(slot + OFF_DEV, dev);
-    put_u32(slot + OFF_FLAGS, base_flags | (is_async ? 1u : 0u));
-    put_u64(slot + OFF_RID2, rid);
-    memcpy(p, slot, SLOT_SIZE);
+    char *p = self->ring +
+              (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;
+    /* Every byte of the slot, in place (no copy through the stack): the record id first, the
+     * same id again last, after a compiler barrier, so that a reader of the black box's file
+     * taking a copy meanwhile sees the two differ (the Python readers hold the GIL). */
+    put_u64(p + OFF_RID, rid);
+    put_u64(p + OFF_ENQ, (uint64_t)t0);
+    put_u64(p + OFF_COMPLETE, 0);
+    put_u32(p + OFF_STATE, ENQUEUED); /* the state byte and its three bytes of padding */
+    put_u64(p + OFF_SEQ, seq);
+    put_u64(p + OFF_P2P, 0);
+    put_u32(p + OFF_GROUP, self->g_index);
+    put_u32(p + OFF_OP, op);
+    put_u32(p + OFF_RED, red_i);
+    put_u32(p + OFF_PEER, (uint32_t)peer);
+    put_u32(p + OFF_THREAD, thread);
+    put_u32(p + OFF_STACK, stack);
+    put_u32(p + OFF_IN, sig_in);
+    put_u32(p + OFF_OUT, sig_out);
+    put_u32(p + OFF_DEV, dev);
+    put_u32(p + OFF_FLAGS, base_flags | (is_async ? 1u : 0u));
+    COMPILER_BARRIER();
+    put_u64(p + OFF_RID2, rid);
     self->active->rid[guard] = (long long)rid;
-    *gpu = group_gpu;
-    result = (long)rid;
-    Py_DECREF(info);
-    return result;
+    *gpu = self->g_gpu;
+    return (long)rid;
 
 fallback:
     /* Errors here are the Python path's to meet again (and to report as torch would). */
     PyErr_Clear();
-    Py_XDECREF(info);
-    return result;
+    return -1;
 }
 
 static PyObject *
@@ -1349,7 +1440,7 @@ static void
 do_leave(FastPath *self, long rid_l, PyObject *result, PyObject *async_op, PyObject *group,
          int gpu)
 {
-    active_drop(self->active, PyThread_get_thread_ident());
+    active_drop(self->active, thread_ident());
     if (rid_l <= 0) {
         return;
     }
@@ -1384,8 +1475,8 @@ do_leave(FastPath *self, long rid_l, PyObject *result, PyObject *async_op, PyObj
         return;
     }
     Py_ssize_t off = (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;
-    if (off + SLOT_SIZE <= self->buf.len) {
-        char *p = (char *)self->buf.buf + off;
+    if (off + SLOT_SIZE <= self->ring_len) {
+        char *p = self->ring + off;
         uint64_t have;
         memcpy(&have, p + OFF_RID, 8);
         if (have == rid) { /* not yet overwritten by other threads' entries */
@@ -1428,7 +1519,7 @@ FastPath_purge(FastPath *self, PyObject *live)
         if (c->parent == NULL) {
             continue;
         }
-        PyObject *key = PyLong_FromUnsignedLong(c->ident);
+        PyObject *key = PyLong_FromUnsignedLong(self->tc_ident[i]);
         if (key == NULL) {
             return NULL;
         }
@@ -1448,7 +1539,7 @@ FastPath_purge(FastPath *self, PyObject *live)
         }
         Py_XDECREF(f);
         if (!alive) {
-            c->ident = 0;
+            self->tc_ident[i] = 0;
             c->nheads = c->next_head = 0;
             Py_CLEAR(c->parent);
         }
@@ -1583,6 +1674,9 @@ FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "capacity must be at least 1");
         return -1;
     }
+    /* No ring until this succeeds: the hot path falls back while ``ring`` is NULL. */
+    self->ring = NULL;
+    self->ring_len = 0;
     if (self->has_buf) {
         PyBuffer_Release(&self->buf);
         self->has_buf = 0;
@@ -1613,6 +1707,8 @@ FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->capture, capture);
     self->capacity = capacity;
     self->depth = depth;
+    self->ring = (char *)self->buf.buf;
+    self->ring_len = self->buf.len;
     self->enabled = 1;
     return 0;
 }
@@ -1644,9 +1740,9 @@ FastPath_traverse(FastPath *self, visitproc visit, void *arg)
         Py_VISIT(self->tc[i].parent);
     }
     for (int i = 0; i < SPEC_CACHE; i++) {
-        Py_VISIT(self->sc_specs[i]);
-        Py_VISIT(self->sc_shape[i]);
-        Py_VISIT(self->sc_dtype[i]);
+        Py_VISIT(self->sc[i].specs);
+        Py_VISIT(self->sc[i].shape);
+        Py_VISIT(self->sc[i].dtype);
     }
     return 0;
 }
@@ -1666,6 +1762,7 @@ FastPath_clear(FastPath *self)
         Py_CLEAR(self->red_obj[i]);
     }
     self->g_key_valid = 0;
+    self->g_gen++;
     Py_CLEAR(self->tt_type);
     raw_clear(&self->raw);
     Py_CLEAR(self->g_info);
@@ -1675,12 +1772,12 @@ FastPath_clear(FastPath *self)
     Py_CLEAR(self->tid_obj);
     for (int i = 0; i < TC_THREADS; i++) {
         Py_CLEAR(self->tc[i].parent);
-        self->tc[i].ident = 0;
+        self->tc_ident[i] = 0;
     }
     for (int i = 0; i < SPEC_CACHE; i++) {
-        Py_CLEAR(self->sc_specs[i]);
-        Py_CLEAR(self->sc_shape[i]);
-        Py_CLEAR(self->sc_dtype[i]);
+        Py_CLEAR(self->sc[i].specs);
+        Py_CLEAR(self->sc[i].shape);
+        Py_CLEAR(self->sc[i].dtype);
     }
     return 0;
 }
@@ -1691,6 +1788,7 @@ FastPath_dealloc(FastPath *self)
     PyObject_GC_UnTrack(self);
     FastPath_clear(self);
     if (self->has_buf) {
+        self->ring = NULL;
         PyBuffer_Release(&self->buf);
         self->has_buf = 0;
     }
@@ -1755,16 +1853,17 @@ enum { R_GROUP, R_IN, R_OUT, R_RED, R_ROOT, R_GROUP_ROOT, R_ASYNC, R_COUNT };
 
 typedef struct {
     PyObject_HEAD
+    /* What a call reads, first (the interpreter reads ``vectorcall``). */
+    vectorcallfunc vectorcall;
     FastPath *fast;
     PyObject *orig;     /* torch's function */
-    PyObject *fallback; /* the generated Python wrapper: the Python path */
-    PyObject *names;    /* tuple of the parameter names, in order */
     PyObject *defaults; /* defaults of parameters required.. */
-    Py_ssize_t nparams, required;
-    int where[R_COUNT]; /* parameter index of each role, -1 where the function has none */
     uint32_t op, flags;
+    int16_t nparams, required;
+    int8_t where[R_COUNT]; /* parameter index of each role, -1 where the function has none */
+    PyObject *fallback;    /* the generated Python wrapper: the Python path */
+    PyObject *names;       /* tuple of the parameter names, in order */
     PyObject *dict;
-    vectorcallfunc vectorcall;
 } Site;
 
 static PyObject *s_fail, *s_qualname, *zero;
@@ -1876,7 +1975,10 @@ bound:;
     /* torch's function (a Python function) through its own vectorcall: PyObject_Vectorcall
      * adds a dispatch and a result check the interpreter already guarantees (about 45
      * instructions a call). */
-    vectorcallfunc call = PyVectorcall_Function(self->orig);
+    PyObject *orig = self->orig;
+    vectorcallfunc call = Py_IS_TYPE(orig, &PyFunction_Type)
+                              ? ((PyFunctionObject *)orig)->vectorcall /* no type lookup */
+                              : PyVectorcall_Function(orig);
     PyObject *result = call != NULL ? call(self->orig, args, nargsf, kwnames)
                                     : PyObject_Vectorcall(self->orig, args, nargsf, kwnames);
     if (result == NULL) {
@@ -1925,7 +2027,7 @@ Site_init(Site *self, PyObject *args, PyObject *kwds)
             PyErr_SetString(PyExc_ValueError, "Site: role index out of range");
             return -1;
         }
-        self->where[r] = (int)w;
+        self->where[r] = (int8_t)w;
     }
     if (!PyCallable_Check(orig) || !PyCallable_Check(fallback)) {
         PyErr_SetString(PyExc_TypeError, "Site: orig and fallback must be callable");
@@ -1941,8 +2043,8 @@ Site_init(Site *self, PyObject *args, PyObject *kwds)
     Py_XSETREF(self->names, names);
     Py_INCREF(defaults);
     Py_XSETREF(self->defaults, defaults);
-    self->nparams = n;
-    self->required = required;
+    self->nparams = (int16_t)n;
+    self->required = (int16_t)required;
     self->op = op;
     self->flags = flags;
     self->vectorcall = (vectorcallfunc)Site_vectorcall;
