@@ -278,6 +278,61 @@ def test_site_records_the_callers_stack(rt: Runtime, monkeypatch: pytest.MonkeyP
         assert frames[1][1].endswith("test_site_records_the_callers_stack")
 
 
+def _reduce(fn: Callable[..., Any], t: Any) -> None:
+    fn(t)  # the caller: a helper, whose caller is a new activation at every step
+
+
+def _step(fn: Callable[..., Any], t: Any) -> None:
+    _reduce(fn, t)
+
+
+def test_a_helper_below_a_new_activation_per_call_gets_its_stack_from_the_frames(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # train -> step -> helper -> all_reduce: the caller's caller (step) is new at every call,
+    # so the first cache (keyed by that activation) misses each time; the second, keyed by the
+    # whole walk of (code, offset) pairs, must find the stack the Python walk interned.
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    fast = w["c"].fast
+    t = torch.ones(1)
+    stacks = rt.recorder.stacks
+
+    def train(path: str) -> list[int]:
+        got = []
+        for _ in range(5):
+            _step(w[path], t)  # one line for both paths: the same stack
+            got.append(rows(rt)[-1].stack)
+        return got
+
+    w["c"](t)  # the group, tensor and thread caches filled elsewhere
+    got, hits = {}, {}
+    for path in ("c", "python"):
+        before = fast.walk_hits
+        got[path] = train(path)  # one line for both paths
+        hits[path] = fast.walk_hits - before
+    c_stacks = got["c"]
+    assert hits == {"c": 4, "python": 0}  # all C calls but the first, which walked in Python
+    # The same frames as the Python path's (its offsets may differ within the calling line:
+    # an interpreter's CALL into Python code skips its inline caches first, into C not).
+    assert len(set(c_stacks)) == 1 and len(set(got["python"])) == 1
+    assert stacks.symbolize(c_stacks[0]) == stacks.symbolize(got["python"][0])
+    names = [name for _, name, _ in stacks.symbolize(c_stacks[0])[:4]]
+    assert [n.rsplit(".", 1)[-1] for n in names] == ["_reduce", "_step", "train", names[3]]
+    assert names[3].endswith(
+        "test_a_helper_below_a_new_activation_per_call_gets_its_stack_from_the_frames"
+    )
+
+    # The same helpers under another line: another stack, never the cached one.
+    def other_train() -> int:
+        _step(w["c"], t)
+        _step(w["c"], t)
+        return rows(rt)[-1].stack
+
+    other = other_train()
+    assert other != c_stacks[0]
+    assert [n for _, n, _ in stacks.symbolize(other)[:3]][2].endswith("other_train")
+
+
 def test_site_alternating_groups_keep_their_own_counters(
     rt: Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -438,6 +438,16 @@ static PyTypeObject ActiveType = {
     .tp_methods = Active_methods,
 };
 
+/* One frame of a stack as the interpreter keeps it: its code and instruction offset. */
+typedef struct {
+    PyCodeObject *code; /* only compared; the StackTable keeps it alive */
+    int lasti;
+} WalkPair;
+
+#define WT_SLOTS 256     /* stacks kept by their frames (a power of two) */
+#define WT_PROBES 4      /* slots tried from a stack's hash */
+#define WT_DEPTH_MAX 64  /* deeper stack settings are not kept this way */
+
 /* One cached tensor spec (see spec_of): the fields a hit compares, then its answer. */
 typedef struct {
     PyObject *specs; /* the group's specs dict (strong reference); NULL: unused */
@@ -500,6 +510,14 @@ typedef struct {
     SpecEntry sc[SPEC_CACHE];
     TCache tc[TC_THREADS];
     int red_next, sc_next, tc_next;
+    /* Stacks by their frames (see walk_hit): WT_SLOTS slots of a hash, a frame count, a
+     * stack index and ``depth`` (code, offset) pairs; NULL where not kept. */
+    uint64_t *wt_hash; /* 0: an empty slot */
+    int32_t *wt_n;
+    uint32_t *wt_index;
+    WalkPair *wt_pairs;
+    PyObject *raw_of; /* StackTable.raw(index) -> ((code, offset), ...), or NULL */
+    unsigned long long walk_hits; /* calls whose stack walk_hit found */
     /* -- the rest: start-up, misses, dumps -- */
     PyObject *g_info; /* the GroupInfo whose fields g_* holds (strong reference) */
     PyObject *rec;     /* Recorder: .enabled, .settle() */
@@ -1120,6 +1138,123 @@ stack_hit_here(FastPath *self, unsigned long ident, uint32_t *out)
     }
     return -1;
 }
+
+/* The calling thread's stack as (code, offset) pairs, innermost first, at most ``depth``
+ * frames: the frames StackTable.capture walks from PyEval_GetFrame() through f_back, read
+ * off the interpreter's frames without creating frame objects. Returns the count, and a
+ * hash of the pairs (never 0). */
+static int
+walk_frames(FastPath *self, WalkPair *out, uint64_t *hash)
+{
+    PyThreadState *ts = PyThreadState_Get();
+#if PY_VERSION_HEX >= 0x030D0000
+    _PyInterpreterFrame *f = first_complete(ts->current_frame);
+#else
+    _PyInterpreterFrame *f = first_complete(ts->cframe->current_frame);
+#endif
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a over the pairs */
+    int n = 0;
+    while (f != NULL && n < self->depth) {
+#if PY_VERSION_HEX >= 0x030D0000
+        PyCodeObject *code = _PyFrame_GetCode(f);
+#else
+        PyCodeObject *code = f->f_code;
+#endif
+        int lasti = iframe_lasti(f);
+        out[n].code = code;
+        out[n].lasti = lasti;
+        h = (h ^ (uint64_t)(uintptr_t)code) * 1099511628211ULL;
+        h = (h ^ (uint64_t)(uint32_t)lasti) * 1099511628211ULL;
+        n++;
+        f = first_complete(f->previous);
+    }
+    *hash = h | 1;
+    return n;
+}
+
+static inline int
+same_walk(const WalkPair *a, const WalkPair *b, int n)
+{
+    for (int i = 0; i < n; i++) {
+        if (a[i].code != b[i].code || a[i].lasti != b[i].lasti) {
+            return 0;
+        }
+    }
+    return 1;
+}
+
+/* The stack index of the calling thread's stack from the stacks kept by their frames; -1 on a
+ * miss. The second cache after stack_hit_here, whose key is the caller's caller as an
+ * activation: a collective called through one more helper (``train`` -> ``step`` ->
+ * ``helper`` -> all_reduce) has a new caller's caller at every call, and would take the
+ * Python walk each time (about 2 us). Walking the frames in C costs a few hundred
+ * instructions; the whole walk is the key, so any stack matches only itself. */
+static int
+walk_hit(FastPath *self, uint32_t *out)
+{
+    if (self->wt_hash == NULL) {
+        return -1;
+    }
+    WalkPair pairs[WT_DEPTH_MAX];
+    uint64_t h;
+    int n = walk_frames(self, pairs, &h);
+    for (int k = 0; k < WT_PROBES; k++) {
+        size_t s = (size_t)(h + (uint64_t)k) & (WT_SLOTS - 1);
+        if (self->wt_hash[s] == 0) {
+            return -1;
+        }
+        if (self->wt_hash[s] == h && self->wt_n[s] == n &&
+            same_walk(self->wt_pairs + s * (size_t)self->depth, pairs, n)) {
+            *out = self->wt_index[s];
+            self->walk_hits++;
+            return 0;
+        }
+    }
+    return -1;
+}
+
+/* After StackTable.capture interned the calling thread's stack as ``index``: keep it by its
+ * frames, where the StackTable's own record of it is exactly this walk (its code objects are
+ * then kept alive by the table, so a pointer here can never name another code object; a
+ * stack capture starts elsewhere, past flightrec's own frames, is not kept). */
+COLD static void
+walk_remember(FastPath *self, uint32_t index)
+{
+    if (self->wt_hash == NULL || self->raw_of == NULL) {
+        return;
+    }
+    WalkPair pairs[WT_DEPTH_MAX];
+    uint64_t h;
+    int n = walk_frames(self, pairs, &h);
+    PyObject *raw = PyObject_CallFunction(self->raw_of, "I", index);
+    int same = raw != NULL && PyTuple_CheckExact(raw) && PyTuple_GET_SIZE(raw) == n;
+    for (int i = 0; same && i < n; i++) {
+        PyObject *pair = PyTuple_GET_ITEM(raw, i);
+        same = PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2 &&
+               PyTuple_GET_ITEM(pair, 0) == (PyObject *)pairs[i].code &&
+               PyLong_CheckExact(PyTuple_GET_ITEM(pair, 1)) &&
+               PyLong_AsLong(PyTuple_GET_ITEM(pair, 1)) == pairs[i].lasti;
+    }
+    Py_XDECREF(raw);
+    PyErr_Clear();
+    /* capture() ran Python code: the frames below are the same (this call has not returned),
+     * but walk again only if the table is still there. */
+    if (!same || self->wt_hash == NULL) {
+        return;
+    }
+    size_t s = (size_t)h & (WT_SLOTS - 1);
+    for (int k = 0; k < WT_PROBES; k++) {
+        size_t t = (size_t)(h + (uint64_t)k) & (WT_SLOTS - 1);
+        if (self->wt_hash[t] == 0) {
+            s = t;
+            break;
+        }
+    }
+    self->wt_hash[s] = h;
+    self->wt_n[s] = n;
+    self->wt_index[s] = index;
+    memcpy(self->wt_pairs + s * (size_t)self->depth, pairs, (size_t)n * sizeof *pairs);
+}
 #endif
 
 /* The stack index of the caller ``frame`` (NULL: the calling thread's current Python frame,
@@ -1137,8 +1272,15 @@ stack_of(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *out)
         return 0;
     }
 #if FR_IFRAME
-    if (frame == NULL && LIKELY(stack_hit_here(self, ident, out) == 0)) {
-        return 0;
+    if (frame == NULL) {
+        if (LIKELY(stack_hit_here(self, ident, out) == 0) || walk_hit(self, out) == 0) {
+            return 0;
+        }
+        int rc = stack_of_frame(self, frame, ident, out);
+        if (rc == 0) {
+            walk_remember(self, *out);
+        }
+        return rc;
     }
 #endif
     return stack_of_frame(self, frame, ident, out);
@@ -1656,19 +1798,50 @@ FastPath_raw_spec(FastPath *self, PyObject *tensor)
     return shape == NULL ? NULL : Py_BuildValue("(NO)", shape, dtype);
 }
 
+/* Drop the stacks kept by their frames (walk_hit). */
+static void
+walk_free(FastPath *self)
+{
+    PyMem_Free(self->wt_hash);
+    PyMem_Free(self->wt_n);
+    PyMem_Free(self->wt_index);
+    PyMem_Free(self->wt_pairs);
+    self->wt_hash = NULL;
+    self->wt_n = NULL;
+    self->wt_index = NULL;
+    self->wt_pairs = NULL;
+    Py_CLEAR(self->raw_of);
+}
+
 static int
 FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
 {
     static char *kw[] = {"recorder", "by_pg", "active", "threads", "tcaches", "reds", "ids",
-                         "capture", "buffer", "capacity", "depth", NULL};
+                         "capture", "buffer", "capacity", "depth", "raw", NULL};
     PyObject *rec, *by_pg, *active, *threads, *tcaches, *reds, *ids, *capture, *buffer;
+    PyObject *raw = Py_None;
     Py_ssize_t capacity;
     int depth;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!O!OOni", kw, &rec, &PyDict_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!O!OOni|O", kw, &rec, &PyDict_Type,
                                      &by_pg, &ActiveType, &active, &PyDict_Type, &threads,
                                      &PyDict_Type, &tcaches, &PyDict_Type, &reds, &CounterType,
-                                     &ids, &capture, &buffer, &capacity, &depth)) {
+                                     &ids, &capture, &buffer, &capacity, &depth, &raw)) {
         return -1;
+    }
+    walk_free(self);
+    if (raw != Py_None && depth >= 1 && depth <= WT_DEPTH_MAX) {
+        self->wt_hash = PyMem_Calloc(WT_SLOTS, sizeof *self->wt_hash);
+        self->wt_n = PyMem_Calloc(WT_SLOTS, sizeof *self->wt_n);
+        self->wt_index = PyMem_Calloc(WT_SLOTS, sizeof *self->wt_index);
+        self->wt_pairs = PyMem_Calloc((size_t)WT_SLOTS * (size_t)depth, sizeof *self->wt_pairs);
+        if (self->wt_hash == NULL || self->wt_n == NULL || self->wt_index == NULL ||
+            self->wt_pairs == NULL) {
+            walk_free(self);
+            PyErr_NoMemory();
+            return -1;
+        }
+        Py_INCREF(raw);
+        Py_XSETREF(self->raw_of, raw);
     }
     if (capacity < 1) {
         PyErr_SetString(PyExc_ValueError, "capacity must be at least 1");
@@ -1724,6 +1897,7 @@ FastPath_traverse(FastPath *self, visitproc visit, void *arg)
     Py_VISIT(self->reds);
     Py_VISIT(self->ids);
     Py_VISIT(self->capture);
+    Py_VISIT(self->raw_of);
     for (int i = 0; i < RED_CACHE; i++) {
         Py_VISIT(self->red_obj[i]);
     }
@@ -1758,6 +1932,7 @@ FastPath_clear(FastPath *self)
     Py_CLEAR(self->reds);
     Py_CLEAR(self->ids);
     Py_CLEAR(self->capture);
+    walk_free(self);
     for (int i = 0; i < RED_CACHE; i++) {
         Py_CLEAR(self->red_obj[i]);
     }
@@ -1819,6 +1994,8 @@ static PyMemberDef FastPath_members[] = {
     {"raw_on", T_INT, offsetof(FastPath, raw.on), READONLY,
      "Whether tensors' shape and dtype are read from memory (set_layout, and no "
      "disagreement with torch's getters since)."},
+    {"walk_hits", T_ULONGLONG, offsetof(FastPath, walk_hits), READONLY,
+     "Calls whose stack was found by walking the interpreter's frames (the second cache)."},
     {"raw_key_sets", T_INT, offsetof(FastPath, raw.nseen), READONLY,
      "How many dispatch key sets were read both ways and found to agree."},
     {NULL, 0, 0, 0, NULL},

@@ -28,6 +28,8 @@ class FastPath:
     def raw_on(self) -> int: ...
     @property
     def raw_key_sets(self) -> int: ...
+    @property
+    def walk_hits(self) -> int: ...
     def __init__(
         self,
         recorder: Any,
@@ -41,6 +43,7 @@ class FastPath:
         buffer: Any,
         capacity: int,
         depth: int,
+        raw: Callable[[int], Any] | None = None,
     ) -> None: ...
     def enter(
         self,

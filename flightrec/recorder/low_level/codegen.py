@@ -153,6 +153,7 @@ def _fast_path(rec: Recorder) -> Any:
             reds=rec.strings.index,
             ids=cast("_fast.Counter", rec.ring.ids),  # a _fast.Counter where _fast is built
             capture=rec.stacks.capture,
+            raw=rec.stacks.raw,
             buffer=rec.ring.buffer,
             capacity=rec.ring.capacity,
             depth=rec.depth,
