@@ -24,6 +24,8 @@ Then the hooks alone, paired in one process (``paired_loop.py``): batches of the
 through the traced function and through torch's original alternate in one ``FLIGHTREC=1``
 process, so load on a shared machine hits both alike; median per-round difference, over a few
 processes. Where fresh processes scatter by several µs, this figure holds within a fraction.
+Also with the collective one helper deeper (``HELPER=1``: its caller's caller is a new
+activation at every call, which the first stack cache cannot key on).
 
 ``--ddp``: steps per second of a small DDP model on 4 gloo ranks (``ddp_steps.py``): untraced,
 FLIGHTREC=1 (DDP keeps its C++ hook), FLIGHTREC=1 with flightrec's Python DDP hook forced,
@@ -347,6 +349,7 @@ def paired(rounds: int, tmp: str) -> None:
     for label, env, pure in (
         ("16-frame stacks", {"FLIGHTREC": "1"}, False),
         ("no stacks (FLIGHTREC_STACK_DEPTH=0)", {"FLIGHTREC": "1", "FLIGHTREC_STACK_DEPTH": "0"}, False),
+        ("16-frame stacks, one helper deeper", {"FLIGHTREC": "1", "HELPER": "1"}, False),
         ("16-frame stacks, pure-Python path", {"FLIGHTREC": "1"}, True),
     ):  # fmt: skip
         got = [_script("paired_loop.py", env, tmp, pure=pure) for _ in range(rounds)]
