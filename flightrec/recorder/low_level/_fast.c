@@ -669,10 +669,16 @@ group_of(FastPath *self, PyObject *group)
  * keeps it there, in a cache line it reads all the time, where pthread_self() reads one of
  * its own (about 4 data-cache misses a call, for two calls). */
 static inline unsigned long
+ident_of(PyThreadState *ts)
+{
+    unsigned long ident = ts->thread_id;
+    return LIKELY(ident != 0) ? ident : PyThread_get_thread_ident();
+}
+
+static inline unsigned long
 thread_ident(void)
 {
-    unsigned long ident = PyThreadState_Get()->thread_id;
-    return LIKELY(ident != 0) ? ident : PyThread_get_thread_ident();
+    return ident_of(PyThreadState_Get());
 }
 
 /* The calling thread's ident as an int (new reference). */
@@ -1105,9 +1111,8 @@ first_complete(_PyInterpreterFrame *f)
  * points to its frame object, so it matches only the very activation that was cached, and
  * one that was never materialized (frame_obj NULL) is a miss. */
 static int
-stack_hit_here(FastPath *self, unsigned long ident, uint32_t *out)
+stack_hit_here(FastPath *self, PyThreadState *ts, unsigned long ident, uint32_t *out)
 {
-    PyThreadState *ts = PyThreadState_Get();
 #if PY_VERSION_HEX >= 0x030D0000
     _PyInterpreterFrame *f = first_complete(ts->current_frame);
 #else
@@ -1144,9 +1149,8 @@ stack_hit_here(FastPath *self, unsigned long ident, uint32_t *out)
  * off the interpreter's frames without creating frame objects. Returns the count, and a
  * hash of the pairs (never 0). */
 static int
-walk_frames(FastPath *self, WalkPair *out, uint64_t *hash)
+walk_frames(FastPath *self, PyThreadState *ts, WalkPair *out, uint64_t *hash)
 {
-    PyThreadState *ts = PyThreadState_Get();
 #if PY_VERSION_HEX >= 0x030D0000
     _PyInterpreterFrame *f = first_complete(ts->current_frame);
 #else
@@ -1190,14 +1194,14 @@ same_walk(const WalkPair *a, const WalkPair *b, int n)
  * Python walk each time (about 2 us). Walking the frames in C costs a few hundred
  * instructions; the whole walk is the key, so any stack matches only itself. */
 static int
-walk_hit(FastPath *self, uint32_t *out)
+walk_hit(FastPath *self, PyThreadState *ts, uint32_t *out)
 {
     if (self->wt_hash == NULL) {
         return -1;
     }
     WalkPair pairs[WT_DEPTH_MAX];
     uint64_t h;
-    int n = walk_frames(self, pairs, &h);
+    int n = walk_frames(self, ts, pairs, &h);
     for (int k = 0; k < WT_PROBES; k++) {
         size_t s = (size_t)(h + (uint64_t)k) & (WT_SLOTS - 1);
         if (self->wt_hash[s] == 0) {
@@ -1225,7 +1229,7 @@ walk_remember(FastPath *self, uint32_t index)
     }
     WalkPair pairs[WT_DEPTH_MAX];
     uint64_t h;
-    int n = walk_frames(self, pairs, &h);
+    int n = walk_frames(self, PyThreadState_Get(), pairs, &h);
     PyObject *raw = PyObject_CallFunction(self->raw_of, "I", index);
     int same = raw != NULL && PyTuple_CheckExact(raw) && PyTuple_GET_SIZE(raw) == n;
     for (int i = 0; same && i < n; i++) {
@@ -1265,7 +1269,8 @@ COLD static int stack_of_frame(FastPath *self, PyObject *frame, unsigned long id
                                uint32_t *out);
 
 static inline int
-stack_of(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *out)
+stack_of(FastPath *self, PyThreadState *ts, PyObject *frame, unsigned long ident,
+         uint32_t *out)
 {
     if (self->depth == 0 || frame == Py_None) {
         *out = 0;
@@ -1273,7 +1278,7 @@ stack_of(FastPath *self, PyObject *frame, unsigned long ident, uint32_t *out)
     }
 #if FR_IFRAME
     if (frame == NULL) {
-        if (LIKELY(stack_hit_here(self, ident, out) == 0) || walk_hit(self, out) == 0) {
+        if (LIKELY(stack_hit_here(self, ts, ident, out) == 0) || walk_hit(self, ts, out) == 0) {
             return 0;
         }
         int rc = stack_of_frame(self, frame, ident, out);
@@ -1455,7 +1460,7 @@ tensors_of(FastPath *self, PyObject *specs, PyObject *tin, PyObject *tout, uint3
 static long
 do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyObject *tin,
          PyObject *tout, PyObject *red, PyObject *root, PyObject *group_root, PyObject *async_op,
-         PyObject *frame, int *gpu)
+         PyObject *frame, int *gpu, unsigned long *ident_out)
 {
     uint32_t sig_in = 0, sig_out = 0, dev = 0, red_i = 0, thread = 0, stack = 0;
     int32_t peer = -1;
@@ -1463,7 +1468,8 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     if (UNLIKELY(!self->enabled || (base_flags & FLAG_IS_P2P) || self->ring == NULL)) {
         return -1; /* the Python path handles "off", and point-to-point */
     }
-    unsigned long ident = thread_ident();
+    PyThreadState *ts = PyThreadState_Get();
+    unsigned long ident = ident_of(ts);
     if (UNLIKELY(active_find(self->active, ident) >= 0)) {
         return 0; /* inside a recorded call */
     }
@@ -1511,7 +1517,7 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
         goto fallback;
     }
     /* Last step that may run Python code (a stack walk on a miss): nothing is consumed yet. */
-    if (UNLIKELY(stack_of(self, frame, ident, &stack) < 0)) {
+    if (UNLIKELY(stack_of(self, ts, frame, ident, &stack) < 0)) {
         goto fallback;
     }
     if (UNLIKELY(self->g_gen != gen)) {
@@ -1551,6 +1557,7 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     put_u64(p + OFF_RID2, rid);
     self->active->rid[guard] = (long long)rid;
     *gpu = self->g_gpu;
+    *ident_out = ident;
     return (long)rid;
 
 fallback:
@@ -1572,17 +1579,18 @@ FastPath_enter(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         return PyLong_FromLong(-1);
     }
     int gpu = 0;
+    unsigned long ident = 0;
     return PyLong_FromLong(do_enter(self, op, base_flags, args[2], args[3], args[4], args[5],
-                                    args[6], args[7], args[8], args[9], &gpu));
+                                    args[6], args[7], args[8], args[9], &gpu, &ident));
 }
 
 /* ``gpu``: the group's backend tracks completion through CUDA events (1), or not (0), as
  * enter() found it; -1: unknown (the Python-level leave()), looked up here. */
 static void
-do_leave(FastPath *self, long rid_l, PyObject *result, PyObject *async_op, PyObject *group,
-         int gpu)
+do_leave(FastPath *self, unsigned long ident, long rid_l, PyObject *result, PyObject *async_op,
+         PyObject *group, int gpu)
 {
-    active_drop(self->active, thread_ident());
+    active_drop(self->active, ident);
     if (rid_l <= 0) {
         return;
     }
@@ -1643,7 +1651,7 @@ FastPath_leave(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
         PyErr_Clear();
         rid = 0;
     }
-    do_leave(self, rid, args[1], args[2], args[3], -1);
+    do_leave(self, thread_ident(), rid, args[1], args[2], args[3], -1);
     Py_RETURN_NONE;
 }
 
@@ -2139,9 +2147,10 @@ bound:;
      * wrapper); NULL tells stack_of to read it there, without materializing it on a hit. */
     PyObject *frame = self->fast->depth > 0 ? NULL : Py_None;
     int gpu = 0;
+    unsigned long ident = 0;
     long rid = do_enter(self->fast, self->op, self->flags, group, ROLE(R_IN, zero),
                         ROLE(R_OUT, zero), ROLE(R_RED, zero), ROLE(R_ROOT, Py_None),
-                        ROLE(R_GROUP_ROOT, Py_None), async_op, frame, &gpu);
+                        ROLE(R_GROUP_ROOT, Py_None), async_op, frame, &gpu, &ident);
 #undef ROLE
     if (rid <= 0) {
         goto python;
@@ -2162,7 +2171,7 @@ bound:;
         report_failure(self->fast, rid);
     }
     else {
-        do_leave(self->fast, rid, result, async_op, group, gpu);
+        do_leave(self->fast, ident, rid, result, async_op, group, gpu);
     }
     Py_DECREF(group);
     Py_DECREF(async_op);
