@@ -1,6 +1,6 @@
 """The Typer application and the single place where errors become exit statuses.
 
-Exit statuses (DESIGN.md): 0 nothing found, 1 findings reported, 2 usage error or no readable
+Exit statuses (docs/design.md): 0 nothing found, 1 findings reported, 2 usage error or no readable
 dump. Commands raise ``flightrec.errors.FlightrecError``; ``main`` turns it into one line on
 stderr, never a traceback.
 """

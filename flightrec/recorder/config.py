@@ -1,4 +1,4 @@
-"""Recorder settings, read once from the environment (DESIGN.md "Turning it on").
+"""Recorder settings, read once from the environment (docs/design.md "Turning it on").
 
 A bad value never stops the job: it costs one warning on the ``flightrec`` logger and the
 default is used instead.
@@ -81,7 +81,7 @@ class Config:
 
 
 def is_true(value: str | None) -> bool:
-    """True for the values DESIGN.md lists as "on" (1/true/yes, any case, spaces ignored)."""
+    """True for the values docs/design.md lists as "on" (1/true/yes, any case, spaces ignored)."""
     return (value or "").strip().lower() in TRUE_VALUES
 
 

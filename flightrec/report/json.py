@@ -1,4 +1,4 @@
-"""The machine-readable report: one JSON object, schema ``flightrec.report/1`` (DESIGN.md)."""
+"""The machine-readable report: one JSON object, schema ``flightrec.report/1`` (docs/report-schema.json)."""
 
 from __future__ import annotations
 

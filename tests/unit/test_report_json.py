@@ -1,4 +1,4 @@
-"""The JSON report follows DESIGN.md's contract."""
+"""The JSON report follows docs/design.md's contract."""
 
 from __future__ import annotations
 
