@@ -110,6 +110,8 @@ class Grid:
     """Deduplicated stacks, each ``file:line in function`` lines, innermost first."""
     hidden_groups: int = 0
     """Groups with collectives that the report does not draw."""
+    hidden_uneven: int = 0
+    """Of those, groups whose members disagree on their progress (or left no dump)."""
     _entry_ids: dict[tuple[object, ...], int] = field(default_factory=dict, repr=False)
     _stack_ids: dict[tuple[str, ...], int] = field(default_factory=dict, repr=False)
 
@@ -201,8 +203,9 @@ def _cells(
     return tuple(cells), tuple(positions)
 
 
-def _ordered_groups(report: Report) -> tuple[list[str], int]:
-    """Groups to draw, most telling first, and how many others have collectives."""
+def _ordered_groups(report: Report) -> tuple[list[str], int, int]:
+    """Groups to draw, most telling first; how many others have collectives, and how many
+    of those have members that disagree."""
     groups = report.matched.groups
     named: list[str] = []
     for f in report.findings:
@@ -225,7 +228,12 @@ def _ordered_groups(report: Report) -> tuple[list[str], int]:
     ]
     rest = [k for k in with_collectives if k not in named and k not in uneven]
     order = (named + uneven + rest)[:MAX_GROUPS]
-    return order, len(with_collectives) - len(order)
+    shown = set(order)
+    return (
+        order,
+        len(with_collectives) - len(order),
+        sum(1 for k in uneven if k not in shown),
+    )
 
 
 def build_grid(report: Report, seqs: int = SEQS) -> Grid:
@@ -240,7 +248,7 @@ def build_grid(report: Report, seqs: int = SEQS) -> Grid:
         progress, then the others, ``MAX_GROUPS`` at most.
     """
     grid = Grid()
-    order, grid.hidden_groups = _ordered_groups(report)
+    order, grid.hidden_groups, grid.hidden_uneven = _ordered_groups(report)
     for key in order:
         grid.groups.append(_group_grid(report, key, seqs, grid))
     return grid

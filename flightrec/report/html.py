@@ -176,9 +176,16 @@ def _grids(grid: Grid) -> str:
             f'<div class="gridwrap" data-index="{i}"></div></div>'
         )
     if grid.hidden_groups:
+        agree = grid.hidden_groups - grid.hidden_uneven
+        which = (
+            f"{grid.hidden_uneven:,} whose members disagree on their progress, {agree:,} "
+            "whose members all agree"
+            if grid.hidden_uneven
+            else "whose members all agree"
+        )
         out.append(
-            f'<div class="meta">... and {grid.hidden_groups:,} more groups whose members all '
-            "agree (see the terminal report or --json).</div>"
+            f'<div class="meta">... and {grid.hidden_groups:,} more groups ({which}; the '
+            "terminal report's progress table and --json list them).</div>"
         )
     out.append("</section>")
     return "\n".join(out)

@@ -125,8 +125,10 @@ def test_the_sample_report_in_chromium(tmp_path: Path) -> None:
     assert len(dom.find("rect", "cell")) == 4 * 4 + 2 * 4 + 2 * 4
     assert len(dom.find("rect", "s2")) == 1  # the one collective never entered: rank 2's #4
     assert len(dom.find("rect", "mark")) == 2
-    # The entry pane opens on the culprit's cell at the finding's collective.
+    # The entry pane opens on the culprit's cell at the finding's collective, with the call
+    # its peers wait in there.
     assert "rank 2: never entered" in dom.text["entry"]
+    assert "Rank 0 at this seq:all_reduce #4 (enqueued)" in dom.text["entry"]
 
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     shot = ARTIFACTS / "html-report-stalled_rank.png"
