@@ -4,7 +4,10 @@ browser: tests/integration/test_html_browser.py)."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 from flightrec.analysis import analyze, analyze_dir
@@ -12,7 +15,8 @@ from flightrec.report.grid import EACH_RANK_UP_TO, Cell, build_grid
 from flightrec.report.html import HtmlRenderer
 from tests.unit.factories import Job, healthy
 
-SAMPLES = Path(__file__).resolve().parents[2] / "samples"
+REPO = Path(__file__).resolve().parents[2]
+SAMPLES = REPO / "samples"
 
 
 def _data(page: str) -> dict[str, object]:
@@ -104,3 +108,25 @@ def test_strings_from_a_dump_cannot_inject_markup() -> None:
     assert page.count("</script>") == 2  # the data element's and the page script's own
     assert "&lt;/script&gt;&lt;script&gt;alert(1)" in page  # shown, as text
     assert evil in json.dumps(_data(page))  # and intact in the data the script reads
+
+
+def test_the_command_writes_the_page_or_says_in_one_line_why_not(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "cli")])}
+
+    def analyze(page: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "flightrec_cli", "analyze", str(SAMPLES / "stalled_rank"),
+             "--json", "--html", str(page)],
+            capture_output=True, text=True, env=env, timeout=120,
+        )  # fmt: skip
+
+    ok = analyze(tmp_path / "report.html")
+    assert ok.returncode == 1 and json.loads(ok.stdout)["findings"]
+    assert ok.stderr == ""  # --json: no progress display, whatever stderr is
+    assert "Verdict: not_arrived" in (tmp_path / "report.html").read_text()
+    bad = analyze(tmp_path / "missing" / "report.html")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().splitlines() == [
+        f"flightrec: error: cannot write {tmp_path / 'missing' / 'report.html'}: "
+        "No such file or directory"
+    ]

@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from flightrec.analysis import AnalysisOptions, View, analyze_dir, gc_paused
+from flightrec.errors import UsageError
 from flightrec.format.schema import TAIL_ENTRIES
 from flightrec.report.html import HtmlRenderer
 from flightrec.report.json import JsonRenderer
@@ -27,6 +28,14 @@ TRACE_EVENTS = 200_000
 def trace_window(world_size: int) -> int:
     """Newest operations per rank for a default timeline of a job of ``world_size`` ranks."""
     return max(1, min(TRACE_RECENT, TRACE_EVENTS // max(1, world_size)))
+
+
+def _write(path: Path, text: str) -> None:
+    """Write an output file; one line (exit 2) when it cannot be written, not a traceback."""
+    try:
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def register(app: typer.Typer) -> None:
@@ -119,10 +128,10 @@ def analyze_command(
             if trace is not None:
                 shown.stage("Writing the timeline")
                 recent = None if trace_all else trace_recent or trace_window(report.world_size)
-                trace.write_text(TraceRenderer(recent).render(report), encoding="utf-8")
+                _write(trace, TraceRenderer(recent).render(report))
             if html is not None:
                 shown.stage("Writing the HTML report")
-                html.write_text(HtmlRenderer().render(report), encoding="utf-8")
+                _write(html, HtmlRenderer().render(report))
         for problem in report.run.problems:
             typer.echo(f"flightrec: skipped {problem}", err=True)
         if as_json or compact:
