@@ -182,7 +182,7 @@ class TraceRenderer:
             start = clock.us(rank, e.enqueue_ns[i])
             state = e.state[i]
             p2p = bool(e.flags[i] & pb.IS_P2P)
-            if state == _COMPLETED and e.complete_ns[i] >= e.enqueue_ns[i] > 0:
+            if state == _COMPLETED and e.complete_ns[i] and e.complete_ns[i] >= e.enqueue_ns[i]:
                 shape, end = "slice", clock.us(rank, e.complete_ns[i])
             elif not d.tracks_completion:
                 shape, end = _NOT_TRACKED, start
