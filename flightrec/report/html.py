@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 from flightrec.analysis.model import FrameInfo, is_library_frame
 from flightrec.report.grid import Cell, Grid, build_grid
 from flightrec.report.json import compact_report_to_dict
+
+# The terminal report's sentence ("rank 2 is in ...", "ranks 0-1,3 wait in ..."): one wording.
+from flightrec.report.terminal import _sentence as sentence
 from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:
@@ -254,7 +257,7 @@ def _where(report: Report) -> str:
         )
         out.append(
             f'<li class="{"culprit" if culprit else ""}" data-ranks="{escape(compress(ranks))}">'
-            f'<div class="sentence">{escape(ranks_phrase(ranks))}: {escape(phrase)}</div>'
+            f'<div class="sentence">{escape(sentence(ranks, phrase))}</div>'
             f"{body}</li>"
         )
     if len(ordered) > MAX_SITUATIONS:
