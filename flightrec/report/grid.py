@@ -34,6 +34,8 @@ MAX_ROWS = 48
 """Rows a group's grid shows at most (rows of blamed ranks always among them)."""
 MAX_GROUPS = 12
 """Groups the report draws: those the findings name first, then those whose ranks disagree."""
+FOCUS_PROBES = 16
+"""Members whose rings are looked at to confirm a finding's seq is one of the group's."""
 STACK_FRAMES = 12
 """Frames of an entry's stack a cell's details show."""
 
@@ -254,15 +256,31 @@ def build_grid(report: Report, seqs: int = SEQS) -> Grid:
     return grid
 
 
+def _focus(report: Report, key: str, members: tuple[int, ...]) -> int | None:
+    """The collective seq of ``key`` the first finding that names one points at.
+
+    A finding's seq counts only where members' rings hold that collective with the
+    finding's op (any op for a mismatch): a P2P finding's seq numbers the transfers to
+    one peer, not the group's collectives.
+    """
+    m = report.matched
+    for f in report.findings:
+        if f.process_group != key or f.seq is None:
+            continue
+        for r in [r for r in members if r in m.run.dumps][:FOCUS_PROBES]:
+            rec = m.record(r, key, f.seq)
+            if rec is not None and (rec.op == f.op or f.kind is FindingKind.MISMATCH):
+                return f.seq
+    return None
+
+
 def _group_grid(report: Report, key: str, width: int, grid: Grid) -> GroupGrid:
     m = report.matched
     info = m.groups[key]
     members = tuple(info.ranks) or tuple(sorted(info.progress))
     culprits = set(report.findings[0].ranks) if report.findings else set()
     blamed = {r for f in report.findings for r in f.ranks}
-    focus = next(
-        (f.seq for f in report.findings if f.process_group == key and f.seq is not None), None
-    )
+    focus = _focus(report, key, members)
     newest = max((p.last_seq for p in info.progress.values()), default=0)
     end = max(newest, focus or 0)
     start = max(1, end - width + 1)

@@ -5,7 +5,7 @@ network. The page's text is built here with every string from a dump escaped
 (``html.escape``); the grids are drawn by the page's script as inline SVG from one JSON
 object (``grid.build_grid``), embedded with ``<`` escaped so no dump string can close the
 script element. The page skeleton is ``templates/report.html``, package data; plain string
-building fills its three slots, which keeps the analyzer free of a templating dependency.
+building fills its slots, which keeps the analyzer free of a templating dependency.
 """
 
 from __future__ import annotations
