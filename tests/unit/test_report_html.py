@@ -55,6 +55,14 @@ def test_a_mismatched_call_is_marked_on_the_ranks_it_blames() -> None:
     assert marked == set(f.ranks)
 
 
+def test_a_p2p_findings_number_marks_no_collective_column() -> None:
+    # recv #4 is the fourth transfer from one peer, not the group's collective #4.
+    report = analyze_dir(str(SAMPLES / "p2p_deadlock"))
+    f = report.findings[0]
+    assert (f.kind, f.op, f.seq) == ("p2p_deadlock", "recv", 4)
+    assert all(g.focus is None for g in build_grid(report).groups)
+
+
 def test_alike_ranks_of_a_large_group_share_a_row_and_the_culprit_has_its_own() -> None:
     job = healthy(Job(world_size=64), steps=5)
     job.collective(ranks=[r for r in range(64) if r != 37], complete=False)
