@@ -9,8 +9,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
-from rich.console import Console, Group
+from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
+from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
@@ -60,20 +61,21 @@ class TerminalRenderer:
 
     def render(self, report: Report) -> None:
         """Write the verdict panel, then the evidence."""
-        c = self.console
         self._desc = {k: g.desc for k, g in report.matched.groups.items()}
         self._members = {k: tuple(g.ranks) for k, g in report.matched.groups.items()}
-        c.print(self._verdict(report))
+        self._print(self._verdict(report))
         for line in report.notes:
-            c.print(hanging("note: ", line, style="dim"))
+            self._print(hanging("note: ", line, style="dim"))
         if report.findings:
             others = report.findings[1:]
             if others:
-                c.print(Text("Other findings", style="bold"))
+                self._print(Text("Other findings", style="bold"))
                 for i, f in enumerate(others[:MAX_OTHER_FINDINGS], start=2):
-                    c.print(hanging(f"  {i}. ", f"[{f.kind}] {f.summary}"))
+                    self._print(hanging(f"  {i}. ", f"[{f.kind}] {f.summary}"))
                 if len(others) > MAX_OTHER_FINDINGS:
-                    c.print(Text(f"  ... and {len(others) - MAX_OTHER_FINDINGS} more (see --json)"))
+                    self._print(
+                        Text(f"  ... and {len(others) - MAX_OTHER_FINDINGS} more (see --json)")
+                    )
             self._consequences(report.findings[0])
             self._stragglers(report)
         self._where(report)
@@ -81,6 +83,16 @@ class TerminalRenderer:
         if report.findings:
             self._culprit_stack(report, report.findings[0])
         self._footer(report)
+
+    def _print(self, renderable: RenderableType) -> None:
+        """Print ``renderable`` without the spaces rich pads table cells and wrapped lines
+        with: they are invisible on a terminal but end up in logs, diffs and pastes."""
+        c = self.console
+        out: list[Segment] = []
+        for line in c.render_lines(renderable, pad=False, new_lines=False):
+            out.extend(_rstrip(line))
+            out.append(Segment.line())
+        c.print(Segments(out), end="")
 
     def _verdict(self, report: Report) -> Panel:
         if not report.findings:
@@ -118,11 +130,11 @@ class TerminalRenderer:
                 + (f" for {longest:.1f} s" if longest >= 0.05 else "")
             )
         if lines:
-            self.console.print(Text("Blocked because of it", style="bold"))
+            self._print(Text("Blocked because of it", style="bold"))
             for line in lines[:MAX_LINES]:
-                self.console.print(hanging("  ", line))
+                self._print(hanging("  ", line))
             if len(lines) > MAX_LINES:
-                self.console.print(Text(f"  ... and {len(lines) - MAX_LINES} more", style="dim"))
+                self._print(Text(f"  ... and {len(lines) - MAX_LINES} more", style="dim"))
 
     def _stragglers(self, report: Report) -> None:
         """The straggler table: per-rank lateness on aligned clocks, with bars."""
@@ -170,7 +182,7 @@ class TerminalRenderer:
                 Text(_bar(behind, scale), style=style or "dim"),
                 style=style,
             )
-        self.console.print(table)
+        self._print(table)
         clock = evidence.clock
         line = (
             f"  clocks aligned on rank {clock.reference_rank} from simultaneous "
@@ -179,7 +191,7 @@ class TerminalRenderer:
         )
         if clock.unaligned_ranks:
             line += f"; not aligned: ranks {compress(clock.unaligned_ranks)}"
-        self.console.print(Text(line, style="dim"))
+        self._print(Text(line, style="dim"))
 
     def _where(self, report: Report) -> None:
         by_state: dict[str, list[int]] = defaultdict(list)
@@ -187,7 +199,7 @@ class TerminalRenderer:
             by_state[state.describe()].append(rank)
         if not by_state:
             return
-        self.console.print(Text("Where every rank is", style="bold"))
+        self._print(Text("Where every rank is", style="bold"))
         culprits = set(report.findings[0].ranks) if report.findings else set()
         ordered = sorted(
             by_state.items(), key=lambda kv: (not culprits & set(kv[1]), -len(kv[1]), kv[1][0])
@@ -195,11 +207,11 @@ class TerminalRenderer:
         for shown, (phrase, ranks) in enumerate(ordered, start=1):
             style = "red" if culprits & set(ranks) else ""
             if shown > MAX_LINES:
-                self.console.print(
+                self._print(
                     Text(f"  ... and {len(by_state) - MAX_LINES} more situations", style="dim")
                 )
                 break
-            self.console.print(hanging("  ", _sentence(ranks, phrase), style=style))
+            self._print(hanging("  ", _sentence(ranks, phrase), style=style))
 
     def _progress(self, report: Report) -> None:
         groups = report.matched.groups
@@ -216,9 +228,7 @@ class TerminalRenderer:
         if not order:
             return
         # The title goes on its own line: as a table title it would wrap to the table's width.
-        self.console.print(
-            Text("Progress per group (last issued / last completed seq)", style="bold")
-        )
+        self._print(Text("Progress per group (last issued / last completed seq)", style="bold"))
         table = Table(show_edge=False, expand=False)
         table.add_column("group", no_wrap=True)
         table.add_column("ranks")
@@ -238,19 +248,17 @@ class TerminalRenderer:
             if missing:
                 cells.append(f"no dump: {ranks_phrase(missing)}")
             table.add_row(info.label(), compress(info.ranks), " · ".join(cells))
-        self.console.print(table)
+        self._print(table)
         if len(order) > MAX_GROUPS:
-            self.console.print(
-                Text(f"  ... and {len(order) - MAX_GROUPS} more groups", style="dim")
-            )
+            self._print(Text(f"  ... and {len(order) - MAX_GROUPS} more groups", style="dim"))
 
     def _culprit_stack(self, report: Report, f: Finding) -> None:
         exc = f.exception
         if exc is not None:  # what the rank died of, as Python would have printed it
             head = (f"{exc.type}: {exc.message}".splitlines() or [""])[0][:200]
             title = f"Traceback of rank {exc.rank} (raising frame first): {head}"
-            self.console.print(hanging("", title, style="bold"))
-            self.console.print(_stack_text(exc.traceback))
+            self._print(hanging("", title, style="bold"))
+            self._print(_stack_text(exc.traceback))
         for rank in f.ranks[:2]:
             d = report.run.dumps.get(rank)
             if d is None:
@@ -258,10 +266,8 @@ class TerminalRenderer:
             stack = d.current_stack()
             if not stack:
                 continue
-            self.console.print(
-                Text(f"Stack of rank {rank} at dump time (innermost first)", style="bold")
-            )
-            self.console.print(_stack_text(stack))
+            self._print(Text(f"Stack of rank {rank} at dump time (innermost first)", style="bold"))
+            self._print(_stack_text(stack))
 
     def _footer(self, report: Report) -> None:
         run = report.run
@@ -271,7 +277,22 @@ class TerminalRenderer:
             line += f"; no dump from {ranks_phrase(missing)}"
         if run.problems:
             line += f"; {len(run.problems)} file(s) could not be used (listed on stderr)"
-        self.console.print(Text(line, style="dim"))
+        self._print(Text(line, style="dim"))
+
+
+def _rstrip(line: list[Segment]) -> list[Segment]:
+    """``line`` without trailing spaces (styles kept)."""
+    line = list(line)
+    while line:
+        last = line[-1]
+        if last.control:
+            break
+        text = last.text.rstrip(" ")
+        if text:
+            line[-1] = Segment(text, last.style)
+            break
+        line.pop()
+    return line
 
 
 def _clock_cell(row: LatenessRow) -> str:

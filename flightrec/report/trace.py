@@ -1,15 +1,22 @@
 """The timeline: a Chrome Trace Event Format file (loads in ui.perfetto.dev and chrome://tracing).
 
-One process per host, one thread (track) per rank, every recorded operation a complete ("X")
-slice from its enqueue to its completion, so a slice's length is the time the rank spent in
-it, mostly waiting for the others. All times are on one clock, aligned from the dumps by the
-analysis (``Report.timeline_clock``, estimated when first asked for), in microseconds from the
-earliest event. Operations that never completed run to the rank's dump and are named
-``... (incomplete)``; the hang point of the first finding is a global instant event, every
-rank's dump an instant on its track.
+One process per host, one track per rank (one per thread where a rank issued operations
+from several), every operation with a known end a complete ("X") slice from its enqueue to
+its completion, so a slice's length is the time the rank spent in it, mostly waiting for the
+others. All times are on one clock, aligned from the dumps by the analysis
+(``Report.timeline_clock``, estimated when first asked for), in microseconds from the earliest
+event.
 
-A rank whose slices overlap (async work, collectives from two threads) gets extra tracks
-("rank 3 · 2") next to its first, because a track's slices must nest.
+The timeline draws only what was recorded. An operation still in flight when its rank dumped
+runs to the dump and is named ``... (incomplete)``. An operation whose end is unknown (an
+entry only PyTorch's own recorder saw, such as DDP's reducer or DTensor under gloo, which
+records no completion time; every entry of a dump that does not track completion; a failed
+call) is an instant at its start whose ``args.note`` says what is known: drawing it up to the
+dump would show a 20 s wait that never happened. The hang point of the first finding is a
+global instant event, every rank's dump an instant on its track.
+
+A thread whose slices overlap (async work still running as it issues the next) gets extra
+tracks ("rank 3 · 2") next to its first, because a track's slices must nest.
 """
 
 from __future__ import annotations
@@ -28,6 +35,18 @@ if TYPE_CHECKING:
 _COMPLETED = pb.COMPLETED
 # Tracks per rank: rank r's lane k is thread id r * _LANES + k.
 _LANES = 64
+
+
+# Operations drawn as instants at their start, and the note each carries: their end is unknown.
+_NOT_TRACKED = "not tracked"
+_NO_END = "no end"
+_FAILED = "failed"
+_INSTANTS = {
+    _NOT_TRACKED: "this dump does not record completion (a converted gloo dump): start only",
+    _NO_END: "completed, completion time not recorded (an entry only PyTorch's own recorder "
+    "saw, or one a later completed collective of its group shows done): start only",
+    _FAILED: "failed; when is not recorded: start only",
+}
 
 
 def _state_name(state: int) -> str:
@@ -84,9 +103,8 @@ class TraceRenderer:
         events: list[dict[str, Any]] = []
         for rank, d in sorted(dumps.items()):
             pid = pid_of[d.header.hostname or "host not recorded"]
-            lanes = self._rank_events(report, d, clock, pid, events)
-            for lane in range(lanes):
-                label = f"rank {rank}" + (f" · {lane + 1}" if lane else "")
+            labels = self._rank_events(report, d, clock, pid, events)
+            for lane, label in enumerate(labels):
                 if d.header.device:
                     label += f" ({d.header.device})"
                 if rank in stragglers and not lane:
@@ -129,37 +147,77 @@ class TraceRenderer:
 
     def _rank_events(
         self, report: Report, d: RankDump, clock: _Clock, pid: int, out: list[dict[str, Any]]
-    ) -> int:
-        """Append rank ``d``'s slices; returns the number of tracks (lanes) it needed."""
+    ) -> list[str]:
+        """Append rank ``d``'s events; returns its tracks' labels (lane k is tid rank*_LANES+k).
+
+        One track per thread that issued operations; a thread whose slices overlap (async
+        work still running when it issued the next) gets extra lanes beside its own, because a
+        track's slices must nest. An operation whose completion time is unknown is an instant
+        at its start with a note saying what is known, never a slice invented up to the dump;
+        only operations still in flight when the rank dumped run to the dump.
+        """
         e = d.dump.entries
         rank = d.rank
         dump_us = clock.us(rank, d.header.mono_time_ns) if d.header.mono_time_ns else None
-        lane_end: list[float] = []
         keys = d.group_keys
-        descs = {k: report.matched.groups[k].desc for k in keys if k in report.matched.groups}
-        slices: list[tuple[float, float, int]] = []
+        groups = report.matched.groups
+        descs = {k: groups[k].desc for k in keys if k in groups}
+        # Per group: a seq up to which every collective of this rank completed. Collectives
+        # of a group complete in the order they were issued, so an entry never marked
+        # complete (PyTorch's recorder missed its end) that a later completed one follows
+        # completed too; only its end time is unknown.
+        done_upto: dict[int, int] = {}
+        for local, k in enumerate(keys):
+            p = groups[k].progress.get(rank) if k in groups else None
+            if p is not None:
+                done_upto[local] = p.last_completed
+        for i in self._window(d):
+            if e.state[i] == _COMPLETED and not e.flags[i] & pb.IS_P2P:
+                g = e.group[i]
+                done_upto[g] = max(done_upto.get(g, -1), e.seq[i])
+        threads: dict[str, list[tuple[float, float, int, str]]] = {}
         for i in self._window(d):
             if not e.enqueue_ns[i]:
                 continue
             start = clock.us(rank, e.enqueue_ns[i])
-            done = e.state[i] == _COMPLETED and e.complete_ns[i] >= e.enqueue_ns[i]
-            if done:
-                end = clock.us(rank, e.complete_ns[i])
+            state = e.state[i]
+            p2p = bool(e.flags[i] & pb.IS_P2P)
+            if state == _COMPLETED and e.complete_ns[i] and e.complete_ns[i] >= e.enqueue_ns[i]:
+                shape, end = "slice", clock.us(rank, e.complete_ns[i])
             elif not d.tracks_completion:
-                end = start  # completion not recorded (converted gloo dumps): a mark only
-            else:
-                end = max(start, dump_us if dump_us is not None else start)
-            slices.append((start, end, i))
-        slices.sort()
-        for start, end, i in slices:
-            # First lane free by this slice's start (slices of one lane never overlap).
-            lane = next((k for k, t in enumerate(lane_end) if t <= start), len(lane_end))
-            if lane == len(lane_end):
-                lane_end.append(end)
-            else:
-                lane_end[lane] = end
-            lane = min(lane, _LANES - 1)
-            out.append(self._slice(d, i, start, end, pid, rank * _LANES + lane, keys, descs))
+                shape, end = _NOT_TRACKED, start
+            elif state == _COMPLETED or (
+                not p2p and state != pb.FAILED and 0 < e.seq[i] <= done_upto.get(e.group[i], -1)
+            ):
+                shape, end = _NO_END, start
+            elif state == pb.FAILED:
+                shape, end = _FAILED, start
+            else:  # in flight when the rank dumped: its known extent runs to the dump
+                shape, end = "open", max(start, dump_us if dump_us is not None else start)
+            thread = d.string(e.thread[i]) if e.thread[i] < len(d.dump.strings) else ""
+            threads.setdefault(thread, []).append((start, end, i, shape))
+        names = sorted(threads, key=lambda t: (-len(threads[t]), t))
+        labels: list[str] = []
+        for thread in names:
+            items = sorted(threads[thread])
+            lane_end: list[float] = []
+            first = len(labels)
+            for start, end, i, shape in items:
+                if shape in _INSTANTS:  # no extent: never needs a lane of its own
+                    lane = 0
+                else:
+                    lane = next((k for k, t in enumerate(lane_end) if t <= start), len(lane_end))
+                    if lane == len(lane_end):
+                        lane_end.append(end)
+                    else:
+                        lane_end[lane] = end
+                tid = rank * _LANES + min(first + lane, _LANES - 1)
+                out.append(self._event(d, i, start, end, shape, pid, tid, keys, descs))
+            for lane in range(max(1, len(lane_end))):
+                label = f"rank {rank}"
+                if len(names) > 1:
+                    label += f" · {thread or 'thread not recorded'}"
+                labels.append(label + (f" · {lane + 1}" if lane else ""))
         if dump_us is not None:
             out.append(
                 {
@@ -175,19 +233,21 @@ class TraceRenderer:
                     "args": {"rank": rank, "reason_detail": d.header.reason_detail},
                 }
             )
-        return max(1, min(len(lane_end), _LANES))
+        return labels[:_LANES] or [f"rank {rank}"]
 
-    def _slice(
+    def _event(
         self,
         d: RankDump,
         i: int,
         start: float,
         end: float,
+        shape: str,
         pid: int,
         tid: int,
         keys: tuple[str, ...],
         descs: dict[str, str],
     ) -> dict[str, Any]:
+        """One operation: a slice where its extent is known, else an instant with a note."""
         e = d.dump.entries
         op = d.string(e.op[i])
         key = keys[e.group[i]] if e.group[i] < len(keys) else str(e.group[i])
@@ -204,7 +264,6 @@ class TraceRenderer:
             "output_sizes": [list(t.shape) for t in outputs],
             "dtype": inputs[0].dtype if inputs else (outputs[0].dtype if outputs else ""),
             "state": state,
-            "wait_ms": round((end - start) / 1e3, 3),
         }
         if descs.get(key):
             args["group_desc"] = descs[key]
@@ -212,12 +271,27 @@ class TraceRenderer:
             args["reduce_op"] = d.string(e.reduce_op[i])
         if p2p or e.peer[i] >= 0:
             args["peer"] = e.peer[i]
-        complete = e.state[i] == _COMPLETED or not d.tracks_completion
-        if not d.tracks_completion:
-            args["state"] = "not tracked"
+        cat = "p2p" if p2p else "collective"
+        if shape in _INSTANTS:
+            if shape == _NOT_TRACKED:
+                args["state"] = "not tracked"
+            args["note"] = _INSTANTS[shape]
+            return {
+                "name": op if shape != _FAILED else f"{op} (failed)",
+                "cat": cat + ",no_end",
+                "ph": "i",
+                "s": "t",
+                "ts": start,
+                "pid": pid,
+                "tid": tid,
+                "args": args,
+            }
+        args["wait_ms"] = round((end - start) / 1e3, 3)
+        if shape == "open":
+            args["note"] = "still running when the rank dumped: drawn up to the dump"
         return {
-            "name": op if complete else f"{op} ({state.lower()}, incomplete)",
-            "cat": ("p2p" if p2p else "collective") + ("" if complete else ",incomplete"),
+            "name": op if shape == "slice" else f"{op} ({state.lower()}, incomplete)",
+            "cat": cat + ("" if shape == "slice" else ",incomplete"),
             "ph": "X",
             "ts": start,
             "dur": round(max(0.0, end - start), 3),

@@ -12,7 +12,7 @@ import functools
 import hashlib
 import multiprocessing
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import chain, repeat
 from operator import add, mul, rshift, sub
@@ -418,7 +418,8 @@ def _first_waiter(p: _Plan) -> int:
 _PLAN: _Plan | None = None
 
 
-def _write_range(args: tuple[str, int, int, str]) -> None:
+def _write_range(args: tuple[str, int, int, str]) -> tuple[int, int]:
+    """Write the dumps of ranks ``lo`` to ``hi`` - 1; returns ``(lo, hi)``."""
     out, lo, hi, form = args
     assert _PLAN is not None
     for rank in range(lo, hi):
@@ -433,6 +434,7 @@ def _write_range(args: tuple[str, int, int, str]) -> None:
         # write's temporary file, fsync and rename were a fifth of a rank's time.
         name = dump_filename(rank, 0, reason, dump.header.pid)
         (Path(out) / name).write_bytes(serialize(dump))
+    return lo, hi
 
 
 def _init(p: _Plan) -> None:
@@ -441,7 +443,11 @@ def _init(p: _Plan) -> None:
 
 
 def simulate(
-    config: SimConfig, out: str | Path, processes: int = 1, form: str = "flightrec"
+    config: SimConfig,
+    out: str | Path,
+    processes: int = 1,
+    form: str = "flightrec",
+    progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Write one dump per live rank into ``out``; return the expected first finding (empty for healthy).
 
@@ -450,6 +456,7 @@ def simulate(
         out: the folder to write into.
         processes: writer processes.
         form: ``flightrec`` (protobuf dumps) or ``native`` (PyTorch's pickle form, same rings).
+        progress: called as ``progress(ranks_done, world_size)`` as dumps are written.
 
     Raises:
         ValueError: the fault cannot be injected in this layout.
@@ -462,12 +469,19 @@ def simulate(
     if form not in ("flightrec", "native"):
         raise ValueError(f"unknown dump format {form!r} (flightrec or native)")
     ranges = [(str(out), lo, min(world, lo + chunk), form) for lo in range(0, world, chunk)]
+    done = 0
     if processes > 1 and world > 64:
         ctx = multiprocessing.get_context("fork")
         with ctx.Pool(processes, initializer=_init, initargs=(p,)) as pool:
-            pool.map(_write_range, ranges)
+            for lo, hi in pool.imap_unordered(_write_range, ranges):
+                done += hi - lo
+                if progress is not None:
+                    progress(done, world)
     else:
         _init(p)
         for r in ranges:
-            _write_range(r)
+            lo, hi = _write_range(r)
+            done += hi - lo
+            if progress is not None:
+                progress(done, world)
     return p.expected

@@ -49,3 +49,16 @@ def test_show_fits_the_terminal(folder: Path, width: int) -> None:
     for dump in result if isinstance(result, list) else [result]:
         DumpRenderer(console, limit=None).render(RankDump(str(file), dump))
     _check(out.getvalue(), width)
+
+
+@pytest.mark.parametrize("width", [80, 200])
+@pytest.mark.parametrize("folder", FOLDERS, ids=lambda p: str(p.relative_to(SAMPLES)))
+def test_report_lines_end_without_spaces(folder: Path, width: int) -> None:
+    # Rich pads table cells and wrapped lines to their column's width; pasted into an issue
+    # or diffed in CI those spaces are noise.
+    console, out = _console(width)
+    TerminalRenderer(console).render(analyze_dir(str(folder)))
+    lines = out.getvalue().splitlines()
+    assert lines and all(line == line.rstrip() for line in lines), [
+        line for line in lines if line != line.rstrip()
+    ]

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from flightrec.analysis import analyze
+from flightrec.analysis import analyze, analyze_dir
+from flightrec.format import flightrec_pb2 as pb
 from flightrec.report.trace import TraceRenderer
 from tests.unit.factories import Job, healthy
 from tests.unit.test_clocks import timed_job
 
+DATA = Path(__file__).resolve().parents[1] / "data"
 _META_NAMES = {"process_name", "thread_name", "process_sort_index", "thread_sort_index"}
 
 
@@ -180,3 +183,71 @@ def test_clock_alignment_is_estimated_only_when_a_timeline_asks() -> None:
     TraceRenderer().to_dict(report)
     assert report.timeline_clock.alignment.clocks[1].offset_ns > 4_000_000
     assert "timeline_clock" in vars(report.context)
+
+
+def _with(entry: Any, **changes: Any) -> Any:
+    return type(entry)(**{**{k: getattr(entry, k) for k in entry.__dataclass_fields__}, **changes})
+
+
+def test_operations_without_an_end_are_instants_not_slices_to_the_dump() -> None:
+    job = healthy(Job(world_size=2), steps=3)
+    r0 = job.ranks[0].entries
+    # Completed, but nobody recorded when (PyTorch's gloo recorder: retired, no end time).
+    r0[0] = _with(r0[0], complete_ns=0)
+    # Never marked complete, though a later collective of its group completed: it did too.
+    r0[1] = _with(r0[1], state=pb.ENQUEUED, complete_ns=0)
+    job.collective(ranks=[0, 1], complete=False)  # the hang: in flight at the dump
+    trace = _trace(job)
+    assert trace_errors(trace) == []
+    events = trace["traceEvents"]
+    rank0 = [e for e in events if e.get("args", {}).get("rank") == 0 and e.get("cat") != "dump"]
+    instants = [e for e in rank0 if e["ph"] == "i"]
+    assert sorted(e["args"]["seq"] for e in instants) == [1, 2]
+    assert all("not recorded" in e["args"]["note"] and e["s"] == "t" for e in instants)
+    slices = [e for e in rank0 if e["ph"] == "X"]
+    assert [e["args"]["seq"] for e in slices] == [3, 4]
+    assert slices[-1]["name"] == "all_reduce (started, incomplete)"
+    assert "still running" in slices[-1]["args"]["note"]
+    assert slices[0]["dur"] < 1_000  # its real completion, half a millisecond after its start
+    threads = [e["args"]["name"] for e in events if e["name"] == "thread_name"]
+    assert threads == ["rank 0 (cpu)", "rank 1 (cpu)"]
+
+
+def test_each_thread_of_a_rank_gets_one_track() -> None:
+    job = healthy(Job(world_size=2), steps=4)
+    for r in (0, 1):
+        entries = job.ranks[r].entries
+        entries[1] = _with(entries[1], thread="pp-sender")
+        entries[3] = _with(entries[3], thread="pp-sender")
+    trace = _trace(job)
+    assert trace_errors(trace) == []
+    threads = [e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"]
+    assert threads == [
+        "rank 0 · MainThread (cpu)",
+        "rank 0 · pp-sender (cpu)",
+        "rank 1 · MainThread (cpu)",
+        "rank 1 · pp-sender (cpu)",
+    ]
+    tids = {(e["args"]["rank"], e["tid"]) for e in trace["traceEvents"] if e["ph"] == "X"}
+    assert len(tids) == 4
+
+
+def test_a_real_ddp_job_on_gloo_is_drawn_as_recorded() -> None:
+    """4 gloo ranks of DDP with a C++ comm hook (tests/data/ddp_gloo_stall, dumped by a real
+    job: ``tests/integration/scripts/native_coverage.py ddp_hook --stall-rank 3``). Its
+    reducer's collectives reach the dump only through PyTorch's recorder, which gives no end
+    time: they were drawn as 28 slices running ~20 s to the dump, on 31 tracks."""
+    report = analyze_dir(str(DATA / "ddp_gloo_stall"))
+    trace = TraceRenderer().to_dict(report)
+    assert trace_errors(trace) == []
+    events = trace["traceEvents"]
+    threads = [e["args"]["name"] for e in events if e["name"] == "thread_name"]
+    assert threads == [f"rank {r} (cpu)" for r in range(4)]
+    slices = [e for e in events if e["ph"] == "X"]
+    # The only slices that run to the dump are the hang itself: ranks 0-2 in the bucket's
+    # all_reduce that rank 3 never entered.
+    open_ = [e for e in slices if "incomplete" in e["cat"]]
+    assert sorted(e["args"]["rank"] for e in open_) == [0, 1, 2]
+    assert all(e["dur"] < 1e6 for e in slices if e not in open_)
+    no_end = [e for e in events if e["ph"] == "i" and e["cat"].endswith("no_end")]
+    assert len(no_end) == 28 and all(e["args"]["state"] == "COMPLETED" for e in no_end)

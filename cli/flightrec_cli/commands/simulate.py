@@ -12,6 +12,7 @@ import typer
 
 from flightrec.errors import UsageError
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
+from flightrec_cli.progress import StageProgress
 
 
 class DumpFormat(enum.Enum):
@@ -64,7 +65,16 @@ def simulate_command(
     """Write realistic flightrec dumps of a tp/pp/dp job with one fault; print the expected verdict."""
     try:
         config = SimConfig(parse_layout(layout, ranks), entries, fault, fault_rank, seed=seed)
-        expected = simulate(config, out, processes=processes, form=form.value)
+        # On a terminal, once it takes more than a second: a 4,096-rank job takes half a minute.
+        with StageProgress() as shown:
+            shown.stage(f"Planning a job of {ranks:,} ranks")
+            expected = simulate(
+                config,
+                out,
+                processes=processes,
+                form=form.value,
+                progress=shown.ranks if shown.enabled else None,
+            )
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     verdict = {
