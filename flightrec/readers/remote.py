@@ -98,7 +98,7 @@ def _relative(key: str, root: str) -> str | None:
         return PurePosixPath(key).name or None
     if not key.startswith(root + "/"):
         return None
-    parts = PurePosixPath(key[len(root) + 1 :]).parts
+    parts = key[len(root) + 1 :].split("/")  # as stored: "a/./x" and "a//x" are refused too
     if not parts or any(p in ("", ".", "..") or p.startswith(".") or "\\" in p for p in parts):
         return None
     return "/".join(parts)
