@@ -461,6 +461,9 @@ class Runtime:
         exchange, poller = self.exchange, self.poller
         if reason == pb.SIGNAL_TERM and exchange is not None and poller is not None:
             exchange.after_term()  # the verdict, if this rank reports, before dying
+        uploader = self.uploader
+        if reason == pb.SIGNAL_TERM and uploader is not None:
+            uploader.drain()  # the process ends next, without its atexit handlers
 
     def _on_exception(self, x: RaisedException) -> None:
         """An exception ended a thread: keep it for every later dump and in the black box."""

@@ -20,7 +20,9 @@ import contextlib
 import logging
 import os
 import queue
+import sys
 import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +67,7 @@ class Uploader:
         self._fs: Any = None
         self._root = ""
         self._pid = os.getpid()
+        self._exiting = False
 
     # -- the job's side: never waits --------------------------------------------------------
     def submit(self, path: Path) -> None:
@@ -85,6 +88,8 @@ class Uploader:
         names what is left in the spool."""
         if os.getpid() != self._pid:
             return
+        self._exiting = True
+        _run_inline_at_exit()
         with self._cond:
             self._cond.wait_for(lambda: self._pending == 0, timeout=wait_s)
             left = self._pending
@@ -96,6 +101,15 @@ class Uploader:
                 self.url,
                 self.spool,
             )
+
+    def drain(self, wait_s: float = EXIT_WAIT_S) -> bool:
+        """Wait (at most ``wait_s``) until nothing is queued or in flight; True if so.
+
+        For a process about to be ended by a signal (SIGTERM from torchrun), whose atexit
+        handlers will not run: its last dump gets the same bounded chance as an exit dump.
+        """
+        with self._cond:
+            return self._cond.wait_for(lambda: self._pending == 0, timeout=wait_s)
 
     @property
     def pending(self) -> int:
@@ -129,6 +143,8 @@ class Uploader:
                 ) from None
             self._fs, root = url_to_fs(self.url)
             self._root = str(root).rstrip("/")
+            if self._exiting:  # the first dump came at exit (FLIGHTREC_DUMP_ON_EXIT)
+                _run_inline_at_exit()
         return self._fs, self._root
 
     def _upload(self, path: Path) -> bool:
@@ -169,6 +185,34 @@ class Uploader:
             path,
         )
         return False
+
+
+class _Inline(ThreadPoolExecutor):
+    """Runs what is submitted at once, on the submitting thread (fsspec's IO thread)."""
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> Future[Any]:
+        done: Future[Any] = Future()
+        try:
+            done.set_result(fn(*args, **kwargs))
+        except BaseException as exc:
+            done.set_exception(exc)
+        return done
+
+
+def _run_inline_at_exit() -> None:
+    """Let fsspec's event loop work after the interpreter began to exit.
+
+    Exit dumps are written by atexit handlers, which run after ``concurrent.futures`` shut its
+    thread pools down: from then on, the loop's ``run_in_executor`` (asyncio's name lookups,
+    botocore's credential loading) fails with "cannot schedule new futures after interpreter
+    shutdown", and no exit dump could be uploaded. At exit the job's work is over, so the
+    loop's blocking calls may as well run on its own thread.
+    """
+    asyn = sys.modules.get("fsspec.asyn")
+    loop = getattr(asyn, "loop", [None])[0] if asyn is not None else None
+    if loop is not None:
+        with contextlib.suppress(Exception):
+            loop.set_default_executor(_Inline(max_workers=1))
 
 
 def _one_line(exc: BaseException | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -62,11 +63,17 @@ def test_live_hang_dumps_land_in_the_bucket_and_are_analyzed_from_there(
         assert list(spool.glob("flightrec-rank*.ring")), job.output()
         assert not [k for k in s3.keys("dumps") if k.endswith(".ring")]
         assert all(p.poll() is None for p in job.procs), job.output()  # the job waits on
+        # SIGTERM (torchrun's, when a worker dies) ends a process without its atexit
+        # handlers: its last dump is still uploaded before it goes.
+        job.signal(2, signal.SIGTERM)
+        job.procs[2].wait(20)
+        assert [k for k in s3.keys("dumps", "jobs/hang-1/") if "signal_term" in k], job.output()
 
     result = analyze("s3://dumps/jobs/hang-1", s3.env, "--json")
     assert result.returncode == 1, result.stderr
     report = json.loads(result.stdout)
     assert report["ranks_with_dump"] == [0, 1, 2, 3]
+    assert "signal_term" not in report["dumps"]["2"]  # the hang's dump, not what came after
     first = report["findings"][0]
     assert first["kind"] == "not_arrived" and first["ranks"] == [2], first
     # Files are named by the objects they came from, never by a deleted temporary folder.
@@ -196,3 +203,22 @@ def test_downloads_are_bounded_in_size_and_stay_inside_their_folder(s3: S3, tmp_
     assert not folder.exists()
     assert not (folder.parent / "escape.frdump").exists()
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_exit_dumps_are_uploaded_before_a_clean_exit(s3: S3, tmp_path: Path) -> None:
+    s3.client.create_bucket(Bucket="exits")
+    spool = tmp_path / "spool"
+    env = {
+        **s3.env,
+        "FLIGHTREC_DIR": "s3://exits/run",
+        "FLIGHTREC_SPOOL": str(spool),
+        "FLIGHTREC_DUMP_ON_EXIT": "1",
+    }
+    with start_job("scenario.py", ["healthy"], env=env, workdir=tmp_path) as job:
+        codes = job.wait(timeout=60)
+    assert codes == [0] * 4, job.output()
+    keys = [k for k in s3.keys("exits", "run/") if k.endswith(SUFFIX)]
+    assert len(keys) == 4 and all("process_exit" in k for k in keys), (keys, job.output())
+    assert not list(spool.glob(f"*{SUFFIX}"))
+    for noise in ("Traceback", "Exception ignored", "flightrec: "):
+        assert noise not in job.output(), job.output()
