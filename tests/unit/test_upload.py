@@ -4,6 +4,7 @@ in-memory filesystem (no network)."""
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from pathlib import Path
 
@@ -103,3 +104,15 @@ def test_exit_does_not_wait_past_its_bound(
     assert path.exists()
     lines = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert any("1 dump(s) not uploaded" in line and str(path.parent) in line for line in lines)
+
+
+def test_a_url_without_fsspec_is_one_usage_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flightrec.errors import UsageError
+    from flightrec.readers.remote import download
+
+    monkeypatch.setitem(sys.modules, "fsspec", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "fsspec.core", None)
+    with pytest.raises(UsageError) as err, download("s3://bucket/job"):
+        pass
+    assert str(err.value).startswith("s3://bucket/job: ")
+    assert "pip install 'torch-flightrec[s3]'" in str(err.value)
