@@ -48,15 +48,22 @@ class Counts:
     """Warnings flightrec logged: its own errors (a failed dump, upload, hook, ...)."""
 
 
-class WarningCounter(logging.Handler):
-    """Counts the ``flightrec`` logger's warnings and errors into ``Counts.warnings``."""
+class WarningCounter(logging.Filter):
+    """Counts the ``flightrec`` logger's warnings and errors into ``Counts.warnings``.
+
+    A filter on the logger, not a handler: a handler would be the logger's first, and Python
+    would then stop printing its warnings to stderr (its last-resort handler is used only
+    where no handler is found), which is how flightrec's warnings reach the job's log.
+    """
 
     def __init__(self, counts: Counts) -> None:
-        super().__init__(logging.WARNING)
+        super().__init__()
         self.counts = counts
 
-    def emit(self, record: logging.LogRecord) -> None:
-        self.counts.warnings += 1
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno >= logging.WARNING:
+            self.counts.warnings += 1
+        return True
 
 
 def blackbox_state(recorder: Recorder) -> str:

@@ -93,7 +93,7 @@ class Runtime:
         """Dumps and warnings, for the metrics (FLIGHTREC_METRICS_PORT)."""
         self.metrics: MetricsServer | None = None
         if config.metrics_port:
-            logging.getLogger("flightrec").addHandler(WarningCounter(self.counts))
+            logging.getLogger("flightrec").addFilter(WarningCounter(self.counts))
         # atexit runs handlers last-registered first: the exit dump (if any) is written before
         # the black box decides whether it is still needed, and a dump another thread is
         # writing is finished before the interpreter stops that thread.

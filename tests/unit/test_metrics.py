@@ -113,16 +113,23 @@ def test_a_quiet_recorder_reports_nothing_pending(tmp_path: Path) -> None:
 
 def test_flightrec_warnings_are_counted(caplog: pytest.LogCaptureFixture) -> None:
     counts = Counts()
-    handler = WarningCounter(counts)
+    counter = WarningCounter(counts)
     log = logging.getLogger("flightrec")
-    log.addHandler(handler)
+    handlers = list(log.handlers)
+    log.addFilter(counter)
     try:
+        # No handler added: the warnings still reach the job's log (Python's last resort).
+        assert log.handlers == handlers
         log.info("flightrec: wrote x")
         log.warning("flightrec: could not write a dump")
         log.error("flightrec: worse")
     finally:
-        log.removeHandler(handler)
+        log.removeFilter(counter)
     assert counts.warnings == 2
+    assert [r.getMessage() for r in caplog.records] == [
+        "flightrec: could not write a dump",
+        "flightrec: worse",
+    ]
 
 
 def test_port_is_base_plus_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
