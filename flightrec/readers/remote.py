@@ -107,9 +107,11 @@ def _relative(key: str, root: str) -> str | None:
 def _list(fs: Any, url: str, root: str) -> dict[str, int]:
     """Every object under ``root`` with its size (one object when ``url`` names one)."""
     try:
-        if fs.isfile(root):
-            return {root: int(fs.size(root) or 0)}
+        # The listing first: a missing bucket fails it at once (s3fs's isfile takes seconds).
         found = fs.find(root, detail=True)
+        if not found or list(found) == [root]:
+            if fs.isfile(root):
+                return {root: int(fs.size(root) or 0)}
     except Exception as exc:
         raise UsageError(f"{url}: cannot list: {_one_line(exc)}") from None
     objects: dict[str, int] = {}
