@@ -109,9 +109,8 @@ def _list(fs: Any, url: str, root: str) -> dict[str, int]:
     try:
         # The listing first: a missing bucket fails it at once (s3fs's isfile takes seconds).
         found = fs.find(root, detail=True)
-        if not found or list(found) == [root]:
-            if fs.isfile(root):
-                return {root: int(fs.size(root) or 0)}
+        if (not found or list(found) == [root]) and fs.isfile(root):
+            return {root: int(fs.size(root) or 0)}
     except Exception as exc:
         raise UsageError(f"{url}: cannot list: {_one_line(exc)}") from None
     objects: dict[str, int] = {}
