@@ -125,9 +125,9 @@ def _list(fs: Any, url: str, root: str) -> dict[str, int]:
 
 def _fetch(fs: Any, key: str, dest: Path, limit: int) -> str | None:
     """Copy one object to ``dest``, never more than ``limit`` bytes; the problem, or None."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
     got = 0
     try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
         with fs.open(key, "rb") as src, open(dest, "wb") as out:
             while True:
                 # The listing's size is not trusted: an object may have grown since.

@@ -218,7 +218,13 @@ class MetricsServer:
             ImportError: prometheus_client is not installed.
             OSError: the port cannot be bound.
         """
-        from prometheus_client import CollectorRegistry, start_http_server
+        try:
+            from prometheus_client import CollectorRegistry, start_http_server
+        except ImportError:
+            raise ImportError(
+                "FLIGHTREC_METRICS_PORT needs prometheus_client "
+                "(pip install 'torch-flightrec[metrics]')"
+            ) from None
 
         # A registry of its own: the process's default one (the job's own metrics, if any)
         # is left alone, and nothing of ours is served twice.

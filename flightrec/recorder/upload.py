@@ -141,7 +141,10 @@ class Uploader:
                     "FLIGHTREC_DIR is a URL, which needs fsspec and the protocol's package "
                     "(pip install 'torch-flightrec[s3]' for s3://)"
                 ) from None
-            self._fs, root = url_to_fs(self.url)
+            try:
+                self._fs, root = url_to_fs(self.url)
+            except ImportError as exc:  # the protocol's package (s3fs, gcsfs) is missing
+                raise RuntimeError(f"{exc} (pip install 'torch-flightrec[s3]' for s3://)") from None
             self._root = str(root).rstrip("/")
             if self._exiting:  # the first dump came at exit (FLIGHTREC_DUMP_ON_EXIT)
                 _run_inline_at_exit()

@@ -137,3 +137,16 @@ def test_port_is_base_plus_local_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     assert metrics_port(9400) == 9403
     monkeypatch.delenv("LOCAL_RANK")
     assert metrics_port(9400) == 9400
+
+
+def test_without_prometheus_client_the_server_says_which_extra(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    from flightrec.recorder.metrics import MetricsServer
+
+    c = FlightrecCollector(recorder(tmp_path), Counts(), None, lambda: (0, 1, ""))
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)
+    with pytest.raises(ImportError, match=r"torch-flightrec\[metrics\]"):
+        MetricsServer(c, 0, "127.0.0.1").start()
