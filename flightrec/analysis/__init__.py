@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from flightrec.analysis.clocks import TimelineClock
@@ -28,6 +28,7 @@ from flightrec.analysis.model import (
 )
 from flightrec.analysis.passes import run_passes
 from flightrec.analysis.states import RankState
+from flightrec.format.location import is_url
 
 __all__ = [
     "AnalysisContext",
@@ -134,19 +135,25 @@ def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:
     """Load every dump under ``path`` and diagnose the job.
 
     Args:
-        path: a folder searched recursively (or one dump file).
+        path: a folder searched recursively (or one dump file), or a URL of either
+            (``s3://bucket/prefix``: fsspec and the protocol's package needed).
         options: analysis options; defaults when None.
 
     Returns:
         The report: findings ordered most likely root cause first, problems with files, notes.
 
     Raises:
-        UsageError: ``path`` does not exist.
+        UsageError: ``path`` does not exist, or its URL cannot be listed.
         NoDumpsError: no readable dump under ``path``.
     """
     options = options or AnalysisOptions()
+    load: Callable[..., Run] = load_dir
+    if is_url(path):  # s3://bucket/prefix: downloaded, then loaded as a folder
+        from flightrec.analysis.remote import load_url
+
+        load = load_url
     with gc_paused():
-        run = load_dir(
+        run = load(
             path,
             options.view,
             workers=options.workers,

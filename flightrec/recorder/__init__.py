@@ -4,7 +4,8 @@ ring, dumped on hang, error, signal, exit or request.
 Modules, by idea: ``config`` (environment), ``ring`` (binary slots), ``tables`` and ``stacks``
 (interning), ``groups`` (group identity and sequence counters), ``specs`` and ``hooks``
 (wrapping torch.distributed), ``recorder`` (the hot path), ``completion`` (async work),
-``watchdog``, ``store`` (dump requests), ``signals``, ``dumper`` and ``runtime`` (wiring).
+``watchdog``, ``store`` (dump requests), ``signals``, ``dumper`` and ``runtime`` (wiring),
+``upload`` (dumps to object storage) and ``metrics`` (Prometheus, for alerting).
 """
 
 from __future__ import annotations

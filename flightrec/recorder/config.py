@@ -11,17 +11,22 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from flightrec.format.location import is_url, local_path
+
 log = logging.getLogger("flightrec")
 
 TRUE_VALUES = ("1", "true", "yes")
 
 DEFAULT_DIR = "./flightrec_dumps"
+DEFAULT_UPLOAD_RETRIES = 3
+DEFAULT_METRICS_ADDR = "0.0.0.0"
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_BUFFER = 2000
 DEFAULT_STACK_DEPTH = 16
 # Bounds that keep a typo from allocating gigabytes or walking absurd stacks.
 MAX_BUFFER = 1 << 20
 MAX_STACK_DEPTH = 256
+MAX_UPLOAD_RETRIES = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +36,8 @@ class Config:
     enabled: bool = False
     """FLIGHTREC: trace torch.distributed."""
     directory: str = DEFAULT_DIR
-    """FLIGHTREC_DIR: where dump files go (created if missing)."""
+    """FLIGHTREC_DIR: where dump files go (created if missing). When FLIGHTREC_DIR is a URL,
+    the local spool (FLIGHTREC_SPOOL) instead: dumps and the black box are written here."""
     timeout_s: float = DEFAULT_TIMEOUT_S
     """FLIGHTREC_TIMEOUT: seconds an operation may stay incomplete before the watchdog fires."""
     buffer: int = DEFAULT_BUFFER
@@ -58,6 +64,16 @@ class Config:
     """FLIGHTREC_VERDICT: when a hang is declared, exchange summaries through the job's store
     and print the verdict into the job's log (on unless set to something other than
     1/true/yes)."""
+    upload_url: str = ""
+    """FLIGHTREC_DIR when it is a URL (``s3://bucket/prefix``, any fsspec protocol): each dump
+    written to ``directory`` is then uploaded there by flightrec's own thread; "" otherwise."""
+    upload_retries: int = DEFAULT_UPLOAD_RETRIES
+    """FLIGHTREC_UPLOAD_RETRIES: further tries of an upload that failed (0..10)."""
+    metrics_port: int = 0
+    """FLIGHTREC_METRICS_PORT: serve Prometheus metrics on this port + LOCAL_RANK; 0: off."""
+    metrics_addr: str = DEFAULT_METRICS_ADDR
+    """FLIGHTREC_METRICS_ADDR: the address the metrics server binds (all interfaces by
+    default, so that Prometheus on another host can scrape it)."""
     ddp_hook: bool | None = None
     """FLIGHTREC_DDP_HOOK: record DDP's gradient all-reduces through a Python communication
     hook (1/true/yes), or leave DDP's C++ hook alone (anything else). Unset: the hook only
@@ -150,9 +166,23 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         The settings, with defaults where a variable is unset or invalid.
     """
     env = os.environ if env is None else env
+    directory = local_path(env.get("FLIGHTREC_DIR", "").strip()) or DEFAULT_DIR
+    upload_url = ""
+    if is_url(directory):
+        # The black box and every dump are written locally first (a hard crash must still
+        # leave them, and the job must never wait on the network): the URL is where dumps go
+        # next, from the spool.
+        upload_url = directory.rstrip("/")
+        directory = env.get("FLIGHTREC_SPOOL", "").strip() or DEFAULT_DIR
     return Config(
         enabled=is_true(env.get("FLIGHTREC")),
-        directory=env.get("FLIGHTREC_DIR", "").strip() or DEFAULT_DIR,
+        directory=directory,
+        upload_url=upload_url,
+        upload_retries=_integer(
+            env, "FLIGHTREC_UPLOAD_RETRIES", DEFAULT_UPLOAD_RETRIES, 0, MAX_UPLOAD_RETRIES
+        ),
+        metrics_port=_integer(env, "FLIGHTREC_METRICS_PORT", 0, 0, 65535),
+        metrics_addr=env.get("FLIGHTREC_METRICS_ADDR", "").strip() or DEFAULT_METRICS_ADDR,
         timeout_s=_number(env, "FLIGHTREC_TIMEOUT", DEFAULT_TIMEOUT_S, 0.001, 1e7),
         buffer=_integer(env, "FLIGHTREC_BUFFER", DEFAULT_BUFFER, 1, MAX_BUFFER),
         stack_depth=_integer(env, "FLIGHTREC_STACK_DEPTH", DEFAULT_STACK_DEPTH, 0, MAX_STACK_DEPTH),

@@ -29,11 +29,19 @@ from flightrec.recorder.exceptions import (
 )
 from flightrec.recorder.exchange import GATHER_S, Exchange, Reporter
 from flightrec.recorder.hooks import Hooks
+from flightrec.recorder.metrics import (
+    Counts,
+    FlightrecCollector,
+    MetricsServer,
+    WarningCounter,
+    metrics_port,
+)
 from flightrec.recorder.native_watch import NativeWatch
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
 from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store
+from flightrec.recorder.upload import Uploader
 from flightrec.recorder.watchdog import Watchdog
 
 log = logging.getLogger("flightrec")
@@ -76,6 +84,16 @@ class Runtime:
         self.died_of: RaisedException | None = None
         """The exception that ended the main thread, once one did."""
         self._started_ns = time.time_ns()
+        # FLIGHTREC_DIR as a URL: dumps go from the spool to object storage (recorder.upload).
+        self.uploader: Uploader | None = None
+        if config.upload_url:
+            self.uploader = Uploader(config.upload_url, config.directory, config.upload_retries)
+            atexit.register(self._close_uploader)  # registered first: runs after the exit dump
+        self.counts = Counts()
+        """Dumps and warnings, for the metrics (FLIGHTREC_METRICS_PORT)."""
+        self.metrics: MetricsServer | None = None
+        if config.metrics_port:
+            logging.getLogger("flightrec").addFilter(WarningCounter(self.counts))
         # atexit runs handlers last-registered first: the exit dump (if any) is written before
         # the black box decides whether it is still needed, and a dump another thread is
         # writing is finished before the interpreter stops that thread.
@@ -139,6 +157,8 @@ class Runtime:
         self.watchdog = None  # its thread did not survive the fork
         self.poller = None
         self.exchange = None
+        self.uploader = None  # nothing to upload (dumps are off), nothing to wait for at exit
+        self.metrics = None  # the parent serves them; its server thread is not here
         self.recorder.tracker.after_fork_in_child()
         self.signals.after_fork_in_child()
         if self.rawstacks is not None:
@@ -254,6 +274,38 @@ class Runtime:
         self.dumper.remember_identity()
         self._identify_blackbox()
         self._arm_rawstacks()
+        self._start_metrics()
+
+    def _start_metrics(self) -> None:
+        """FLIGHTREC_METRICS_PORT: serve Prometheus metrics once the process is in a job
+        (not in a launcher that merely imports torch.distributed)."""
+        if not self.config.metrics_port:
+            return
+        with self._lock:
+            if self.metrics is not None:
+                return
+            collector = FlightrecCollector(
+                self.recorder, self.counts, self.uploader, self._identity
+            )
+            port = metrics_port(self.config.metrics_port)
+            self.metrics = server = MetricsServer(collector, port, self.config.metrics_addr)
+            try:
+                server.start()
+            except Exception as exc:  # metrics are a bonus: never a reason to fail the job
+                self._warn_once("metrics", f"no metrics on port {port}", exc)
+                return
+        atexit.register(server.close)
+
+    def _identity(self) -> tuple[int, int, str]:
+        ident = self.dumper.identity
+        if ident is None:
+            return self._rank(), _world_size(), self.config.job_id
+        return ident.rank, ident.world_size, ident.job_id
+
+    def _close_uploader(self) -> None:
+        uploader = self.uploader
+        if uploader is not None:
+            uploader.close()
 
     def _warn_once(self, topic: str, what: str, exc: BaseException) -> None:
         if topic not in self._warned:
@@ -409,6 +461,9 @@ class Runtime:
         exchange, poller = self.exchange, self.poller
         if reason == pb.SIGNAL_TERM and exchange is not None and poller is not None:
             exchange.after_term()  # the verdict, if this rank reports, before dying
+        uploader = self.uploader
+        if reason == pb.SIGNAL_TERM and uploader is not None:
+            uploader.drain()  # the process ends next, without its atexit handlers
 
     def _on_exception(self, x: RaisedException) -> None:
         """An exception ended a thread: keep it for every later dump and in the black box."""
@@ -462,6 +517,12 @@ class Runtime:
             exchange.after_death()  # the verdict in the log names the crash (Ctrl-C is none)
 
     def _on_dump(self, dump: pb.Dump, path: Path | None) -> None:
+        if path is None:
+            self.counts.dumps_failed += 1
+        else:
+            self.counts.dumps_written += 1
+            if self.uploader is not None:
+                self.uploader.submit(path)  # a queue put: the network is the upload thread's
         exchange = self.exchange
         if exchange is not None:
             exchange.on_dump(dump, path)

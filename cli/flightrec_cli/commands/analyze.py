@@ -43,7 +43,13 @@ def register(app: typer.Typer) -> None:
 
 
 def analyze_command(
-    path: Annotated[Path, typer.Argument(help="Folder of dumps (searched recursively) or a file.")],
+    path: Annotated[
+        str,
+        typer.Argument(
+            help="Folder of dumps (searched recursively) or a file; or a URL of either "
+            "(s3://bucket/prefix, any fsspec protocol: pip install 'torch-flightrec[s3]')."
+        ),
+    ],
     as_json: Annotated[
         bool, typer.Option("--json", help="Print one JSON object (schema flightrec.report/1).")
     ] = False,
