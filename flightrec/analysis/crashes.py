@@ -33,6 +33,8 @@ from flightrec.analysis.model import (
     RankDump,
     user_frame,
 )
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.readers.blackbox import ended as blackbox_ended
 from flightrec.text import ranks_phrase
 
 if TYPE_CHECKING:  # the context imports states, which imports this module
@@ -139,6 +141,20 @@ def died_of(m: Matched, rank: int) -> RaisedException | None:
             if x.is_main and x.type not in _NOT_A_CRASH:
                 return x
     return None
+
+
+def process_ended(m: Matched, rank: int) -> bool:
+    """Whether ``rank``'s process is gone: it died of an exception, wrote its exit dump (the
+    chosen dump or one after it), or left a black box of a process that ended."""
+    if rank in m.run.exited:
+        return True
+    chosen = m.run.dumps.get(rank)
+    if chosen is None:
+        return False
+    for d in (chosen, *m.run.later.get(rank, ())):
+        if d.header.reason == pb.PROCESS_EXIT or blackbox_ended(d.header):
+            return True
+    return died_of(m, rank) is not None
 
 
 def thread_deaths(m: Matched, rank: int) -> list[RaisedException]:

@@ -455,6 +455,22 @@ class Consequence:
     waited_s: float
     label: str = ""
     """The op as people read it (``op_label``); ``op`` when empty."""
+    ended: tuple[int, ...] = ()
+    """Of ``waiting``, the ranks whose process has ended since (died or exited): they waited
+    there, and are no longer waiting anywhere (``fold.fold_consequences``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """A finding a root cause explains, kept as one of its consequences rather than a finding
+    of its own that would blame the ranks it held up (``fold.fold_consequences``)."""
+
+    kind: FindingKind
+    ranks: tuple[int, ...]
+    """The ranks the folded finding was about (not blamed: the root cause is)."""
+    summary: str
+    process_group: str | None = None
+    seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,6 +561,9 @@ class Finding:
     """The skipped or extra call behind it, where ``skips.annotate_shifts`` found one."""
     below_timeout: BelowTimeout | None = None
     """Set where every wait behind it is shorter than the job's timeout (``waits``)."""
+    explains: tuple[Folded, ...] = ()
+    """Findings this one explains (deaths of its peers, desyncs and unmatched transfers of
+    the ranks it held up), folded into it by ``fold.fold_consequences``."""
 
 
 @dataclass(frozen=True, slots=True)

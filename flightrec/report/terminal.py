@@ -105,6 +105,7 @@ class TerminalRenderer:
         lines: list[str] = []
         for (op, seq, desc), cs in merged.items():
             waiting = sorted({r for c in cs for r in c.waiting})
+            ended = sorted({r for c in cs for r in c.ended})
             longest = max(c.waited_s for c in cs)
             if len({c.process_group for c in cs}) == 1:
                 # Several waits on one group (the pairs of a P2P cycle) name that group.
@@ -113,16 +114,28 @@ class TerminalRenderer:
                 where = f"group {pg} [ranks {compress(self._members.get(pg) or cs[0].pg_ranks)}]"
             else:
                 where = f"{len(cs)} {desc + ' ' if desc else ''}groups"
-            lines.append(
-                _sentence(waiting, f"wait in {op} #{seq} on {where}")
-                + (f" for {longest:.1f} s" if longest >= 0.05 else "")
-            )
+            took = f" for {longest:.1f} s" if longest >= 0.05 else ""
+            still = [r for r in waiting if r not in ended]
+            if still:
+                lines.append(_sentence(still, f"wait in {op} #{seq} on {where}") + took)
+            if ended:  # a process that has ended waits nowhere: say what became of it
+                lines.append(
+                    f"{ranks_phrase(ended)} waited in {op} #{seq} on {where}{took}, then died"
+                )
         if lines:
             self.console.print(Text("Blocked because of it", style="bold"))
             for line in lines[:MAX_LINES]:
                 self.console.print(hanging("  ", line))
             if len(lines) > MAX_LINES:
                 self.console.print(Text(f"  ... and {len(lines) - MAX_LINES} more", style="dim"))
+        if f.explains:
+            self.console.print(Text("Explained by it (not causes of their own)", style="bold"))
+            for x in f.explains[:MAX_LINES]:
+                self.console.print(hanging("  ", f"[{x.kind}] {x.summary}", style="dim"))
+            if len(f.explains) > MAX_LINES:
+                self.console.print(
+                    Text(f"  ... and {len(f.explains) - MAX_LINES} more", style="dim")
+                )
 
     def _stragglers(self, report: Report) -> None:
         """The straggler table: per-rank lateness on aligned clocks, with bars."""
