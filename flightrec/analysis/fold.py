@@ -117,7 +117,7 @@ def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Fin
 
 
 def _culprits_end(m: Matched, root: Finding) -> str:
-    """"; rank 1 then died of RuntimeError" where the blamed ranks' processes died after what
+    """ "; rank 1 then died of RuntimeError" where the blamed ranks' processes died after what
     the finding blames them for ("" for a finding that already says they died or exited)."""
     if root.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP):
         return ""

@@ -76,6 +76,7 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
                 "op": c.op,
                 "waiting_ranks": list(c.waiting),
                 "waited_s": round(c.waited_s, 3),
+                **({"sender": c.p2p[0], "receiver": c.p2p[1]} if c.p2p else {}),
                 # Of waiting_ranks, those whose process has ended since (they wait no more).
                 **({"ended_ranks": list(c.ended)} if c.ended else {}),
             }
