@@ -120,12 +120,10 @@ def parse_name(path: str | Path) -> NativeName | None:
                 head = head[: -len(prefix)]
                 break
         return NativeName(int(m["rank"]), head.strip("_-. "))
-    last = None
-    for last in _LAST_NUMBER.finditer(base):
-        pass
-    if last is None or last.end() != len(base):
+    numbers = list(_LAST_NUMBER.finditer(base))
+    if not numbers or numbers[-1].end() != len(base):
         return None
-    return NativeName(int(last["rank"]), "")
+    return NativeName(int(numbers[-1]["rank"]), "")
 
 
 def _form(first: bytes) -> str | None:
