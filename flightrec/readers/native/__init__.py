@@ -151,14 +151,12 @@ def native_form(head: bytes) -> str | None:
 
 def sniff(path: str | Path) -> bool:
     """True when ``path`` is a native dump by its content (its first ``SNIFF_BYTES``), whatever
-    its name; its rank must be readable from its name (see ``parse_name``). A pickle or JSON
+    its name (the rank comes from the dump, else its name: ``load_native``). A pickle or JSON
     file named the way PyTorch names its dumps is one too, however damaged its start: reading
     it says what is wrong with it.
 
     Never raises; an unreadable file is simply not a native dump.
     """
-    if parse_name(path) is None:
-        return False
     try:
         with open(path, "rb") as f:
             head = f.read(SNIFF_BYTES)
@@ -198,8 +196,6 @@ def load_native(path: str | Path) -> NativeDump:
     """
     p = str(path)
     name = parse_name(p)
-    if name is None:
-        raise NotADumpError(p, "file name carries no rank (expected a number, e.g. _dump_3)")
     try:
         st = os.stat(p)
         if st.st_size > MAX_NATIVE_BYTES:
@@ -226,11 +222,20 @@ def load_native(path: str | Path) -> NativeDump:
             obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
             entries = None
         del data, reading
+        # The rank the dump states, where its writer added one; else the number its name ends
+        # with (PyTorch's own dumps state none: its writer puts the rank after the prefix).
+        own = obj.get("rank") if isinstance(obj, dict) else None
+        if isinstance(own, int) and not isinstance(own, bool) and 0 <= own < 1 << 24:
+            rank = own
+        elif name is not None:
+            rank = name.rank
+        else:
+            raise NotADumpError(p, "neither the dump nor its file name gives its rank")
         dump = normalize(
             obj,
             path=p,
-            rank=name.rank,
-            host=name.host,
+            rank=rank,
+            host=name.host if name is not None else "",
             form=form,
             mtime_ns=st.st_mtime_ns,
             entries=entries,
@@ -334,7 +339,8 @@ def _listing(folder: Path) -> tuple[tuple[str, int, int], ...]:
     found: list[tuple[str, int, int]] = []
     with os.scandir(folder) as it:
         for de in it:
-            if parse_name(de.name) is not None and de.is_file():
+            # Any file may be a native dump (its content says, ``sniff``), except a temporary.
+            if not de.name.startswith(".") and de.is_file():
                 st = de.stat()
                 found.append((de.name, st.st_mtime_ns, st.st_size))
     return tuple(sorted(found))
