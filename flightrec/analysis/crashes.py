@@ -105,7 +105,8 @@ class CrashEvidence(Evidence):
     itself is ``Finding.exception``)."""
 
     in_collective: bool
-    """Raised from inside torch.distributed (a collective that failed or timed out)."""
+    """Raised from inside torch.distributed (a collective that failed or timed out), or at
+    the line of an operation the rank never completed (``work.wait()``)."""
     raised_after_hang: bool
     """Raised after the hang event: what happened next, not why the job hung."""
     exceptions: Mapping[int, ExceptionEvidence] | None = None
@@ -171,14 +172,26 @@ def find_crashes(ctx: AnalysisContext) -> list[Finding]:
     """
     m = ctx.matched
     hang = m.run.hang_wall_ns
+    # Where each rank waits in an operation it never completed: an exception raised at that
+    # very line came out of the operation (``work.wait()`` of an irecv raises with no frame of
+    # torch's Python code on the stack), as gloo's timeouts and resets do.
+    pending: dict[int, set[str]] = defaultdict(set)
+    for w in ctx.wait_graph.waits:
+        frame = user_frame(m.dump(w.rank).record(w.position).stack)
+        if frame is not None:
+            pending[w.rank].add(frame.where())
     by_cause: dict[tuple[str, str, bool], list[RaisedException]] = defaultdict(list)
     for rank in sorted(m.run.dumps):
         x = died_of(m, rank)
         if x is not None:
             loc = x.location
-            by_cause[(x.type, loc.where() if loc else "", x.in_collective)].append(x)
+            where = loc.where() if loc else ""
+            in_op = x.in_collective or where in pending.get(rank, ())
+            by_cause[(x.type, where, in_op)].append(x)
     findings: list[Finding] = []
-    for xs in sorted(by_cause.values(), key=lambda xs: min(x.wall_time_ns for x in xs)):
+    for (_, _, in_op), xs in sorted(
+        by_cause.items(), key=lambda kv: min(x.wall_time_ns for x in kv[1])
+    ):
         first = min(xs, key=lambda x: x.wall_time_ns)
         ranks = tuple(sorted(x.rank for x in xs))
         who = ranks_phrase(ranks)
@@ -188,7 +201,7 @@ def find_crashes(ctx: AnalysisContext) -> list[Finding]:
         if after:  # a consequence: said so where it is listed
             never += f", {(first.wall_time_ns - hang) / 1e9:.0f} s after the hang was declared"
         evidence = CrashEvidence(
-            in_collective=first.in_collective,
+            in_collective=in_op,
             raised_after_hang=after,
             exceptions={x.rank: x.to_evidence() for x in xs} if len(xs) > 1 else None,
         )
