@@ -30,7 +30,7 @@ import dataclasses
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from flightrec.analysis.crashes import CrashEvidence, died_of, process_ended
+from flightrec.analysis.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind, Folded
 from flightrec.readers.blackbox import died as blackbox_died
@@ -103,9 +103,10 @@ def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Fin
             folded.append(Folded(f.kind, f.ranks, f.summary, f.process_group, f.seq))
         else:
             kept.append(f)
-    if not folded:
+    end = _culprits_end(m, root)
+    if not folded and not end:
         return findings
-    summary = root.summary + _culprits_end(m, root)
+    summary = root.summary + end
     exception = root.exception
     for f in culprit_deaths:
         if exception is None and f.exception is not None and f.exception.rank in culprits:
@@ -117,10 +118,15 @@ def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Fin
 
 
 def _culprits_end(m: Matched, root: Finding) -> str:
-    """ "; rank 1 then died of RuntimeError" where the blamed ranks' processes died after what
-    the finding blames them for ("" for a finding that already says they died or exited)."""
+    """ "; rank 1 then died of RuntimeError" where the blamed ranks' processes died of what
+    the finding blames them for ("" for a finding that already says they died or exited).
+
+    A death well after the hang was declared (the culprit woke from its stall and found its
+    peers gone) is what happened next: the finding's evidence (``exception``), not its verdict.
+    """
     if root.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP):
         return ""
+    hang = m.run.hang_wall_ns
     by_how: dict[str, list[int]] = {}
     for r in root.ranks:
         d = m.run.dumps.get(r)
@@ -128,7 +134,8 @@ def _culprits_end(m: Matched, root: Finding) -> str:
             continue
         x = died_of(m, r)
         if x is not None:
-            by_how.setdefault(f"died of {x.type}", []).append(r)
+            if not hang or x.wall_time_ns <= hang + HANG_SLACK_NS:
+                by_how.setdefault(f"died of {x.type}", []).append(r)
         elif any(blackbox_died(e.header) for e in (d, *m.run.later.get(r, ()))):
             by_how.setdefault("died", []).append(r)
     return "".join(f"; {ranks_phrase(rs)} then {how}" for how, rs in by_how.items())
