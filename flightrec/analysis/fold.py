@@ -18,7 +18,8 @@ What counts as explained (never a rule about particular ranks or sizes):
   collective a mismatch broke, or later on that group: gloo aborts the receiver of a message
   of the wrong size;
 * a ``desync`` or ``p2p_unmatched`` finding whose blamed ranks are all the culprit itself or
-  ranks held up behind it (waiting under it, or dead as above).
+  ranks held up behind it (waiting under it, or dead as above), or a ``desync`` of a group the
+  culprit is furthest behind on (it left the group behind).
 
 The culprit's own death, when it died after it broke the collective, goes into the root
 cause's summary ("rank 1 then died of ...").
@@ -31,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from flightrec.analysis.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
+from flightrec.analysis.desync import DesyncEvidence
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind, Folded
 from flightrec.readers.blackbox import died as blackbox_died
@@ -98,7 +100,7 @@ def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Fin
             f in deaths and _death_explained(m, root, f, scope)
         )
         if not explained and f.kind in _OUT_OF_STEP:
-            explained = bool(f.ranks) and set(f.ranks) <= held
+            explained = _out_of_step_explained(f, culprits, held)
         if explained:
             folded.append(Folded(f.kind, f.ranks, f.summary, f.process_group, f.seq))
         else:
@@ -139,6 +141,20 @@ def _culprits_end(m: Matched, root: Finding) -> str:
         elif any(blackbox_died(e.header) for e in (d, *m.run.later.get(r, ()))):
             by_how.setdefault("died", []).append(r)
     return "".join(f"; {ranks_phrase(rs)} then {how}" for how, rs in by_how.items())
+
+
+def _out_of_step_explained(f: Finding, culprits: set[int], held: set[int]) -> bool:
+    """Whether the counters ``f`` finds out of step follow from the culprits' stop: every rank
+    it blames is a culprit or held up behind one (a pipeline peer that never received what
+    was sent to it), or, for a group, a culprit is the member furthest behind on it (it left
+    the group behind)."""
+    if f.ranks and set(f.ranks) <= held:
+        return True
+    evidence = f.evidence
+    if isinstance(evidence, DesyncEvidence) and evidence.issued:
+        behind = min(evidence.issued.values())
+        return any(evidence.issued.get(r) == behind for r in culprits)
+    return False
 
 
 def _death_explained(m: Matched, root: Finding, f: Finding, scope: set[int]) -> bool:

@@ -137,3 +137,18 @@ def test_a_transfer_wait_names_the_peer_not_the_group() -> None:
     assert "rank 3 waits in recv #1 from rank 2" in _text(report)
     (c,) = report_to_dict(report)["findings"][0]["consequences"]
     assert (c["sender"], c["receiver"], c["pg_ranks"]) == (2, 3, [2, 3])
+
+
+def test_a_group_the_culprit_left_behind_is_folded_even_where_its_peer_is_free() -> None:
+    # Group [0, 1] hangs on rank 1; on group [1, 2], rank 2 (free, waiting nowhere) ran one
+    # collective further than rank 1 ever did: the culprit left that group behind.
+    job = Job()
+    low, side = job.group("1", [0, 1]), job.group("5", [1, 2])
+    healthy(job)
+    job.collective(group=side)
+    job.collective(group=side, ranks=[2])
+    job.collective(group=low, ranks=[0], complete=False)
+    job.stall(1)
+    findings = analyze(job.run()).findings
+    assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.NOT_ARRIVED, (1,))]
+    assert [x.kind for x in findings[0].explains] == [FindingKind.DESYNC]
