@@ -175,19 +175,19 @@ def find_crashes(ctx: AnalysisContext) -> list[Finding]:
     # Where each rank waits in an operation it never completed: an exception raised at that
     # very line came out of the operation (``work.wait()`` of an irecv raises with no frame of
     # torch's Python code on the stack), as gloo's timeouts and resets do.
+    raised = {rank: x for rank in sorted(m.run.dumps) if (x := died_of(m, rank)) is not None}
     pending: dict[int, set[str]] = defaultdict(set)
-    for w in ctx.wait_graph.waits:
-        frame = user_frame(m.dump(w.rank).record(w.position).stack)
-        if frame is not None:
-            pending[w.rank].add(frame.where())
+    for w in ctx.wait_graph.waits if raised else ():
+        if w.rank in raised:  # (a record is materialised only for a rank that raised)
+            frame = user_frame(m.dump(w.rank).record(w.position).stack)
+            if frame is not None:
+                pending[w.rank].add(frame.where())
     by_cause: dict[tuple[str, str, bool], list[RaisedException]] = defaultdict(list)
-    for rank in sorted(m.run.dumps):
-        x = died_of(m, rank)
-        if x is not None:
-            loc = x.location
-            where = loc.where() if loc else ""
-            in_op = x.in_collective or where in pending.get(rank, ())
-            by_cause[(x.type, where, in_op)].append(x)
+    for rank, x in raised.items():
+        loc = x.location
+        where = loc.where() if loc else ""
+        in_op = x.in_collective or where in pending.get(rank, ())
+        by_cause[(x.type, where, in_op)].append(x)
     findings: list[Finding] = []
     for (_, _, in_op), xs in sorted(
         by_cause.items(), key=lambda kv: min(x.wall_time_ns for x in kv[1])
