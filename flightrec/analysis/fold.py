@@ -83,24 +83,22 @@ def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Fin
     culprits = set(root.ranks)
     held = culprits | {r for c in root.consequences for r in c.waiting}
     scope = held | set(root.pg_ranks) | {r for c in root.consequences for r in c.pg_ranks}
+    # Deaths first: a rank that died as a consequence is held up too, for the counters below.
+    dead = [
+        f
+        for f in findings[1:]
+        if f.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP)
+        and _death_explained(m, root, f, scope)
+    ]
+    for f in dead:
+        held |= set(f.ranks)
+    explained_deaths = {id(f) for f in dead}
     folded: list[Folded] = []
     kept: list[Finding] = []
-    culprit_deaths: list[Finding] = []
-    # Deaths first: a rank that died as a consequence is held up too, for the counters below.
-    deaths = [
-        f for f in findings[1:] if f.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP)
-    ]
-    for f in deaths:
-        if _death_explained(m, root, f, scope):
-            if culprits & set(f.ranks):
-                culprit_deaths.append(f)
-            held |= set(f.ranks)
     for f in findings[1:]:
-        explained = any(f is d for d in culprit_deaths) or (
-            f in deaths and _death_explained(m, root, f, scope)
+        explained = id(f) in explained_deaths or (
+            f.kind in _OUT_OF_STEP and _out_of_step_explained(f, culprits, held)
         )
-        if not explained and f.kind in _OUT_OF_STEP:
-            explained = _out_of_step_explained(f, culprits, held)
         if explained:
             folded.append(Folded(f.kind, f.ranks, f.summary, f.process_group, f.seq))
         else:
@@ -110,7 +108,7 @@ def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Fin
         return findings
     summary = root.summary + end
     exception = root.exception
-    for f in culprit_deaths:
+    for f in dead:  # what the culprit died of, where the root does not say yet
         if exception is None and f.exception is not None and f.exception.rank in culprits:
             exception = f.exception
     return [
