@@ -33,6 +33,8 @@ from flightrec.analysis.model import (
     RankDump,
     user_frame,
 )
+from flightrec.format import flightrec_pb2 as pb
+from flightrec.readers.blackbox import ended as blackbox_ended
 from flightrec.text import ranks_phrase
 
 if TYPE_CHECKING:  # the context imports states, which imports this module
@@ -103,7 +105,8 @@ class CrashEvidence(Evidence):
     itself is ``Finding.exception``)."""
 
     in_collective: bool
-    """Raised from inside torch.distributed (a collective that failed or timed out)."""
+    """Raised from inside torch.distributed (a collective that failed or timed out), or at
+    the line of an operation the rank never completed (``work.wait()``)."""
     raised_after_hang: bool
     """Raised after the hang event: what happened next, not why the job hung."""
     exceptions: Mapping[int, ExceptionEvidence] | None = None
@@ -141,6 +144,20 @@ def died_of(m: Matched, rank: int) -> RaisedException | None:
     return None
 
 
+def process_ended(m: Matched, rank: int) -> bool:
+    """Whether ``rank``'s process is gone: it died of an exception, wrote its exit dump (the
+    chosen dump or one after it), or left a black box of a process that ended."""
+    if rank in m.run.exited:
+        return True
+    chosen = m.run.dumps.get(rank)
+    if chosen is None:
+        return False
+    for d in (chosen, *m.run.later.get(rank, ())):
+        if d.header.reason == pb.PROCESS_EXIT or blackbox_ended(d.header):
+            return True
+    return died_of(m, rank) is not None
+
+
 def thread_deaths(m: Matched, rank: int) -> list[RaisedException]:
     """Exceptions that ended other threads of ``rank``'s process (a data loader, a
     checkpoint writer): the main thread may wait for them forever."""
@@ -155,14 +172,26 @@ def find_crashes(ctx: AnalysisContext) -> list[Finding]:
     """
     m = ctx.matched
     hang = m.run.hang_wall_ns
+    # Where each rank waits in an operation it never completed: an exception raised at that
+    # very line came out of the operation (``work.wait()`` of an irecv raises with no frame of
+    # torch's Python code on the stack), as gloo's timeouts and resets do.
+    raised = {rank: x for rank in sorted(m.run.dumps) if (x := died_of(m, rank)) is not None}
+    pending: dict[int, set[str]] = defaultdict(set)
+    for w in ctx.wait_graph.waits if raised else ():
+        if w.rank in raised:  # (a record is materialised only for a rank that raised)
+            frame = user_frame(m.dump(w.rank).record(w.position).stack)
+            if frame is not None:
+                pending[w.rank].add(frame.where())
     by_cause: dict[tuple[str, str, bool], list[RaisedException]] = defaultdict(list)
-    for rank in sorted(m.run.dumps):
-        x = died_of(m, rank)
-        if x is not None:
-            loc = x.location
-            by_cause[(x.type, loc.where() if loc else "", x.in_collective)].append(x)
+    for rank, x in raised.items():
+        loc = x.location
+        where = loc.where() if loc else ""
+        in_op = x.in_collective or where in pending.get(rank, ())
+        by_cause[(x.type, where, in_op)].append(x)
     findings: list[Finding] = []
-    for xs in sorted(by_cause.values(), key=lambda xs: min(x.wall_time_ns for x in xs)):
+    for (_, _, in_op), xs in sorted(
+        by_cause.items(), key=lambda kv: min(x.wall_time_ns for x in kv[1])
+    ):
         first = min(xs, key=lambda x: x.wall_time_ns)
         ranks = tuple(sorted(x.rank for x in xs))
         who = ranks_phrase(ranks)
@@ -172,7 +201,7 @@ def find_crashes(ctx: AnalysisContext) -> list[Finding]:
         if after:  # a consequence: said so where it is listed
             never += f", {(first.wall_time_ns - hang) / 1e9:.0f} s after the hang was declared"
         evidence = CrashEvidence(
-            in_collective=first.in_collective,
+            in_collective=in_op,
             raised_after_hang=after,
             exceptions={x.rank: x.to_evidence() for x in xs} if len(xs) > 1 else None,
         )

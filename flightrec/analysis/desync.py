@@ -71,7 +71,9 @@ def find_desyncs(ctx: AnalysisContext) -> list[Finding]:
                 kind=FindingKind.DESYNC,
                 ranks=blamed,
                 summary=(
-                    f"{info.label()} [ranks {compress(info.ranks)}] is out of step: {spread} "
+                    f"{info.label()}"
+                    + (f" [ranks {compress(info.ranks)}]" if info.desc else "")
+                    + f" is out of step: {spread} "
                     "collective(s), and nobody is blocked"
                 ),
                 process_group=key,

@@ -20,6 +20,10 @@ _IS_P2P = pb.IS_P2P
 _SEND = pb.SEND
 
 
+UNDESCRIBED = "undefined"
+"""torch's description of a group created without one."""
+
+
 @dataclass(frozen=True, slots=True)
 class Matched:
     """Ranks' histories lined up by group."""
@@ -188,5 +192,8 @@ def match(run: Run) -> Matched:
             ranks = tuple(sorted(progress[key]))
         memberships[key] = {m: tuple(sorted(rs)) for m, rs in views.items()}
         desc, backend = meta[key]
+        # torch describes every group made without a group_desc (new_subgroups*, most
+        # new_group calls) as "undefined": that names nothing, so the members name it instead.
+        desc = "" if desc == UNDESCRIBED else desc
         infos[key] = ProcessGroupInfo(key, desc, ranks, backend, dict(progress[key]))
     return Matched(run, infos, index, memberships, p2p_counts, incomplete, signatures)

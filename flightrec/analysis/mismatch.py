@@ -324,7 +324,7 @@ class SplitPair:
 
 @dataclass(frozen=True, slots=True)
 class SplitEvidence(Evidence):
-    """Evidence of an all-to-all whose members disagree pair by pair (the totals add up)."""
+    """Evidence of an all-to-all whose members disagree pair by pair."""
 
     pairs: tuple[SplitPair, ...]
     """Every disagreeing (sender, receiver), in group-rank order."""
@@ -337,9 +337,10 @@ def exchange_mismatch(m: Matched, info: ProcessGroupInfo, seq: int) -> Finding |
     rank to rank; but what all members send is what all members receive. When the totals
     differ, the members whose output differs from their input are blamed where they are a
     strict minority (even splits make input = output on every rank); else every member.
-    When the totals agree and every member's entry holds one chunk per peer (``all_to_all``,
-    and ``all_to_all_single`` with split sizes), each chunk a rank sends must be the size its
-    peer receives from it (``_split_mismatch``).
+    Where every member's entry holds one chunk per peer (``all_to_all``, and
+    ``all_to_all_single`` with split sizes), each chunk a rank sends must be the size its
+    peer receives from it (``_split_mismatch``): that check comes first, totals or not, and
+    its answer stands where the totals agree or where it singles out a minority.
 
     Returns:
         A ``mismatch`` finding (field ``output_total`` or ``split_sizes``), or None when the
@@ -353,8 +354,14 @@ def exchange_mismatch(m: Matched, info: ProcessGroupInfo, seq: int) -> Finding |
         records[r] = rec
     sent = {r: sum(t.numel for t in rec.inputs) for r, rec in records.items()}
     received = {r: sum(t.numel for t in rec.outputs) for r, rec in records.items()}
+    # Pair by pair first, whether or not the totals add up: a rank found in every pair that
+    # disagrees is the one whose split sizes are wrong (a stale routing table changes what it
+    # sends and what it expects, and the totals with them).
+    pairwise = _split_mismatch(records, info, seq)
     if sum(sent.values()) == sum(received.values()):
-        return _split_mismatch(records, info, seq)
+        return pairwise
+    if pairwise is not None and len(pairwise.ranks) * 2 < len(records):
+        return pairwise
     odd = tuple(r for r in sorted(records) if sent[r] != received[r])
     blamed = odd if odd and len(odd) * 2 < len(records) else tuple(sorted(records))
     op = records[blamed[0]].op

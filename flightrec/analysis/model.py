@@ -22,6 +22,7 @@ from flightrec.format.schema import ENTRY_COLUMNS
 from flightrec.format.view import DumpView, EntriesView, GroupView
 from flightrec.frames import is_library_file
 from flightrec.readers.scrub import scrub
+from flightrec.text import compress
 
 
 class FindingKind(enum.StrEnum):
@@ -439,8 +440,10 @@ class ProcessGroupInfo:
     """Per global rank with a dump that holds this group."""
 
     def label(self) -> str:
-        """``group 0`` or ``group 3 (tp)``."""
-        return f"group {self.key}" + (f" ({self.desc})" if self.desc else "")
+        """``group 3 (tp)``; ``group 4 [ranks 2-3]`` for a group without a description."""
+        if self.desc:
+            return f"group {self.key} ({self.desc})"
+        return f"group {self.key} [ranks {compress(self.ranks)}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +458,24 @@ class Consequence:
     waited_s: float
     label: str = ""
     """The op as people read it (``op_label``); ``op`` when empty."""
+    p2p: tuple[int, int] | None = None
+    """(sender, receiver) global ranks of a point-to-point wait; ``pg_ranks`` is that pair."""
+    ended: tuple[int, ...] = ()
+    """Of ``waiting``, the ranks whose process has ended since (died or exited): they waited
+    there, and are no longer waiting anywhere (``fold.fold_consequences``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Folded:
+    """A finding a root cause explains, kept as one of its consequences rather than a finding
+    of its own that would blame the ranks it held up (``fold.fold_consequences``)."""
+
+    kind: FindingKind
+    ranks: tuple[int, ...]
+    """The ranks the folded finding was about (not blamed: the root cause is)."""
+    summary: str
+    process_group: str | None = None
+    seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,6 +566,9 @@ class Finding:
     """The skipped or extra call behind it, where ``skips.annotate_shifts`` found one."""
     below_timeout: BelowTimeout | None = None
     """Set where every wait behind it is shorter than the job's timeout (``waits``)."""
+    explains: tuple[Folded, ...] = ()
+    """Findings this one explains (deaths of its peers, desyncs and unmatched transfers of
+    the ranks it held up), folded into it by ``fold.fold_consequences``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -201,9 +201,8 @@ def doing(m: Matched, rank: int) -> tuple[str, CulpritEvidence]:
     stack = d.current_stack()
     # An exit dump whose main thread has no frame left: the program had returned from main.
     returned = not stack and bool(d.dump.threads) and d.header.reason == pb.PROCESS_EXIT
-    if not stack and last is not None and not returned:
-        # No thread stacks (converted native dumps): the last call's stack is the best clue.
-        stack = last.stack
+    # A dump without thread stacks (a native one) shows no place the rank is now; its last
+    # call's stack says where that call was made, and the verdict says no more than that.
     frame = user_frame(stack)
     last_call = None
     if last is not None:
@@ -222,7 +221,7 @@ def doing(m: Matched, rank: int) -> tuple[str, CulpritEvidence]:
         dump_reason=pb.DumpReason.Name(d.header.reason),
         stack=tuple(stack),
         reason_detail=d.header.reason_detail,
-        location=frame,
+        location=frame or (user_frame(last.stack) if last is not None and not returned else None),
         last_completed=last_call if d.tracks_completion else None,
         last_issued=None if d.tracks_completion else last_call,
     )
@@ -242,8 +241,11 @@ def doing(m: Matched, rank: int) -> tuple[str, CulpritEvidence]:
     elif frame is not None:
         phrase = f"it was in {frame.function} at {frame.where()}"
     elif last is not None:
-        word = "completed" if d.tracks_completion else "issued"
-        phrase = f"its last {word} call was {last.call} on group {last.group}"
+        # Where the last call was made, never "it was in": the rank may have left that line.
+        lf = user_frame(last.stack)
+        at = f" at {lf.where()}" if lf else ""
+        word = "completed call" if d.tracks_completion else "call"
+        phrase = f"its last {word} was {last.call} on group {last.group}{at}"
     else:
         phrase = "it recorded no completed call"
     return phrase, evidence

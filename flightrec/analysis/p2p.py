@@ -118,6 +118,7 @@ def cycle_finding(
                 str(attrs["op"]),
                 waiters,
                 waits.get(node, 0.0),
+                p2p=(pg[0], pg[1]) if node[0] == "p2p" else None,
             )
         )
     kind = FindingKind.P2P_DEADLOCK if is_p2p else FindingKind.DEADLOCK

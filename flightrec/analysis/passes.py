@@ -21,6 +21,7 @@ from flightrec.analysis.context import AnalysisContext
 from flightrec.analysis.crashes import find_crashes, place_crashes
 from flightrec.analysis.desync import find_desyncs
 from flightrec.analysis.fanout import Background, can_fork
+from flightrec.analysis.fold import fold_consequences
 from flightrec.analysis.model import Finding
 from flightrec.analysis.not_arrived import find_quiet_deaths, find_quiet_missing
 from flightrec.analysis.p2p import find_unmatched
@@ -62,6 +63,9 @@ than the pass)."""
 REFINEMENTS: tuple[Refinement, ...] = (
     # The exception that ended the job first (the verdict), later ones as evidence or last.
     place_crashes,
+    # What the root cause explains (its peers' deaths, desyncs and unmatched transfers of the
+    # ranks it held up) folded into it; waits of processes that ended since marked so.
+    fold_consequences,
     # The skipped or extra call behind a finding about one rank on one group.
     annotate_shifts,
     # Findings whose every wait a requested snapshot caught before the hang timeout.

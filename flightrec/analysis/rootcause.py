@@ -73,8 +73,10 @@ class RootCauses(NamedTuple):
 def _consequence(graph: DiGraph, node: Node, longest: dict[Node, float]) -> Consequence:
     attrs = graph.nodes[node]
     waiters = tuple(sorted(int(p[1]) for p in graph.predecessors(node) if p[0] == "rank"))  # type: ignore[call-overload]
+    pair: tuple[int, int] | None = None
     if attrs["kind"] == "p2p":
-        pg: tuple[int, ...] = tuple(sorted((int(attrs["sender"]), int(attrs["receiver"]))))
+        pair = (int(attrs["sender"]), int(attrs["receiver"]))
+        pg: tuple[int, ...] = tuple(sorted(pair))
     else:
         pg = tuple(attrs["pg_ranks"])
     return Consequence(
@@ -85,6 +87,7 @@ def _consequence(graph: DiGraph, node: Node, longest: dict[Node, float]) -> Cons
         waiters,
         longest.get(node, 0.0),
         str(attrs.get("label", "")),
+        p2p=pair,
     )
 
 

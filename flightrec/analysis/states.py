@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flightrec.analysis.crashes import died_of
+from flightrec.analysis.crashes import died_of, process_ended
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import FrameInfo, Status, op_label, user_frame
 from flightrec.analysis.not_arrived import stuck_transfer
@@ -24,7 +24,9 @@ class RankState:
     seq: int | None = None
     location: FrameInfo | None = None
     how: str = ""
-    """For an exited rank: "died of ValueError", "returned from main", or "" when unknown."""
+    """For an exited rank: "died of ValueError", "returned from main", or "" when unknown; for
+    a waiting rank whose process ended since (a later dump, a black box): "died" or "died of
+    RuntimeError"."""
 
     def describe(self) -> str:
         """``wait in all_reduce #7 on group 0 at train.py:22`` (no rank: used to group ranks)."""
@@ -32,9 +34,10 @@ class RankState:
         if self.status is Status.WAITING:
             # No group or seq here: ranks blocked at the same line group together however many
             # groups they are spread over (the progress table has the numbers).
-            return f"wait in {self.op}" + (
-                f" at {self.location.where()}" if self.location else f" on group {self.group}"
-            )
+            where = f" at {self.location.where()}" if self.location else f" on group {self.group}"
+            if self.how:  # its process ended since: it waits no more
+                return f"waited in {self.op}{where}, then {self.how}"
+            return f"wait in {self.op}{where}"
         if self.status is Status.EXITED:
             if self.how.startswith("died"):  # "died of ValueError in compute_loss at ..."
                 return self.how + at
@@ -71,6 +74,10 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
         if blocked is not None:
             rec = d.record(blocked.position)
             number = rec.p2p_seq if rec.is_p2p else rec.seq
+            gone = ""
+            if process_ended(m, rank):
+                x = died_of(m, rank)
+                gone = f"died of {x.type}" if x is not None else "died"
             states[rank] = RankState(
                 rank,
                 Status.WAITING,
@@ -78,6 +85,7 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
                 rec.group,
                 number,
                 user_frame(rec.stack),
+                how=gone,
             )
             continue
         exited = d.header.reason == pb.PROCESS_EXIT or ended(d.header)

@@ -108,9 +108,10 @@ def read_views(path: str | Path, tail: bool = False) -> list[DumpView]:
 
 
 def looks_like_dump(path: Path) -> bool:
-    """Whether a file that failed to read deserves a complaint rather than silence."""
+    """Whether a file that failed to read deserves a complaint rather than silence: its name
+    says it is a dump, or its content says it is a native one (whatever its name)."""
     name = path.name.lower()
-    return name.endswith(SUFFIX) or "flightrec" in name or "trace" in name
+    return name.endswith(SUFFIX) or "flightrec" in name or "trace" in name or native.sniff(path)
 
 
 def discover(root: Path) -> Iterator[str]:

@@ -76,9 +76,15 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
                 "op": c.op,
                 "waiting_ranks": list(c.waiting),
                 "waited_s": round(c.waited_s, 3),
+                **({"sender": c.p2p[0], "receiver": c.p2p[1]} if c.p2p else {}),
+                # Of waiting_ranks, those whose process has ended since (they wait no more).
+                **({"ended_ranks": list(c.ended)} if c.ended else {}),
             }
             for c in f.consequences
         ]
+    if f.explains:
+        # Findings this one explains, folded into it rather than blaming the ranks it held up.
+        out["explains"] = to_json(f.explains)
     evidence: dict[str, Any] = to_json(f.evidence) if f.evidence is not None else {}
     if f.call_shift is not None:
         evidence["call_shift"] = to_json(f.call_shift)

@@ -110,31 +110,54 @@ class TerminalRenderer:
     def _consequences(self, f: Finding) -> None:
         # Waits of the same op and seq on groups of the same kind (eight pipeline pairs, a
         # thousand data-parallel groups) read as one line.
-        merged: dict[tuple[str, int, str], list[Consequence]] = defaultdict(list)
+        # A few transfers read one line per pair ("from rank 2"); many merge like the rest.
+        by_pair = len(f.consequences) <= MAX_LINES
+        merged: dict[tuple[str, int, str, tuple[int, int] | None], list[Consequence]]
+        merged = defaultdict(list)
         for c in f.consequences:
             if c.waiting:
-                merged[(c.label or c.op, c.seq, self._desc.get(c.process_group, ""))].append(c)
+                desc = self._desc.get(c.process_group, "")
+                merged[(c.label or c.op, c.seq, desc, c.p2p if by_pair else None)].append(c)
         lines: list[str] = []
-        for (op, seq, desc), cs in merged.items():
+        for (op, seq, desc, _), cs in merged.items():
             waiting = sorted({r for c in cs for r in c.waiting})
+            ended = sorted({r for c in cs for r in c.ended})
             longest = max(c.waited_s for c in cs)
-            if len({c.process_group for c in cs}) == 1:
+            pairs = [c.p2p for c in cs if c.p2p is not None]
+            if len(pairs) == len(cs):
+                # Sends and receives as their users wrote them: to or from a rank, not a group.
+                recv = all(
+                    r == dst for (_, dst), c in zip(pairs, cs, strict=True) for r in c.waiting
+                )
+                peers = sorted({src if recv else dst for src, dst in pairs})
+                where = f"{'from' if recv else 'to'} {ranks_phrase(peers)}"
+            elif len({c.process_group for c in cs}) == 1:
                 # Several waits on one group (the pairs of a P2P cycle) name that group.
                 # A P2P wait's ranks are its pair; the group's members say which group it is.
                 pg = cs[0].process_group
-                where = f"group {pg} [ranks {compress(self._members.get(pg) or cs[0].pg_ranks)}]"
+                where = f"on group {pg} [ranks {compress(self._members.get(pg) or cs[0].pg_ranks)}]"
             else:
-                where = f"{len(cs)} {desc + ' ' if desc else ''}groups"
-            lines.append(
-                _sentence(waiting, f"wait in {op} #{seq} on {where}")
-                + (f" for {longest:.1f} s" if longest >= 0.05 else "")
-            )
+                where = f"on {len(cs)} {desc + ' ' if desc else ''}groups"
+            took = f" for {longest:.1f} s" if longest >= 0.05 else ""
+            still = [r for r in waiting if r not in ended]
+            if still:
+                lines.append(_sentence(still, f"wait in {op} #{seq} {where}") + took)
+            if ended:  # a process that has ended waits nowhere: say what became of it
+                lines.append(
+                    f"{ranks_phrase(ended)} waited in {op} #{seq} {where}{took}, then died"
+                )
         if lines:
             self._print(Text("Blocked because of it", style="bold"))
             for line in lines[:MAX_LINES]:
                 self._print(hanging("  ", line))
             if len(lines) > MAX_LINES:
                 self._print(Text(f"  ... and {len(lines) - MAX_LINES} more", style="dim"))
+        if f.explains:
+            self._print(Text("Explained by it (not causes of their own)", style="bold"))
+            for x in f.explains[:MAX_LINES]:
+                self._print(hanging("  ", f"[{x.kind}] {x.summary}", style="dim"))
+            if len(f.explains) > MAX_LINES:
+                self._print(Text(f"  ... and {len(f.explains) - MAX_LINES} more", style="dim"))
 
     def _stragglers(self, report: Report) -> None:
         """The straggler table: per-rank lateness on aligned clocks, with bars."""
@@ -247,7 +270,9 @@ class TerminalRenderer:
             missing = [r for r in info.ranks if r not in info.progress]
             if missing:
                 cells.append(f"no dump: {ranks_phrase(missing)}")
-            table.add_row(info.label(), compress(info.ranks), " · ".join(cells))
+            # (the members are the next column)
+            name = info.label() if info.desc else f"group {info.key}"
+            table.add_row(name, compress(info.ranks), " · ".join(cells))
         self._print(table)
         if len(order) > MAX_GROUPS:
             self._print(Text(f"  ... and {len(order) - MAX_GROUPS} more groups", style="dim"))

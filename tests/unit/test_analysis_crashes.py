@@ -79,9 +79,13 @@ def test_peers_that_died_of_the_timeout_after_the_hang_are_said_to_be_a_conseque
         write_dump(with_exception(late, "RuntimeError", "timed out"), tmp_path, f"r{r}-1.frdump")
     findings = analyze_dir(str(tmp_path)).findings
     assert findings[0].kind == "not_arrived" and findings[0].ranks == (2,)
-    dead = [f for f in findings if f.kind == "dead_rank"]
-    assert [f.ranks for f in dead] == [(0, 1, 3)]
+    # Folded into the root cause (issue 31): no finding of its own blames the waiting ranks.
+    assert [f for f in findings if f.kind == "dead_rank"] == []
+    dead = [x for x in findings[0].explains if x.kind == "dead_rank"]
+    assert [x.ranks for x in dead] == [(0, 1, 3)]
     assert "s after the hang was declared" in dead[0].summary, dead[0].summary
+    (wait,) = findings[0].consequences
+    assert wait.waiting == wait.ended == (0, 1, 3)
 
 
 def test_a_stalled_rank_whose_loader_thread_died_says_so(tmp_path: Path) -> None:

@@ -2,7 +2,9 @@
 
 PyTorch's recorder (``TORCH_FR_BUFFER_SIZE`` / ``TORCH_NCCL_TRACE_BUFFER_SIZE``) writes one file
 per rank named with a prefix and the rank: ``rank_3``, ``nccl_trace_rank_3``,
-``comm_lib_trace_rank_3``, possibly with a host name in front. Its analyzer loads them with
+``comm_lib_trace_rank_3``, possibly with a host name in front, or whatever prefix the job set in
+``TORCH_FR_DUMP_TEMP_FILE`` (``_dump_3``). A file is taken for one by its content
+(``native_form``), and its rank is the number its name ends with. Its analyzer loads them with
 ``pickle.load`` and ``eval``; here a pickle of the usual shape is read by a C reader that
 runs only plain-data opcodes and reads the ring straight into checked columns
 (``_pickled.c``); any other pickle
@@ -78,6 +80,20 @@ _NAME = re.compile(
 _PREFIXES = ("comm_lib_trace_", "nccl_trace_", "fr_trace_", "gloo_trace_", "xccl_trace_", "trace_")
 
 
+# Any other name: the rank is the last number in it (``_dump_3``, ``trace.3.json``,
+# ``fr-3.pkl``): a prefix chosen in TORCH_FR_DUMP_TEMP_FILE is followed by the rank.
+_LAST_NUMBER = re.compile(r"(?P<rank>\d{1,7})(?P<ext>\.(?:json|pkl|pickle))?", re.IGNORECASE)
+
+SNIFF_BYTES = 4096
+"""Bytes read to recognise a native dump by its content (its first keys are in them)."""
+# Top-level keys of every version of the format: a pickle names them as strings (its first
+# key is "version"), the JSON form as quoted keys in sorted order ("entries" second). One of
+# them must appear at the start of the file: a pickle or JSON file of anything else is not a
+# native dump ("version" alone is too common a JSON key to count).
+_PICKLE_KEYS = (b"entries", b"pg_config", b"version")
+_JSON_KEYS = (b'"entries"', b'"pg_config"')
+
+
 class NativeName:
     """What a native dump's file name says: the rank and, when present, the host."""
 
@@ -89,16 +105,25 @@ class NativeName:
 
 
 def parse_name(path: str | Path) -> NativeName | None:
-    """The rank and host encoded in a native dump's file name, or None if it has none."""
-    m = _NAME.fullmatch(os.path.basename(os.fspath(path)))
-    if m is None:
+    """The rank (and host, where PyTorch's own naming gives one) a native dump's name carries.
+
+    PyTorch's names (``[host-]nccl_trace_rank_3``, ``rank_3.json``) give both; any other name
+    gives its last number as the rank (the prefix in TORCH_FR_DUMP_TEMP_FILE is whatever the
+    job chose, and the rank follows it) and no host. None when the name holds no number.
+    """
+    base = os.path.basename(os.fspath(path))
+    m = _NAME.fullmatch(base)
+    if m is not None:
+        head = m["head"]
+        for prefix in _PREFIXES:
+            if head.lower().endswith(prefix):
+                head = head[: -len(prefix)]
+                break
+        return NativeName(int(m["rank"]), head.strip("_-. "))
+    numbers = list(_LAST_NUMBER.finditer(base))
+    if not numbers or numbers[-1].end() != len(base):
         return None
-    head = m["head"]
-    for prefix in _PREFIXES:
-        if head.lower().endswith(prefix):
-            head = head[: -len(prefix)]
-            break
-    return NativeName(int(m["rank"]), head.strip("_-. "))
+    return NativeName(int(numbers[-1]["rank"]), "")
 
 
 def _form(first: bytes) -> str | None:
@@ -110,18 +135,36 @@ def _form(first: bytes) -> str | None:
     return None
 
 
+def native_form(head: bytes) -> str | None:
+    """``"pickle"`` or ``"json"`` when the first bytes of a file are a native dump's, else None.
+
+    Decided from the content alone, never by running it: a pickle (PROTO opcode) or a JSON
+    object whose opening bytes name one of the format's top-level keys.
+    """
+    form = _form(head[:16])
+    if form == "pickle" and any(k in head for k in _PICKLE_KEYS):
+        return form
+    if form == "json" and any(k in head for k in _JSON_KEYS):
+        return form
+    return None
+
+
 def sniff(path: str | Path) -> bool:
-    """True when ``path`` looks like a native dump: its name and its first bytes (cheap).
+    """True when ``path`` is a native dump by its content (its first ``SNIFF_BYTES``), whatever
+    its name (the rank comes from the dump, else its name: ``load_native``). A pickle or JSON
+    file named the way PyTorch names its dumps is one too, however damaged its start: reading
+    it says what is wrong with it.
 
     Never raises; an unreadable file is simply not a native dump.
     """
-    if parse_name(path) is None:
-        return False
     try:
         with open(path, "rb") as f:
-            return _form(f.read(16)) is not None
+            head = f.read(SNIFF_BYTES)
     except OSError:
         return False
+    if native_form(head) is not None:
+        return True
+    return _form(head[:16]) is not None and _NAME.fullmatch(os.path.basename(path)) is not None
 
 
 @contextmanager
@@ -153,8 +196,6 @@ def load_native(path: str | Path) -> NativeDump:
     """
     p = str(path)
     name = parse_name(p)
-    if name is None:
-        raise NotADumpError(p, "file name carries no rank (expected e.g. nccl_trace_rank_3)")
     try:
         st = os.stat(p)
         if st.st_size > MAX_NATIVE_BYTES:
@@ -181,11 +222,20 @@ def load_native(path: str | Path) -> NativeDump:
             obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
             entries = None
         del data, reading
+        # The rank the dump states, where its writer added one; else the number its name ends
+        # with (PyTorch's own dumps state none: its writer puts the rank after the prefix).
+        own = obj.get("rank") if isinstance(obj, dict) else None
+        if isinstance(own, int) and not isinstance(own, bool) and 0 <= own < 1 << 24:
+            rank = own
+        elif name is not None:
+            rank = name.rank
+        else:
+            raise NotADumpError(p, "neither the dump nor its file name gives its rank")
         dump = normalize(
             obj,
             path=p,
-            rank=name.rank,
-            host=name.host,
+            rank=rank,
+            host=name.host if name is not None else "",
             form=form,
             mtime_ns=st.st_mtime_ns,
             entries=entries,
@@ -289,7 +339,8 @@ def _listing(folder: Path) -> tuple[tuple[str, int, int], ...]:
     found: list[tuple[str, int, int]] = []
     with os.scandir(folder) as it:
         for de in it:
-            if _NAME.fullmatch(de.name) is not None and de.is_file():
+            # Any file may be a native dump (its content says, ``sniff``), except a temporary.
+            if not de.name.startswith(".") and de.is_file():
                 st = de.stat()
                 found.append((de.name, st.st_mtime_ns, st.st_size))
     return tuple(sorted(found))

@@ -1,0 +1,187 @@
+"""Fold what the root cause explains into it, instead of findings that blame its victims.
+
+Once a job hangs or one rank breaks a collective, much else goes wrong after it: peers time
+out or lose their connections and die inside a collective, a rank gloo aborted for the
+culprit's bad message dies without a word, pipeline peers blocked behind the culprit leave
+sends and receives unmatched, and groups the culprit stopped using fall out of step. Each of
+those, reported on its own, puts ranks that did nothing wrong in ``ranks``. Here the first
+finding (the root cause) takes them as consequences (``Finding.explains``), and every wait
+under it says whether the waiting process has ended since (``Consequence.ended``): a dead
+process is never described as waiting.
+
+What counts as explained (never a rule about particular ranks or sizes):
+
+* a rank that died of an exception raised inside a collective (a timeout, a connection
+  reset), or after the hang was declared, when it belongs to the root cause's groups: that
+  is how gloo ends the peers of a rank that broke or left a collective;
+* a rank that died without a word (a black box, or no dump at all) inside the very
+  collective a mismatch broke, or later on that group: gloo aborts the receiver of a message
+  of the wrong size;
+* a ``desync`` or ``p2p_unmatched`` finding whose blamed ranks are all the culprit itself or
+  ranks held up behind it (waiting under it, or dead as above), or a ``desync`` of a group the
+  culprit is furthest behind on (it left the group behind).
+
+The culprit's own death, when it died after it broke the collective, goes into the root
+cause's summary ("rank 1 then died of ...").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from flightrec.analysis.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
+from flightrec.analysis.desync import DesyncEvidence
+from flightrec.analysis.matching import Matched
+from flightrec.analysis.model import Finding, FindingKind, Folded
+from flightrec.readers.blackbox import died as blackbox_died
+from flightrec.text import ranks_phrase
+
+if TYPE_CHECKING:
+    from flightrec.analysis.context import AnalysisContext
+
+ROOT_KINDS = frozenset(
+    {
+        FindingKind.NOT_ARRIVED,
+        FindingKind.DEAD_RANK,
+        FindingKind.MISSING_DUMP,
+        FindingKind.MISMATCH,
+        FindingKind.P2P_DEADLOCK,
+        FindingKind.DEADLOCK,
+        FindingKind.STUCK,
+    }
+)
+"""Kinds that name why a job stopped; a finding of another kind explains nothing after it."""
+
+_OUT_OF_STEP = frozenset({FindingKind.DESYNC, FindingKind.P2P_UNMATCHED})
+"""Kinds that describe counters out of step, which a rank held up by the root cause shows."""
+
+
+def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
+    """Fold the findings the first one explains into it; mark waits of ended processes.
+
+    Args:
+        ctx: the analysis context.
+        findings: every finding, most likely root cause first (after ``place_crashes``).
+
+    Returns:
+        The findings left standing, the first carrying what it explains.
+    """
+    m = ctx.matched
+    gone: dict[int, bool] = {}
+
+    def ended(rank: int) -> bool:
+        if rank not in gone:
+            gone[rank] = process_ended(m, rank)
+        return gone[rank]
+
+    findings = [_mark_ended(f, ended) for f in findings]
+    if not findings or findings[0].kind not in ROOT_KINDS:
+        return findings
+    root = findings[0]
+    culprits = set(root.ranks)
+    held = culprits | {r for c in root.consequences for r in c.waiting}
+    scope = held | set(root.pg_ranks) | {r for c in root.consequences for r in c.pg_ranks}
+    # Deaths first: a rank that died as a consequence is held up too, for the counters below.
+    dead = [
+        f
+        for f in findings[1:]
+        if f.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP)
+        and _death_explained(m, root, f, scope)
+    ]
+    for f in dead:
+        held |= set(f.ranks)
+    explained_deaths = {id(f) for f in dead}
+    folded: list[Folded] = []
+    kept: list[Finding] = []
+    for f in findings[1:]:
+        explained = id(f) in explained_deaths or (
+            f.kind in _OUT_OF_STEP and _out_of_step_explained(f, culprits, held)
+        )
+        if explained:
+            folded.append(Folded(f.kind, f.ranks, f.summary, f.process_group, f.seq))
+        else:
+            kept.append(f)
+    end = _culprits_end(m, root)
+    if not folded and not end:
+        return findings
+    summary = root.summary + end
+    exception = root.exception
+    for f in dead:  # what the culprit died of, where the root does not say yet
+        if exception is None and f.exception is not None and f.exception.rank in culprits:
+            exception = f.exception
+    return [
+        dataclasses.replace(root, summary=summary, exception=exception, explains=tuple(folded)),
+        *kept,
+    ]
+
+
+def _culprits_end(m: Matched, root: Finding) -> str:
+    """ "; rank 1 then died of RuntimeError" where the blamed ranks' processes died of what
+    the finding blames them for ("" for a finding that already says they died or exited).
+
+    A death well after the hang was declared (the culprit woke from its stall and found its
+    peers gone) is what happened next: the finding's evidence (``exception``), not its verdict.
+    """
+    if root.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP):
+        return ""
+    hang = m.run.hang_wall_ns
+    by_how: dict[str, list[int]] = {}
+    for r in root.ranks:
+        d = m.run.dumps.get(r)
+        if d is None:
+            continue
+        x = died_of(m, r)
+        if x is not None:
+            if not hang or x.wall_time_ns <= hang + HANG_SLACK_NS:
+                by_how.setdefault(f"died of {x.type}", []).append(r)
+        elif any(blackbox_died(e.header) for e in (d, *m.run.later.get(r, ()))):
+            by_how.setdefault("died", []).append(r)
+    return "".join(f"; {ranks_phrase(rs)} then {how}" for how, rs in by_how.items())
+
+
+def _out_of_step_explained(f: Finding, culprits: set[int], held: set[int]) -> bool:
+    """Whether the counters ``f`` finds out of step follow from the culprits' stop: every rank
+    it blames is a culprit or held up behind one (a pipeline peer that never received what
+    was sent to it), or, for a group, a culprit is the member furthest behind on it (it left
+    the group behind)."""
+    if f.ranks and set(f.ranks) <= held:
+        return True
+    evidence = f.evidence
+    if isinstance(evidence, DesyncEvidence) and evidence.issued:
+        behind = min(evidence.issued.values())
+        return any(evidence.issued.get(r) == behind for r in culprits)
+    return False
+
+
+def _death_explained(m: Matched, root: Finding, f: Finding, scope: set[int]) -> bool:
+    """Whether the death ``f`` reports follows from ``root`` (see the module's rules)."""
+    if not f.ranks or not set(f.ranks) <= scope:
+        return False
+    evidence = f.evidence
+    if isinstance(evidence, CrashEvidence):
+        # An exception raised by a collective, or once the hang was declared, is how gloo
+        # ends a rank whose peers broke or left a collective; one raised in the program's own
+        # code before that is a cause of its own.
+        return evidence.in_collective or evidence.raised_after_hang
+    if root.kind is not FindingKind.MISMATCH or root.process_group is None or root.seq is None:
+        return False
+    # A death without a word: explained where the rank had reached the collective the
+    # mismatch broke (gloo aborts a receiver of a message of the wrong size).
+    if f.kind is FindingKind.MISSING_DUMP:
+        return f.process_group == root.process_group and (f.seq or 0) >= root.seq
+    info = m.groups.get(root.process_group)
+    if info is None:
+        return False
+    return all((p := info.progress.get(r)) is not None and p.last_seq >= root.seq for r in f.ranks)
+
+
+def _mark_ended(f: Finding, ended: Callable[[int], bool]) -> Finding:
+    if not f.consequences:
+        return f
+    marked = tuple(
+        dataclasses.replace(c, ended=tuple(r for r in c.waiting if ended(r)))
+        for c in f.consequences
+    )
+    return dataclasses.replace(f, consequences=marked)
