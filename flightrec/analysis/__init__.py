@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -131,7 +132,7 @@ def analyze(run: Run, workers: int = 1) -> Report:
     return Report(findings, ctx.matched, ctx.states, ctx)
 
 
-def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:
+def analyze_dir(path: str | os.PathLike[str], options: AnalysisOptions | None = None) -> Report:
     """Load every dump under ``path`` and diagnose the job.
 
     Args:
@@ -148,7 +149,7 @@ def analyze_dir(path: str, options: AnalysisOptions | None = None) -> Report:
     """
     options = options or AnalysisOptions()
     load: Callable[..., Run] = load_dir
-    if is_url(path):  # s3://bucket/prefix: downloaded, then loaded as a folder
+    if isinstance(path, str) and is_url(path):  # s3://bucket/prefix: downloaded, then loaded
         from flightrec.analysis.remote import load_url
 
         load = load_url
