@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
-from flightrec.recorder.store import DEFAULT_NAMESPACE, RANK_DIED, own_connection
+from flightrec.recorder.store import DEFAULT_NAMESPACE, RANK_DIED, ROUND_REASONS, own_connection
 
 if TYPE_CHECKING:
     from flightrec.format import flightrec_pb2 as pb
@@ -53,8 +53,6 @@ REUSE_S = 30.0
 """A SIGTERM this soon after a round this rank took part in joins that round instead of a new
 one: torchrun stopping a job whose hang was just reported, or the other ranks' SIGTERM round,
 whose request reached this rank's request thread just before its own SIGTERM did."""
-ROUND_REASONS = ("WATCHDOG_TIMEOUT", "SIGNAL_TERM", RANK_DIED)
-"""The requests that start an exchange (a CLI trigger or SIGUSR1 only dumps)."""
 MAX_CLAIM_TRIES = 16
 LOOK_EVERY_NS = 1_000_000_000
 """How often ``tick`` looks for an operation pending long enough to load the reporter."""

@@ -333,8 +333,9 @@ class Runtime:
 
     def _on_hang(self, slot: Any) -> None:
         poller = self.poller
-        if poller is not None and poller.last_request_ns > slot.enqueue_ns:
+        if poller is not None and poller.last_round_ns > slot.enqueue_ns:
             # Another rank saw this hang first; we already dumped, with this entry pending.
+            # (A trigger's request is no such round: a hang pending through one is declared.)
             return
         seen = poller.seen if poller is not None else 0
         if poller is not None:
@@ -356,7 +357,7 @@ class Runtime:
 
     def _on_native_hang(self, what: str, now_ns: int) -> None:
         poller, since = self.poller, now_ns - self.native_watch.timeout_ns
-        if self._hang_dumped_ns > since or (poller is not None and poller.last_request_ns > since):
+        if self._hang_dumped_ns > since or (poller is not None and poller.last_round_ns > since):
             return  # this hang was dumped already: our watchdog's, or another rank's request
         ring = self.recorder.ring
         if any(ring.read(i).enqueue_ns < since + 10**9 for i in ring.pending_slots()):
@@ -376,15 +377,17 @@ class Runtime:
                 daemon=True,
             ).start()
 
-    def _on_request(self, n: int, requester: int, reason: str) -> None:
+    def _on_request(self, n: int, requester: int, reason: str) -> bool:
+        """Dump for request ``n``; returns whether the dump was written."""
         if reason == "CLI_TRIGGER":
-            self.dump(pb.CLI_TRIGGER, f"request {n}: flightrec trigger", -1)
-        else:
-            who = f"rank {requester}" if requester >= 0 else "another process"
-            self.dump(pb.PEER_REQUEST, f"request {n} from {who} ({reason or 'unknown'})", requester)
-            exchange = self.exchange
-            if exchange is not None:
-                exchange.after_request(n, reason)
+            return self.dump(pb.CLI_TRIGGER, f"request {n}: flightrec trigger", -1) is not None
+        who = f"rank {requester}" if requester >= 0 else "another process"
+        detail = f"request {n} from {who} ({reason or 'unknown'})"
+        path = self.dump(pb.PEER_REQUEST, detail, requester)
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.after_request(n, reason)
+        return path is not None
 
     def _on_error(self, rid: int, exc: BaseException) -> None:
         now = time.monotonic_ns()
