@@ -20,6 +20,7 @@ from flightrec.format.rawstacks import stacks_path
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
+from flightrec.recorder.endpoint import Registration, register
 from flightrec.recorder.exceptions import (
     MAX_EXCEPTIONS,
     ExceptionHooks,
@@ -33,7 +34,8 @@ from flightrec.recorder.native_watch import NativeWatch
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
-from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store
+from flightrec.recorder.startup import lowest_on_node, say, startup_line
+from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store, store_address
 from flightrec.recorder.watchdog import Watchdog
 
 log = logging.getLogger("flightrec")
@@ -45,6 +47,8 @@ HOST_WAIT_S = 1.0
 threads to leave it (they are usually milliseconds behind)."""
 ERROR_DUMP_INTERVAL_NS = 5_000_000_000
 """A dead peer makes every later call fail; one error dump per interval is enough."""
+REGISTER_WAIT_S = 2.0
+"""How long exit waits for the endpoint registration (a store call taking milliseconds)."""
 
 
 class Runtime:
@@ -72,6 +76,9 @@ class Runtime:
         self.recorder.on_first_use = self.start_background
         self.recorder.on_error = self._on_error
         self._identified = False
+        self._announced = False
+        self.registration: Registration | None = None
+        """Leaves the store's address for ``flightrec trigger`` (``endpoint``)."""
         self.exception_hooks = ExceptionHooks(self._on_exception)
         self.died_of: RaisedException | None = None
         """The exception that ended the main thread, once one did."""
@@ -138,6 +145,7 @@ class Runtime:
         self._lock = threading.Lock()
         self.watchdog = None  # its thread did not survive the fork
         self.poller = None
+        self.registration = None
         self.exchange = None
         self.recorder.tracker.after_fork_in_child()
         self.signals.after_fork_in_child()
@@ -205,6 +213,9 @@ class Runtime:
         exchange = self.exchange
         if exchange is not None:
             exchange.close(wait_s=GATHER_S + 2.0)
+        registration = self.registration
+        if registration is not None:
+            registration.join(REGISTER_WAIT_S)
         self._stop_poller()
 
     def _stop_poller(self) -> None:
@@ -254,6 +265,36 @@ class Runtime:
         self.dumper.remember_identity()
         self._identify_blackbox()
         self._arm_rawstacks()
+        self._announce()
+
+    def _announce(self) -> None:
+        """Once the default group exists: the start-up line (the node's lowest rank), and the
+        store's address where ``flightrec trigger`` looks for it."""
+        ident = self.dumper.identity
+        if self._announced or ident is None:
+            return
+        self._announced = True
+        try:
+            address = store_address() if self.poller is not None else ""
+            leader = lowest_on_node(ident.rank)
+            if address and (leader or ident.rank == 0):
+                local = "://" not in self.config.directory
+                self.registration = register(
+                    address, self.namespace, ident.world_size,
+                    self.config.directory if leader and local else None, ident.rank,
+                )  # fmt: skip
+            if leader:
+                from flightrec import __version__
+
+                say(
+                    startup_line(
+                        __version__, ident.rank, ident.world_size, self.config.directory,
+                        self.config.timeout_s, self.config.verdict and self.reporter is not None,
+                        address,
+                    )
+                )  # fmt: skip
+        except Exception as exc:
+            log.warning("flightrec: could not announce tracing: %s", exc)
 
     def _warn_once(self, topic: str, what: str, exc: BaseException) -> None:
         if topic not in self._warned:

@@ -446,34 +446,3 @@ class Poller:
                 self._store.append(f"{request_key(self._namespace)}/{n}/{what}", f"{self.rank},")
         except Exception as exc:  # the trigger then reports this rank as not answering
             log.debug("flightrec: could not acknowledge a dump request: %s", exc)
-
-
-def request_dump(host: str, port: int, namespace: str = "", timeout_s: float = 5.0) -> int:
-    """Ask every rank of a running job to dump (``flightrec trigger``).
-
-    Args:
-        host: address of the job's rendezvous TCPStore (MASTER_ADDR).
-        port: its port (MASTER_PORT).
-        namespace: the job's FLIGHTREC_JOB_ID, if it set one.
-        timeout_s: how long to try to connect.
-
-    Returns:
-        The request number; every rank dumps (reason CLI_TRIGGER) within about a second (a
-        job whose rank 0 registered no world size is not rung: only pollers of older
-        versions, which read the counter, see the request).
-
-    Raises:
-        TorchMissingError: torch is not installed here.
-        UsageError: no store answers at host:port.
-    """
-    from flightrec.errors import TorchMissingError, UsageError
-
-    try:
-        import torch.distributed  # noqa: F401
-    except ImportError:
-        raise TorchMissingError() from None
-    try:
-        store = connect(host, port, timeout_s)
-        return post_request(store, namespace, -1, "CLI_TRIGGER")
-    except Exception as exc:
-        raise UsageError(f"no job store answers at {host}:{port} ({exc})") from None
