@@ -1,0 +1,207 @@
+"""The live workflow as a user meets it, on real 4-rank gloo jobs launched the ways users launch
+them: ``srun``-style processes (MASTER_ADDR/MASTER_PORT), ``torchrun`` with a static
+``--master-port``, with a c10d rendezvous, with ``--standalone``, and ``mp.spawn``.
+
+- a trigger, SIGUSR1 or ``flightrec.dump()`` during a hang never costs the hang its watchdog:
+  it is still declared at its timeout, dumped, and its verdict printed;
+- ``flightrec trigger`` reaches the job at the address the user knows, waits for the ranks'
+  acknowledgements and says how many dumped (and which did not);
+- one start-up line per node says that tracing is on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch.distributed")
+
+from flightrec.format import flightrec_pb2 as pb
+from tests.integration.jobs import Job, child_env, free_port, start_job
+
+TIMEOUT_S = "3"
+STARTUP = "flightrec "  # the start-up line begins "flightrec <version>: tracing on"
+
+
+def flightrec(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The CLI in a subprocess, as a user runs it from another shell (no job variables set)."""
+    base = child_env(flightrec=False)
+    for name in ("MASTER_ADDR", "MASTER_PORT", "FLIGHTREC_DIR"):
+        base.pop(name, None)
+    return subprocess.run(
+        [sys.executable, "-m", "flightrec_cli", *args], env={**base, **(env or {})},
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def wait_for_text(job: Job, text: str, timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while text not in (out := job.output()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{text!r} not in the job's output after {timeout}s\n{out}")
+        time.sleep(0.1)
+    return out
+
+
+def wait_for_marker(job: Job, text: str, count: int, timeout: float = 90) -> None:
+    """Until ``count`` ranks printed ``text`` (every launch: the output may be one log)."""
+    deadline = time.monotonic() + timeout
+    while job.output().count(text) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} x {text!r} not in the output\n{job.output()}")
+        time.sleep(0.1)
+
+
+def startup_lines(out: str) -> list[str]:
+    return [line for line in out.splitlines() if re.match(r"flightrec \S+: tracing on", line)]
+
+
+def reasons(job: Job) -> list[str]:
+    return sorted(p.name.rsplit("-", 1)[1].split(".")[0] for p in job.dump_files())
+
+
+def the_hang_is_declared(job: Job) -> str:
+    """The hang's verdict in the log, and every rank's dump for it."""
+    out = wait_for_text(job, "Dumps (on each rank's host)", 40)
+    assert "Verdict: not_arrived" in out, out
+    assert re.search(r"Rank 2 \([^)]*\) never entered all_reduce", out), out
+    assert "data_loader_next at scripts/workflow.py" in out, out
+    hang = [r for r in reasons(job) if r in ("watchdog_timeout", "peer_request")]
+    assert len(hang) == 4, reasons(job)
+    return out
+
+
+# -- point 1: a trigger never costs the hang its watchdog ----------------------------------------
+def test_a_trigger_at_the_rendezvous_endpoint_during_a_hang(tmp_path: Path) -> None:
+    """torchrun with a c10d rendezvous: the user knows only ``--rdzv-endpoint``. (A longer
+    timeout: the trigger, torch's import included, must land before the hang is declared.)"""
+    env = {"FLIGHTREC_TIMEOUT": "10"}
+    with start_job(
+        "workflow.py", ["loader"], env=env, launch="torchrun-c10d", workdir=tmp_path
+    ) as job:
+        wait_for_marker(job, "WAITING", 3)
+        result = flightrec("trigger", "--host", "127.0.0.1", "--port", str(job.port))
+        assert result.returncode == 0, (result.stdout, result.stderr)
+        assert re.match(r"4 of 4 ranks dumped \(request 1 at \S+ via the rendezvous", result.stdout)
+        out = the_hang_is_declared(job)
+        assert out.count("Verdict:") == 1, out
+        assert len(startup_lines(out)) == 1, out  # one node: its lowest rank
+    for items in job.dumps().values():  # each rank: the trigger's dump, then the hang's
+        assert [pb.DumpReason.Name(d.header.reason) for _, d in items][:1] == ["CLI_TRIGGER"]
+
+
+def test_sigusr1_during_a_hang(tmp_path: Path) -> None:
+    """``srun``-style ranks: SIGUSR1 to a waiting rank and to the stalled one."""
+    env = {"FLIGHTREC_TIMEOUT": TIMEOUT_S}
+    with start_job("workflow.py", ["loader"], env=env, workdir=tmp_path) as job:
+        for rank in (0, 1, 3):
+            job.wait_for_output(rank, "WAITING", 90)
+        job.signal(0, signal.SIGUSR1)
+        job.signal(2, signal.SIGUSR1)
+        job.wait_for_dumps(2, 10, reason="signal_usr1")
+        the_hang_is_declared(job)
+
+
+def test_flightrec_dump_from_the_script_during_a_hang(tmp_path: Path) -> None:
+    """``mp.spawn``: every rank calls ``flightrec.dump()`` from a thread while the hang begins."""
+    env = {"FLIGHTREC_TIMEOUT": TIMEOUT_S}
+    with start_job(
+        "workflow.py", ["loader", "--api-dump"], env=env, launch="spawn", workdir=tmp_path
+    ) as job:
+        wait_for_marker(job, "API DUMPED", 4)
+        the_hang_is_declared(job)
+    assert reasons(job).count("api_call") == 4
+
+
+# -- point 2: the trigger reaches the job at the address the user knows --------------------------
+@pytest.mark.parametrize("launch", ["torchrun-standalone", "spawn"])
+def test_trigger_reaches_the_job(tmp_path: Path, launch: str) -> None:
+    """``--standalone``: the job's FLIGHTREC_DIR (torchrun chose the port); ``mp.spawn``: the
+    port the script chose, from the start-up line. (Static torchrun's ``--master-port`` and
+    the c10d rendezvous endpoint: the tests above and below.)"""
+    with start_job("workflow.py", ["train"], launch=launch, workdir=tmp_path) as job:
+        wait_for_marker(job, "READY", 4)
+        out = job.output()
+        (line,) = startup_lines(out)
+        assert f"dumps in {job.dump_dir}" in line and "verdict in the log: on" in line, line
+        if launch == "torchrun-standalone":
+            args = ["trigger", str(job.dump_dir)]
+        else:
+            args = line.split("dump now with: flightrec ")[1].split()
+        result = flightrec(*args)
+        assert result.returncode == 0, (result.stdout, result.stderr)
+        assert result.stdout.startswith("4 of 4 ranks dumped (request 1 at "), result.stdout
+    assert reasons(job).count("cli_trigger") == 4
+
+
+def test_trigger_names_the_ranks_that_did_not_answer(tmp_path: Path) -> None:
+    """``srun``-style ranks, the trigger run with the job's MASTER_ADDR/MASTER_PORT: one rank
+    stopped (SIGSTOP) is named, and the exit status says not every rank dumped."""
+    with start_job("workflow.py", ["train"], workdir=tmp_path) as job:
+        wait_for_marker(job, "READY", 4)
+        job.signal(2, signal.SIGSTOP)
+        try:
+            env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(job.port)}
+            result = flightrec("trigger", "--wait", "3", env=env)
+        finally:
+            job.signal(2, signal.SIGCONT)
+        assert result.returncode == 1, (result.stdout, result.stderr)
+        assert result.stdout.startswith("3 of 4 ranks dumped (request 1 at 127.0.0.1:"), result
+        assert "no answer within 3 s from rank 2" in result.stdout, result.stdout
+
+
+def test_trigger_says_when_no_rank_answered(tmp_path: Path) -> None:
+    """Static torchrun, every worker stopped (the agent's store still answers): exit 2, and
+    the same trigger once they run again: every rank dumps."""
+    with start_job("workflow.py", ["train"], launch="torchrun", workdir=tmp_path) as job:
+        wait_for_marker(job, "READY", 4)
+        workers = [int(p) for p in subprocess.check_output(
+            ["pgrep", "-P", str(job.procs[0].pid)], text=True).split()]  # fmt: skip
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            stopped = flightrec("trigger", "--port", str(job.port), "--wait", "2")
+        finally:
+            for pid in workers:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+        running = flightrec("trigger", "--port", str(job.port))
+    assert stopped.returncode == 2, (stopped.stdout, stopped.stderr)
+    assert re.match(r"flightrec: 0 of 4 ranks answered within 2 s \(request 1 at ", stopped.stderr)
+    assert stopped.stdout == ""
+    # Request 1 reached them when they ran again; request 2 is answered at once.
+    assert running.returncode == 0, (running.stdout, running.stderr)
+    assert running.stdout.startswith("4 of 4 ranks dumped (request 2 at "), running.stdout
+
+
+def test_trigger_at_a_dead_address_is_one_line_within_the_timeout() -> None:
+    started = time.monotonic()
+    result = flightrec("trigger", "--port", str(free_port()), "--timeout", "2")
+    took = time.monotonic() - started
+    assert result.returncode == 2, result
+    assert result.stderr.count("\n") == 1 and "nothing answers at 127.0.0.1:" in result.stderr
+    assert took < 2 + 10, took  # the CLI's own start on a busy machine, never a retry loop
+
+
+def test_trigger_at_a_store_with_no_traced_job() -> None:
+    from torch.distributed import TCPStore
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    result = flightrec("trigger", "--port", str(store.port), "--wait", "1")
+    assert result.returncode == 2, result
+    assert "no traced job registered there" in result.stderr, result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr
+
+
+def test_trigger_with_a_folder_no_job_wrote(tmp_path: Path) -> None:
+    result = flightrec("trigger", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.startswith(f"flightrec: error: {tmp_path}: no .flightrec-endpoint file")
