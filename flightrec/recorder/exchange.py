@@ -177,6 +177,8 @@ class Exchange:
         until the other has published it (and started the report, if this rank reports)."""
         self._store: Any = None
         self._latest: tuple[pb.Dump, Path | None] | None = None
+        self._last: tuple[pb.Dump, Path | None] | None = None
+        """The dump published last (``rejoin`` answers another round with it)."""
         self._answered: dict[int, float] = {}
         """Rounds this process published into -> monotonic time."""
         self._reasons: dict[int, str] = {}
@@ -204,6 +206,15 @@ class Exchange:
         """This rank dumped for request ``n``, posted for ``reason``."""
         if reason in ROUND_REASONS:
             self._answer(n, reason, wait=False)
+
+    def rejoin(self, n: int, reason: str) -> None:
+        """Another rank's request ``n`` is for the hang this rank declared moments ago (its
+        dump stands for both): answer round ``n`` with that dump's summary. Left out, the
+        round's verdict would blame this live rank for leaving no dump."""
+        with self._publishing:
+            if self._latest is None:
+                self._latest = self._last
+        self._answer(n, reason, wait=False)
 
     def after_term(self) -> None:
         """SIGTERM was dumped: answer (or start) a round and, if reporting, finish the report
@@ -313,6 +324,7 @@ class Exchange:
             latest, self._latest = self._latest, None
             if latest is None:
                 return  # the dump could not be built, or another thread published it already
+            self._last = latest
             dump, path = latest
             try:
                 data = encode(summarize(dump, n, str(path) if path else ""))

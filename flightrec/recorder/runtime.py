@@ -249,6 +249,7 @@ class Runtime:
                             store, self.namespace, self._on_request,
                             rank=_rank(), world_size=_world_size(),
                         )  # fmt: skip
+                        self.poller.on_covered = self._on_covered
                     except Exception as exc:
                         self._warn_once("poller", "dump requests through the store are off", exc)
             reporter = self.reporter if self.config.verdict else None
@@ -429,6 +430,11 @@ class Runtime:
         if exchange is not None:
             exchange.after_request(n, reason)
         return path is not None
+
+    def _on_covered(self, n: int, reason: str) -> None:
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.rejoin(n, reason)
 
     def _on_error(self, rid: int, exc: BaseException) -> None:
         now = time.monotonic_ns()

@@ -232,6 +232,10 @@ class Poller:
         self.hang_ns = 0
         """Monotonic time this process declared a hang (its own dump stands for the requests
         other ranks post for the same hang)."""
+        self.on_covered: Callable[[int, str], None] | None = None
+        """Called with (n, reason) for another rank's hang request that this process's own
+        recent hang dump stands for (no second dump): the verdict's round still needs this
+        rank's answer, or it would blame it for none."""
         self.failing = False
         """The last store call of the waiting thread failed (the store's host went away):
         others skip the store calls that would only wait out its connect timeout."""
@@ -426,6 +430,8 @@ class Poller:
             return False
         if first[2] == "WATCHDOG_TIMEOUT" and self._hang_is_recent(now):
             self.own.add(first[0])  # this rank dumped for the hang as it declared it
+            if self.on_covered is not None:
+                self.on_covered(first[0], first[2])
             if not triggers:
                 return False
             first = next(b for b in batch if b[2] == "CLI_TRIGGER")  # a trigger still gets one

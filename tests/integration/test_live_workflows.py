@@ -205,3 +205,25 @@ def test_trigger_with_a_folder_no_job_wrote(tmp_path: Path) -> None:
     result = flightrec("trigger", str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.startswith(f"flightrec: error: {tmp_path}: no .flightrec-endpoint file")
+
+
+# -- point 3: one hang, one verdict --------------------------------------------------------------
+def test_a_pipeline_hang_gets_one_verdict(tmp_path: Path) -> None:
+    """torchrun (static): stage 2 of a 4-stage send/recv pipeline stalls. Rank 1 reaches its
+    final barrier seconds after the others declared the hang, so it declares it again (request
+    2) while ranks 0 and 3 are still covered by their own hang dumps. They answer request 2 all
+    the same, and its report says that the verdict of request 1 stands: never a second panel,
+    never "left no dump" for a live rank."""
+    env = {"FLIGHTREC_TIMEOUT": TIMEOUT_S}
+    args = ["pipe", "--late", "4.5"]
+    with start_job("workflow.py", args, env=env, launch="torchrun", workdir=tmp_path) as job:
+        wait_for_text(job, "Dumps (on each rank's host)", 60)
+        time.sleep(float(TIMEOUT_S) + 6)  # rank 1's own declaration, and its round
+        out = job.output()
+    assert out.count("Verdict:") == 1, out
+    assert "missing_dump" not in out and "left no dump" not in out, out
+    assert re.search(r"Rank 2 \([^)]*\) never entered the send matching rank 3's recv", out), out
+    again = [line for line in out.splitlines() if "request 2" in line]
+    for line in again:  # (a busy machine may fold rank 1's wait into request 1)
+        assert "4 of 4 ranks answered): the verdict of request 1 stands: not_arrived" in line, out
+    print(f"request 2: {again}")

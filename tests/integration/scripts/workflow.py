@@ -10,7 +10,8 @@ Scenarios:
           other rank waits in the loss all_reduce: a hang.
   train   steps until SIGTERM or ``--steps`` (a healthy job to trigger dumps from).
   pipe    a 4-stage pipeline of send/recv (each stage sends activations to the next) whose
-          ``--bad-rank`` stage stalls: the stages after it wait in recv, the ones before in send.
+          ``--bad-rank`` stage stalls: the stages after it wait in recv, the ones before at
+          the final barrier, rank 1 ``--late`` seconds later than rank 0.
 
 ``--api-dump`` makes every rank call ``flightrec.dump()`` once, from a thread, 1 s after start.
 Progress markers on stdout: READY, WAITING <wall time>, STALLING, DONE.
@@ -54,7 +55,7 @@ def train(steps: int) -> None:
         time.sleep(0.05)
 
 
-def pipe(rank: int, world: int, bad: int) -> None:
+def pipe(rank: int, world: int, bad: int, late: float) -> None:
     act = torch.ones(8)
     for _ in range(2):
         if rank > 0:
@@ -71,6 +72,8 @@ def pipe(rank: int, world: int, bad: int) -> None:
         data_loader_next()
     if rank < world - 1:
         dist.send(act, rank + 1)
+    if rank == 1:
+        time.sleep(late)  # the last microbatch's backward pass, still running
     dist.barrier()
 
 
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
     elif args.scenario == "train":
         train(args.steps)
     else:
-        pipe(rank, world, args.bad_rank)
+        pipe(rank, world, args.bad_rank, args.late)
     print("DONE", flush=True)
     dist.destroy_process_group()
 
@@ -109,6 +112,7 @@ def main() -> None:
     p.add_argument("--bad-rank", type=int, default=2)
     p.add_argument("--steps", type=int, default=100_000)
     p.add_argument("--api-dump", action="store_true")
+    p.add_argument("--late", type=float, default=0.0, help="pipe: rank 1 reaches the end late")
     p.add_argument("--spawn", type=int, default=0, help="start this many ranks with mp.spawn")
     args = p.parse_args()
     if args.spawn:
