@@ -227,3 +227,31 @@ def test_a_pipeline_hang_gets_one_verdict(tmp_path: Path) -> None:
     for line in again:  # (a busy machine may fold rank 1's wait into request 1)
         assert "4 of 4 ranks answered): the verdict of request 1 stands: not_arrived" in line, out
     print(f"request 2: {again}")
+
+
+# -- point 4: tracing adds nothing to the job's log but its own lines ----------------------------
+def _log_lines(out: str) -> list[str]:
+    """The log's lines, timestamps and the harness's headers left out, flightrec's own too."""
+    lines = []
+    for line in out.splitlines():
+        if line.startswith(("--- process", "flightrec ")) or not line.strip():
+            continue
+        lines.append(re.sub(r"\d{4} \d\d:\d\d:\d\d\.\d+", "<time>", line))
+    return sorted(lines)
+
+
+def test_a_traced_pipelining_job_logs_what_an_untraced_one_does(tmp_path: Path) -> None:
+    """torchrun (static), torch.distributed.pipelining's GPipe over 4 stages, torch's C++
+    warnings shown (the harness hides them elsewhere): the traced log holds the untraced
+    log's lines, and beyond them only flightrec's start-up line."""
+    logs = {}
+    for traced in (False, True):
+        with start_job(
+            "workflow.py", ["gpipe", "--steps", "3"], env={"TORCH_CPP_LOG_LEVEL": "WARNING"},
+            launch="torchrun", flightrec=traced, workdir=tmp_path / str(traced),
+        ) as job:  # fmt: skip
+            assert job.wait(120) == [0], job.output()
+            logs[traced] = job.output()
+    assert "DONE" in logs[True]
+    assert _log_lines(logs[True]) == _log_lines(logs[False]), logs[True]
+    assert len(startup_lines(logs[True])) == 1 and not startup_lines(logs[False])

@@ -9,6 +9,7 @@ Scenarios:
   loader  a few steps, then ``--bad-rank`` sits in its data loader (no collective) while every
           other rank waits in the loss all_reduce: a hang.
   train   steps until SIGTERM or ``--steps`` (a healthy job to trigger dumps from).
+  gpipe   ``--steps`` of torch.distributed.pipelining's GPipe schedule over 4 stages.
   pipe    a 4-stage pipeline of send/recv (each stage sends activations to the next) whose
           ``--bad-rank`` stage stalls: the stages after it wait in recv, the ones before at
           the final barrier, rank 1 ``--late`` seconds later than rank 0.
@@ -86,6 +87,25 @@ def _dump_soon() -> None:
     print("API DUMPED", flush=True)
 
 
+def gpipe(rank: int, world: int, steps: int) -> None:
+    """torch.distributed.pipelining's GPipe schedule: one Linear stage per rank, 4
+    microbatches (its P2P goes through batch_isend_irecv: async work flightrec tracks)."""
+    from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+    torch.manual_seed(0)
+    stage = PipelineStage(torch.nn.Linear(16, 16), rank, world, torch.device("cpu"))
+    schedule = ScheduleGPipe(stage, n_microbatches=4, loss_fn=lambda out, y: out.square().mean())
+    print("READY", flush=True)
+    for _ in range(steps):
+        x, y = torch.randn(8, 16), torch.randn(8, 16)
+        if rank == 0:
+            schedule.step(x)
+        elif rank == world - 1:
+            schedule.step(target=y, losses=[])
+        else:
+            schedule.step()
+
+
 def run(args: argparse.Namespace) -> None:
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -95,6 +115,8 @@ def run(args: argparse.Namespace) -> None:
         loader(rank, args.bad_rank)
     elif args.scenario == "train":
         train(args.steps)
+    elif args.scenario == "gpipe":
+        gpipe(rank, world, args.steps)
     else:
         pipe(rank, world, args.bad_rank, args.late)
     print("DONE", flush=True)
@@ -108,7 +130,7 @@ def _spawned(rank: int, world: int, args: argparse.Namespace) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=["loader", "train", "pipe"])
+    p.add_argument("scenario", choices=["loader", "train", "pipe", "gpipe"])
     p.add_argument("--bad-rank", type=int, default=2)
     p.add_argument("--steps", type=int, default=100_000)
     p.add_argument("--api-dump", action="store_true")
