@@ -12,12 +12,15 @@ them: ``srun``-style processes (MASTER_ADDR/MASTER_PORT), ``torchrun`` with a st
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,7 +28,7 @@ import pytest
 pytest.importorskip("torch.distributed")
 
 from flightrec.format import flightrec_pb2 as pb
-from tests.integration.jobs import Job, child_env, free_port, start_job
+from tests.integration.jobs import REPO, Job, child_env, free_port, start_job
 
 TIMEOUT_S = "3"
 STARTUP = "flightrec "  # the start-up line begins "flightrec <version>: tracing on"
@@ -51,7 +54,7 @@ def wait_for_text(job: Job, text: str, timeout: float) -> str:
     return out
 
 
-def wait_for_marker(job: Job, text: str, count: int, timeout: float = 90) -> None:
+def wait_for_marker(job: Job, text: str, count: int, timeout: float = 180) -> None:
     """Until ``count`` ranks printed ``text`` (every launch: the output may be one log)."""
     deadline = time.monotonic() + timeout
     while job.output().count(text) < count:
@@ -70,6 +73,7 @@ def reasons(job: Job) -> list[str]:
 
 def the_hang_is_declared(job: Job) -> str:
     """The hang's verdict in the log, and every rank's dump for it."""
+    wait_for_marker(job, "WAITING", 3)  # (starting 4 ranks takes a minute on a busy machine)
     out = wait_for_text(job, "Dumps (on each rank's host)", 40)
     assert "Verdict: not_arrived" in out, out
     assert re.search(r"Rank 2 \([^)]*\) never entered all_reduce", out), out
@@ -103,7 +107,7 @@ def test_sigusr1_during_a_hang(tmp_path: Path) -> None:
     env = {"FLIGHTREC_TIMEOUT": TIMEOUT_S}
     with start_job("workflow.py", ["loader"], env=env, workdir=tmp_path) as job:
         for rank in (0, 1, 3):
-            job.wait_for_output(rank, "WAITING", 90)
+            job.wait_for_output(rank, "WAITING", 180)
         job.signal(0, signal.SIGUSR1)
         job.signal(2, signal.SIGUSR1)
         job.wait_for_dumps(2, 10, reason="signal_usr1")
@@ -217,7 +221,8 @@ def test_a_pipeline_hang_gets_one_verdict(tmp_path: Path) -> None:
     env = {"FLIGHTREC_TIMEOUT": TIMEOUT_S}
     args = ["pipe", "--late", "4.5"]
     with start_job("workflow.py", args, env=env, launch="torchrun", workdir=tmp_path) as job:
-        wait_for_text(job, "Dumps (on each rank's host)", 60)
+        wait_for_marker(job, "WAITING", 3)
+        wait_for_text(job, "Dumps (on each rank's host)", 40)
         time.sleep(float(TIMEOUT_S) + 6)  # rank 1's own declaration, and its round
         out = job.output()
     assert out.count("Verdict:") == 1, out
@@ -250,8 +255,74 @@ def test_a_traced_pipelining_job_logs_what_an_untraced_one_does(tmp_path: Path) 
             "workflow.py", ["gpipe", "--steps", "3"], env={"TORCH_CPP_LOG_LEVEL": "WARNING"},
             launch="torchrun", flightrec=traced, workdir=tmp_path / str(traced),
         ) as job:  # fmt: skip
-            assert job.wait(120) == [0], job.output()
+            assert job.wait(300) == [0], job.output()
             logs[traced] = job.output()
     assert "DONE" in logs[True]
     assert _log_lines(logs[True]) == _log_lines(logs[False]), logs[True]
     assert len(startup_lines(logs[True])) == 1 and not startup_lines(logs[False])
+
+
+# -- points 6, 7, 8: a reused FLIGHTREC_DIR, black boxes, file modes ----------------------------
+@contextlib.contextmanager
+def umask(mask: int) -> Iterator[None]:
+    """The jobs started inside inherit ``mask`` (a site's group-readable setting)."""
+    old = os.umask(mask)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
+def test_a_reused_folder_of_two_jobs(tmp_path: Path) -> None:
+    """An ``mp.spawn`` job hangs, then a ``torchrun --standalone`` job runs in the same
+    FLIGHTREC_DIR. While the second runs, its black boxes are all the folder holds of it: the
+    report of the default (newest) job says what they are and names the other job; ``--job``
+    picks that one. Every file follows the umask (027: group-readable)."""
+    shared = tmp_path / "dumps"
+    env = {"FLIGHTREC_TIMEOUT": TIMEOUT_S, "FLIGHTREC_DIR": str(shared)}
+    with umask(0o027):
+        with start_job("workflow.py", ["loader"], env=env, launch="spawn", workdir=tmp_path) as a:
+            the_hang_is_declared(a)
+        first = read_job_id(shared)
+        args = ["train", "--steps", "5", "--idle"]
+        with start_job(
+            "workflow.py", args, env=env, launch="torchrun-standalone", workdir=tmp_path
+        ) as b:
+            wait_for_marker(b, "IDLE", 4)
+            newest = flightrec("analyze", str(shared))
+            chosen = flightrec("analyze", str(shared), "--job", first, "--json")
+            rings = sorted(shared.glob("*.ring"))
+            modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in shared.iterdir()}
+    assert newest.returncode == 0, (newest.stdout, newest.stderr)
+    text = " ".join(newest.stdout.split())
+    assert "no rank wrote a dump: this is each rank's black box" in text, text
+    assert "FLIGHTREC_DUMP_ON_EXIT=1" in text, text
+    assert f"ignored another job {first!r} (4 ranks" in text and "choose one with --job ID" in text
+    assert chosen.returncode == 1, chosen.stderr
+    report = json.loads(chosen.stdout)
+    assert (report["findings"][0]["kind"], report["findings"][0]["ranks"]) == ("not_arrived", [2])
+    assert len(rings) == 8  # the hung job was killed: its black boxes stay too
+    assert set(modes.values()) == {0o640}, modes  # dumps, black boxes, their tables, endpoint
+
+
+def read_job_id(folder: Path) -> str:
+    from flightrec.format.read import read_dump
+
+    return read_dump(next(folder.glob("*.frdump"))).header.job_id
+
+
+def test_cli_conventions(tmp_path: Path) -> None:
+    """``-h`` is ``--help``; ``--trace`` into a missing folder and an empty folder are one line
+    each, exit 2."""
+    assert flightrec("trigger", "-h").stdout == flightrec("trigger", "--help").stdout
+    trace = flightrec(
+        "analyze", str(REPO / "samples" / "op_mismatch"), "--trace", str(tmp_path / "no" / "t.json")
+    )
+    assert trace.returncode == 2 and trace.stderr.count("\n") == 1, trace.stderr
+    assert "no such folder" in trace.stderr
+    empty = flightrec("analyze", str(tmp_path))
+    assert empty.returncode == 2
+    assert (
+        empty.stderr
+        == f"flightrec: error: {tmp_path}: no readable dump (the folder holds no files)\n"
+    )

@@ -14,6 +14,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from flightrec.analysis import AnalysisOptions, View, analyze_dir, gc_paused
 from flightrec.analysis import Progress as ProgressCallback
+from flightrec.errors import UsageError
 from flightrec.format.schema import TAIL_ENTRIES
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
@@ -103,6 +104,15 @@ def analyze_command(
             "except 517'), no per-rank dump paths; the blamed ranks' evidence (and --rank's).",
         ),
     ] = False,
+    job: Annotated[
+        str | None,
+        typer.Option(
+            "--job",
+            metavar="ID",
+            help="In a folder of several jobs, the one to analyse (default: the newest; the "
+            "report names the others).",
+        ),
+    ] = None,
     ranks: Annotated[
         list[int] | None,
         typer.Option(
@@ -117,6 +127,8 @@ def analyze_command(
     Exit status: 0 nothing found, 1 findings reported, 2 usage error or no readable dump.
     Files that cannot be read get one line each on stderr; the rest are still analysed.
     """
+    if trace is not None and not trace.parent.is_dir():  # before minutes of analysis, not after
+        raise UsageError(f"--trace {trace}: no such folder {trace.parent}")
     # A timeline of more than the newest entries of each ring needs every file read whole.
     whole = trace is not None and (trace_all or (trace_recent or 0) > TAIL_ENTRIES)
     # The collector stays paused while the report is written too: with a large job loaded,
@@ -126,13 +138,18 @@ def analyze_command(
         with _loading_bar() as progress:
             report = analyze_dir(
                 str(path),
-                AnalysisOptions(view=view, progress=progress, tail=False if whole else None),
+                AnalysisOptions(
+                    view=view, progress=progress, tail=False if whole else None, job=job
+                ),
             )
         for problem in report.run.problems:
             typer.echo(f"flightrec: skipped {problem}", err=True)
         if trace is not None:
             recent = None if trace_all else trace_recent or trace_window(report.world_size)
-            trace.write_text(TraceRenderer(recent).render(report), encoding="utf-8")
+            try:
+                trace.write_text(TraceRenderer(recent).render(report), encoding="utf-8")
+            except OSError as exc:
+                raise UsageError(f"--trace {trace}: {exc.strerror or exc}") from None
         if as_json or compact:
             sys.stdout.write(JsonRenderer(compact=compact, ranks=tuple(ranks or ())).render(report))
         else:

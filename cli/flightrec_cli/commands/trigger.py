@@ -25,7 +25,7 @@ def trigger_command(
     folder: Annotated[
         Path | None,
         typer.Argument(
-            metavar="[DIR]",
+            metavar="DIR",
             help="The job's FLIGHTREC_DIR: its ranks left their store's address there "
             "(default: $FLIGHTREC_DIR, when neither --port nor $MASTER_PORT is given).",
             show_default=False,

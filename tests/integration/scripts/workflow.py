@@ -48,12 +48,15 @@ def loader(rank: int, bad: int) -> None:
     dist.all_reduce(loss)
 
 
-def train(steps: int) -> None:
+def train(steps: int, idle: bool) -> None:
     loss = torch.ones(4)
     print("READY", flush=True)
     for _ in range(steps):
         dist.all_reduce(loss)
         time.sleep(0.05)
+    if idle:
+        print("IDLE", flush=True)
+        time.sleep(3600)  # evaluating, checkpointing: no collective until stopped
 
 
 def pipe(rank: int, world: int, bad: int, late: float) -> None:
@@ -114,7 +117,7 @@ def run(args: argparse.Namespace) -> None:
     if args.scenario == "loader":
         loader(rank, args.bad_rank)
     elif args.scenario == "train":
-        train(args.steps)
+        train(args.steps, args.idle)
     elif args.scenario == "gpipe":
         gpipe(rank, world, args.steps)
     else:
@@ -134,6 +137,7 @@ def main() -> None:
     p.add_argument("--bad-rank", type=int, default=2)
     p.add_argument("--steps", type=int, default=100_000)
     p.add_argument("--api-dump", action="store_true")
+    p.add_argument("--idle", action="store_true", help="train: then idle until stopped")
     p.add_argument("--late", type=float, default=0.0, help="pipe: rank 1 reaches the end late")
     p.add_argument("--spawn", type=int, default=0, help="start this many ranks with mp.spawn")
     args = p.parse_args()
