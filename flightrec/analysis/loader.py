@@ -220,7 +220,7 @@ def _one_job(
     if job is not None:
         if job not in by_job or not job:
             jobs = "; ".join(_job_phrase(j, by_job[j]) for j in named) or "none has a job id"
-            raise UsageError(f"no dump of job {job!r} here; its jobs: {jobs}")
+            raise UsageError(f"no dump of job {job!r}; its jobs: {jobs}")
         return by_job[job] + by_job.get("", []) if len(named) > 1 else candidates
     if len(named) < 2:
         return candidates
