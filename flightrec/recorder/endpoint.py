@@ -59,7 +59,9 @@ class Endpoint:
 
     @property
     def address(self) -> str:
-        return f"{self.host}:{self.port}"
+        """``host:port`` (an IPv6 host in brackets)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
 
 
 def parse_address(text: str) -> tuple[str, int] | None:
