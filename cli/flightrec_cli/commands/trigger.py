@@ -74,7 +74,9 @@ def trigger_command(
     from flightrec.recorder.config import store_namespace
     from flightrec.recorder.trigger import endpoint_from_folder, trigger
 
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # torch's store client: one line, ours
+    # torch's store client logs each failed try with a C++ stack trace: errors here are one
+    # line, ours (read when torch is imported, which has not happened in this process yet).
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     namespace = job_id.strip() if job_id is not None else store_namespace(os.environ)
     source = ""
     if port is None and folder is None and os.environ.get("MASTER_PORT"):
