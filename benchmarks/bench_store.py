@@ -140,9 +140,10 @@ def run(mode: str, ranks: int, seconds: float, requests: int) -> None:
     cpu = 100 * (cpu1 - cpu0) / seconds
     latencies: list[float] = []
     slowest: list[float] = []
+    client = channel.connect("127.0.0.1", server.port)  # as ``flightrec trigger`` connects
     for _ in range(requests):
         posted = time.monotonic()
-        n = channel.request_dump("127.0.0.1", server.port, NAMESPACE)
+        n = channel.post_request(client, NAMESPACE, -1, "CLI_TRIGGER")
         deadline = posted + 10
         while len(answered.get(n, ())) < ranks and time.monotonic() < deadline:
             time.sleep(0.01)

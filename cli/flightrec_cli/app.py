@@ -34,6 +34,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     cls=PlainGroup,
 )
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+"""``-h`` as ``--help``, on every command (a subcommand's context inherits it)."""
 
 
 def _version(value: bool) -> None:
@@ -42,7 +44,7 @@ def _version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
+@app.callback(context_settings=HELP_OPTIONS)
 def _root(
     version: bool = typer.Option(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."

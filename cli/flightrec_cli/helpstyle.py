@@ -8,9 +8,20 @@ show no type, arguments are named in capitals, and options with a value show the
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from typer.core import TyperCommand, TyperGroup
+
+
+def reflow(text: str | None) -> str | None:
+    """Join the lines of each paragraph of a docstring: Typer prints a docstring's line
+    breaks as they are, so a paragraph wrapped at the source's width broke mid-sentence in
+    the help (its own wrapping then broke it again at the terminal's)."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
 def _is_choice(p: Any) -> bool:
@@ -48,6 +59,10 @@ def _usage(command: Any, ctx: Any) -> list[str]:
 class PlainCommand(TyperCommand):
     """A subcommand with conventional help."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = reflow(self.help)
+
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain(super().get_params(ctx))
 
@@ -57,6 +72,10 @@ class PlainCommand(TyperCommand):
 
 class PlainGroup(TyperGroup):
     """The top-level command with conventional help."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.help = reflow(self.help)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain(super().get_params(ctx))

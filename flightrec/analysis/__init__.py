@@ -71,6 +71,8 @@ class AnalysisOptions:
     workers: int | None = None
     progress: Progress | None = None
     tail: bool | None = None
+    job: str | None = None
+    """The job id to analyse in a folder of several jobs (None: the newest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +162,7 @@ def analyze_dir(path: str | os.PathLike[str], options: AnalysisOptions | None = 
             workers=options.workers,
             progress=options.progress,
             tail=options.tail,
+            job=options.job,
         )
         return analyze(run, options.workers or default_workers())
 

@@ -199,26 +199,74 @@ def _one_identity_per_process(candidates: list[RankDump], notes: list[str]) -> N
         )
 
 
-def _one_job(candidates: list[RankDump], notes: list[str]) -> list[RankDump]:
-    """Keep the dumps of one job: the newest job id wins; a dump without one is kept.
+def _one_job(
+    candidates: list[RankDump], notes: list[str], job: str | None = None
+) -> list[RankDump]:
+    """Keep the dumps of one job: ``job`` when named, else the newest job id; a dump without
+    one is kept.
 
     Only a job id that is present and different is evidence of another job (dumps of several
     runs in one folder cannot be merged); an empty id says nothing.
+
+    Raises:
+        UsageError: ``job`` is named and no dump belongs to it.
     """
     by_job: dict[str, list[RankDump]] = defaultdict(list)
     for d in candidates:
         by_job[d.header.job_id].append(d)
-    named = [j for j in by_job if j]
+    named = sorted(
+        (j for j in by_job if j), key=lambda j: -max(d.header.wall_time_ns for d in by_job[j])
+    )
+    if job is not None:
+        if job not in by_job or not job:
+            jobs = "; ".join(_job_phrase(j, by_job[j]) for j in named) or "none has a job id"
+            raise UsageError(f"no dump of job {job!r}; its jobs: {jobs}")
+        return by_job[job] + by_job.get("", []) if len(named) > 1 else candidates
     if len(named) < 2:
         return candidates
-    newest = max(named, key=lambda j: max(d.header.wall_time_ns for d in by_job[j]))
-    for job in named:
-        if job != newest:
-            notes.append(
-                f"ignored {len(by_job[job])} dump(s) of another job {job!r}; "
-                f"analysing job {newest!r}"
-            )
+    newest = named[0]
+    others = ", ".join(f"another job {_job_phrase(j, by_job[j])}" for j in named[1:])
+    notes.append(
+        f"this folder holds {len(named)} jobs: analysing the newest, "
+        f"{_job_phrase(newest, by_job[newest])}; ignored {others}; choose one with --job ID"
+    )
     return by_job[newest] + by_job.get("", [])
+
+
+def _job_phrase(job: str, dumps: list[RankDump]) -> str:
+    """``'ID' (4 ranks, last dump 12:03:04 UTC)``."""
+    ranks = len({d.header.rank for d in dumps})
+    last = max(d.header.wall_time_ns for d in dumps)
+    return f"{job!r} ({ranks} rank{'s' if ranks != 1 else ''}, last dump {_clock(last)})"
+
+
+def _only_black_boxes(chosen: dict[int, RankDump], notes: list[str]) -> None:
+    """Say so when no rank wrote a dump: what a black box is, and how to get dumps."""
+    if chosen and all(d.header.source == BLACKBOX_SOURCE for d in chosen.values()):
+        notes.append(
+            "no rank wrote a dump: this is each rank's black box (the ring a traced process "
+            "keeps on disk while it runs; a process that ends normally deletes its own), "
+            "so the job is still running or its processes were killed. Ranks dump on a hang, "
+            "a crash, SIGUSR1 or `flightrec trigger`; FLIGHTREC_DUMP_ON_EXIT=1 adds a dump "
+            "at every exit"
+        )
+
+
+def _nothing_readable(root: Path, files: int, problems: int, skipped: int) -> str:
+    """Why a folder yields no dump, from what it holds."""
+    if problems:
+        return f"{problems} unreadable"
+    if root.is_dir() and (root / ".flightrec-endpoint").is_file():
+        return (
+            "a traced job used this folder but wrote no dump: it has not hung, crashed or "
+            "been asked for one, and its black boxes went when it ended normally. Ranks dump "
+            "on a hang, SIGUSR1 or `flightrec trigger`; FLIGHTREC_DUMP_ON_EXIT=1 adds a dump "
+            "at every exit"
+        )
+    if not files:
+        return "the folder holds no files" if root.is_dir() else "empty"
+    which = "its one file is not" if files == 1 else f"none of its {files} files is"
+    return f"{which} a flightrec, black-box or PyTorch Flight Recorder dump"
 
 
 Progress = Callable[[int, int], None]
@@ -380,6 +428,7 @@ def load_dir(
     workers: int | None = None,
     progress: Progress | None = None,
     tail: bool | None = None,
+    job: str | None = None,
 ) -> Run:
     """Read every dump under ``path`` and choose one dump per rank.
 
@@ -392,12 +441,13 @@ def load_dir(
             only the rings whose tail does not reach where a peer is (``depth``); False
             reads every file whole; None (the default) reads tails only in a folder of more
             than ``TAIL_FROM_FILES`` files, where reading whole would cost tens of seconds.
+        job: the job id to analyse in a folder of several jobs (None: the newest).
 
     Returns:
         The chosen dumps, the problems met (one per bad file) and notes about choices made.
 
     Raises:
-        UsageError: ``path`` does not exist.
+        UsageError: ``path`` does not exist, or holds no dump of ``job``.
         NoDumpsError: no readable dump was found.
     """
     root = Path(path)
@@ -420,16 +470,19 @@ def load_dir(
         for d, ri in zip(outcome.dumps, outcome.indexes, strict=True):
             built[id(d)] = ri.intern(shared)
     if not candidates:
-        what = f"{len(problems)} unreadable" if problems else "none readable"
+        what = _nothing_readable(root, len(files), len(problems), skipped)
         if root.is_file() and problems:  # one file: say what is wrong with it
             what += f": {problems[0].reason}"
-        extra = f", {skipped} other files skipped" if skipped else ""
+        extra = f", {skipped} other files skipped" if skipped and problems else ""
         raise NoDumpsError(f"{root}: no readable dump ({what}{extra})")
 
     notes: list[str] = []
     _one_identity_per_process(candidates, notes)
     candidates = _prefer_dumps(candidates, notes)
-    candidates = _one_job(candidates, notes)
+    try:
+        candidates = _one_job(candidates, notes, job)
+    except UsageError as exc:
+        raise UsageError(f"{root}: {exc}") from None
 
     candidates = _agree_on_world_size(candidates, problems)
 
@@ -504,6 +557,7 @@ def load_dir(
         notes.append(
             f"{_ranks(several)} dumped more than once; using the {used} dump of each ({picked})"
         )
+    _only_black_boxes(chosen, notes)
     world_size = max(max(d.header.world_size for d in chosen.values()), max(chosen) + 1)
     indexes = {r: built[id(d)] for r, d in chosen.items() if id(d) in built}
     _deepen(chosen, indexes, root, workers or default_workers(), notes, shared)

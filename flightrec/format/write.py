@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import struct
-import tempfile
 from pathlib import Path
 
 from flightrec.format import flightrec_pb2 as pb
@@ -14,6 +14,9 @@ from flightrec.format.schema import SUFFIX, TAIL_ENTRIES
 from flightrec.format.wire import walk_fields
 
 # Tags of the two footer fields: (13 << 3) | fixed64, (14 << 3) | fixed32.
+FILE_MODE = 0o666
+"""Mode of new dump files before the umask: they follow it as any tool's files do (0644 under
+the usual 022, group-readable on a shared filesystem under 002 or 027)."""
 _FOOTER = struct.Struct("<BQBI")
 _TAIL_START_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["tail_start"].number << 3) | 1
 _OLDER_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["older_entries"].number << 3) | 5
@@ -125,7 +128,7 @@ def write_dump(dump: pb.Dump, directory: str | Path, filename: str) -> Path:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     data = serialize(dump)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=SUFFIX, dir=directory)
+    fd, tmp = _create_temporary(directory)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -138,3 +141,15 @@ def write_dump(dump: pb.Dump, directory: str | Path, filename: str) -> Path:
             os.unlink(tmp)
         raise
     return final
+
+
+def _create_temporary(directory: Path) -> tuple[int, Path]:
+    """A new hidden file in ``directory`` for writing, ``FILE_MODE`` less the umask (what
+    ``tempfile.mkstemp`` would create 0600: a dump only its owner could read)."""
+    for _ in range(100):
+        path = directory / f".tmp-{os.getpid()}-{secrets.token_hex(6)}{SUFFIX}"
+        try:
+            return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{directory}: no free temporary name")

@@ -17,6 +17,8 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from flightrec.analysis import Report
+    from flightrec.live.rounds import Verdict
     from flightrec.recorder.exchange import Round
 
 log = logging.getLogger("flightrec")
@@ -54,6 +56,7 @@ def report(rnd: Round) -> None:
     started = time.monotonic()
     try:
         # The analysis and the renderer load while the other ranks answer, not after.
+        from flightrec.live.rounds import earlier
         from flightrec.live.verdict import render
 
         answered, died, left = rnd.answered(), rnd.died(), rnd.left()
@@ -68,15 +71,49 @@ def report(rnd: Round) -> None:
         exited = frozenset(left) - set(answered) - set(dead)
         raw = rnd.summaries(sorted({*answered, *dead}))
         gathered = time.monotonic() - started
+        before = earlier(rnd.store, rnd.namespace, rnd.restart)
+        panels: list[Report] = []
         text = render(
-            raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead), exited
-        )
+            raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead), exited,
+            on_panel=panels.append,
+        )  # fmt: skip
+        if panels:
+            text = _one_verdict(rnd, text, panels[0], before, len(answered), dead, exited)
     except Exception as exc:
         why = (str(exc) or type(exc).__name__).splitlines()[0][:200]
         log.warning("flightrec: no verdict in the log: %s", why)
         return
     if text:
         _write_stderr(text)
+
+
+def _one_verdict(
+    rnd: Round,
+    text: str,
+    report: Report,
+    before: Verdict | None,
+    answered: int,
+    dead: list[int],
+    exited: frozenset[int],
+) -> str:
+    """The panel of the hang's first verdict (kept in the store), or for a later round of the
+    same hang, one line saying that verdict stands (``flightrec.live.rounds``)."""
+    from flightrec.live.rounds import from_finding, remember, same_hang, standing_line
+
+    if before is None or before.round == rnd.number:
+        if report.findings:
+            remember(
+                rnd.store, rnd.namespace, rnd.restart, from_finding(rnd.number, report.findings[0])
+            )
+        return text
+    if not same_hang(report, before):
+        return text  # another hang (every rank answered): a verdict of its own
+    what = {"WATCHDOG_TIMEOUT": "hang declared again", "RANK_DIED": "a rank died"}.get(
+        rnd.reason, "stopped by SIGTERM"
+    )
+    return standing_line(
+        rnd.number, what, answered, rnd.world_size, before, frozenset(dead), exited
+    )
 
 
 def _write_stderr(text: str) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import os
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 
 from rich.console import Console
@@ -95,6 +95,7 @@ def render(
     gathered_s: float,
     dead: AbstractSet[int] = frozenset(),
     exited: AbstractSet[int] = frozenset(),
+    on_panel: Callable[[Report], None] | None = None,
 ) -> str:
     """The text to print for one round ("" when there is nothing worth printing).
 
@@ -106,6 +107,7 @@ def render(
         gathered_s: how long gathering took.
         dead: ranks that died of an exception and published on the way out (``load``).
         exited: ranks that said they ended cleanly (``load``).
+        on_panel: called with the report when the text is a verdict panel.
     """
     run, summaries = load(raw, number, world_size, dead, exited)
     if not run.dumps:
@@ -119,6 +121,8 @@ def render(
             f"flightrec verdict: {len(run.dumps)} of {world_size} ranks answered request {number} "
             "(SIGTERM); none was stuck\n"
         )
+    if on_panel is not None:
+        on_panel(report)
     out = io.StringIO()
     console = Console(file=out, width=WIDTH, color_system=None, soft_wrap=False)
     what = {"WATCHDOG_TIMEOUT": "hang declared", "RANK_DIED": "a rank died"}.get(

@@ -36,6 +36,7 @@ from flightrec.format.blackbox import (
     fixed,
     ring_name,
 )
+from flightrec.format.write import FILE_MODE
 from flightrec.recorder.stacks import line_of, source_line
 
 log = logging.getLogger("flightrec")
@@ -45,14 +46,15 @@ def _create(
     path: Path, directory: Path, mode: int = os.O_RDWR, nameless: bool = True
 ) -> tuple[int, bool]:
     """Open a new file for ``path``: (fd, True) nameless in ``directory`` (O_TMPFILE) where the
-    filesystem supports it, else (fd, False) created at ``path``."""
+    filesystem supports it, else (fd, False) created at ``path``. Created 0666 less the umask,
+    as any tool's files are: a job's group can read its black boxes on a shared filesystem."""
     tmpfile = getattr(os, "O_TMPFILE", 0) if nameless else 0
     if tmpfile:
         try:
-            return os.open(directory, tmpfile | mode, 0o644), True
+            return os.open(directory, tmpfile | mode, FILE_MODE), True
         except OSError:
             pass  # not on this filesystem (EOPNOTSUPP, EISDIR on old kernels): named at once
-    return os.open(path, mode | os.O_CREAT | os.O_TRUNC, 0o644), False
+    return os.open(path, mode | os.O_CREAT | os.O_TRUNC, FILE_MODE), False
 
 
 class BlackBox:

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING, Any
 
 from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
-from flightrec.recorder.store import DEFAULT_NAMESPACE, RANK_DIED, own_connection
+from flightrec.recorder.store import DEFAULT_NAMESPACE, RANK_DIED, ROUND_REASONS, own_connection
 
 if TYPE_CHECKING:
     from flightrec.format import flightrec_pb2 as pb
@@ -53,8 +53,6 @@ REUSE_S = 30.0
 """A SIGTERM this soon after a round this rank took part in joins that round instead of a new
 one: torchrun stopping a job whose hang was just reported, or the other ranks' SIGTERM round,
 whose request reached this rank's request thread just before its own SIGTERM did."""
-ROUND_REASONS = ("WATCHDOG_TIMEOUT", "SIGNAL_TERM", RANK_DIED)
-"""The requests that start an exchange (a CLI trigger or SIGUSR1 only dumps)."""
 MAX_CLAIM_TRIES = 16
 LOOK_EVERY_NS = 1_000_000_000
 """How often ``tick`` looks for an operation pending long enough to load the reporter."""
@@ -179,6 +177,8 @@ class Exchange:
         until the other has published it (and started the report, if this rank reports)."""
         self._store: Any = None
         self._latest: tuple[pb.Dump, Path | None] | None = None
+        self._last: tuple[pb.Dump, Path | None] | None = None
+        """The dump published last (``rejoin`` answers another round with it)."""
         self._answered: dict[int, float] = {}
         """Rounds this process published into -> monotonic time."""
         self._reasons: dict[int, str] = {}
@@ -206,6 +206,15 @@ class Exchange:
         """This rank dumped for request ``n``, posted for ``reason``."""
         if reason in ROUND_REASONS:
             self._answer(n, reason, wait=False)
+
+    def rejoin(self, n: int, reason: str) -> None:
+        """Another rank's request ``n`` is for the hang this rank declared moments ago (its
+        dump stands for both): answer round ``n`` with that dump's summary. Left out, the
+        round's verdict would blame this live rank for leaving no dump."""
+        with self._publishing:
+            if self._latest is None:
+                self._latest = self._last
+        self._answer(n, reason, wait=False)
 
     def after_term(self) -> None:
         """SIGTERM was dumped: answer (or start) a round and, if reporting, finish the report
@@ -315,6 +324,7 @@ class Exchange:
             latest, self._latest = self._latest, None
             if latest is None:
                 return  # the dump could not be built, or another thread published it already
+            self._last = latest
             dump, path = latest
             try:
                 data = encode(summarize(dump, n, str(path) if path else ""))

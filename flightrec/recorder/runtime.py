@@ -20,6 +20,7 @@ from flightrec.format.rawstacks import stacks_path
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
+from flightrec.recorder.endpoint import Registration, register
 from flightrec.recorder.exceptions import (
     MAX_EXCEPTIONS,
     ExceptionHooks,
@@ -40,7 +41,8 @@ from flightrec.recorder.native_watch import NativeWatch
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
-from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store
+from flightrec.recorder.startup import lowest_on_node, say, startup_line
+from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store, store_address
 from flightrec.recorder.upload import Uploader
 from flightrec.recorder.watchdog import Watchdog
 
@@ -53,6 +55,8 @@ HOST_WAIT_S = 1.0
 threads to leave it (they are usually milliseconds behind)."""
 ERROR_DUMP_INTERVAL_NS = 5_000_000_000
 """A dead peer makes every later call fail; one error dump per interval is enough."""
+REGISTER_WAIT_S = 2.0
+"""How long exit waits for the endpoint registration (a store call taking milliseconds)."""
 
 
 class Runtime:
@@ -80,6 +84,9 @@ class Runtime:
         self.recorder.on_first_use = self.start_background
         self.recorder.on_error = self._on_error
         self._identified = False
+        self._announced = False
+        self.registration: Registration | None = None
+        """Leaves the store's address for ``flightrec trigger`` (``endpoint``)."""
         self.exception_hooks = ExceptionHooks(self._on_exception)
         self.died_of: RaisedException | None = None
         """The exception that ended the main thread, once one did."""
@@ -156,6 +163,7 @@ class Runtime:
         self._lock = threading.Lock()
         self.watchdog = None  # its thread did not survive the fork
         self.poller = None
+        self.registration = None
         self.exchange = None
         self.uploader = None  # nothing to upload (dumps are off), nothing to wait for at exit
         self.metrics = None  # the parent serves them; its server thread is not here
@@ -225,6 +233,9 @@ class Runtime:
         exchange = self.exchange
         if exchange is not None:
             exchange.close(wait_s=GATHER_S + 2.0)
+        registration = self.registration
+        if registration is not None:
+            registration.join(REGISTER_WAIT_S)
         self._stop_poller()
 
     def _stop_poller(self) -> None:
@@ -258,6 +269,7 @@ class Runtime:
                             store, self.namespace, self._on_request,
                             rank=_rank(), world_size=_world_size(),
                         )  # fmt: skip
+                        self.poller.on_covered = self._on_covered
                     except Exception as exc:
                         self._warn_once("poller", "dump requests through the store are off", exc)
             reporter = self.reporter if self.config.verdict else None
@@ -275,6 +287,7 @@ class Runtime:
         self._identify_blackbox()
         self._arm_rawstacks()
         self._start_metrics()
+        self._announce()
 
     def _start_metrics(self) -> None:
         """FLIGHTREC_METRICS_PORT: serve Prometheus metrics once the process is in a job
@@ -306,6 +319,35 @@ class Runtime:
         uploader = self.uploader
         if uploader is not None:
             uploader.close()
+
+    def _announce(self) -> None:
+        """Once the default group exists: the start-up line (the node's lowest rank), and the
+        store's address where ``flightrec trigger`` looks for it."""
+        ident = self.dumper.identity
+        if self._announced or ident is None:
+            return
+        self._announced = True
+        try:
+            address = store_address() if self.poller is not None else ""
+            leader = lowest_on_node(ident.rank)
+            if address and (leader or ident.rank == 0):
+                local = "://" not in self.config.directory
+                self.registration = register(
+                    address, self.namespace, ident.world_size,
+                    self.config.directory if leader and local else None, ident.rank,
+                )  # fmt: skip
+            if leader:
+                from flightrec import __version__
+
+                say(
+                    startup_line(
+                        __version__, ident.rank, ident.world_size, self.config.directory,
+                        self.config.timeout_s, self.config.verdict and self.reporter is not None,
+                        address,
+                    )
+                )  # fmt: skip
+        except Exception as exc:
+            log.warning("flightrec: could not announce tracing: %s", exc)
 
     def _warn_once(self, topic: str, what: str, exc: BaseException) -> None:
         if topic not in self._warned:
@@ -385,8 +427,9 @@ class Runtime:
 
     def _on_hang(self, slot: Any) -> None:
         poller = self.poller
-        if poller is not None and poller.last_request_ns > slot.enqueue_ns:
+        if poller is not None and poller.last_round_ns > slot.enqueue_ns:
             # Another rank saw this hang first; we already dumped, with this entry pending.
+            # (A trigger's request is no such round: a hang pending through one is declared.)
             return
         seen = poller.seen if poller is not None else 0
         if poller is not None:
@@ -408,7 +451,7 @@ class Runtime:
 
     def _on_native_hang(self, what: str, now_ns: int) -> None:
         poller, since = self.poller, now_ns - self.native_watch.timeout_ns
-        if self._hang_dumped_ns > since or (poller is not None and poller.last_request_ns > since):
+        if self._hang_dumped_ns > since or (poller is not None and poller.last_round_ns > since):
             return  # this hang was dumped already: our watchdog's, or another rank's request
         ring = self.recorder.ring
         if any(ring.read(i).enqueue_ns < since + 10**9 for i in ring.pending_slots()):
@@ -428,15 +471,22 @@ class Runtime:
                 daemon=True,
             ).start()
 
-    def _on_request(self, n: int, requester: int, reason: str) -> None:
+    def _on_request(self, n: int, requester: int, reason: str) -> bool:
+        """Dump for request ``n``; returns whether the dump was written."""
         if reason == "CLI_TRIGGER":
-            self.dump(pb.CLI_TRIGGER, f"request {n}: flightrec trigger", -1)
-        else:
-            who = f"rank {requester}" if requester >= 0 else "another process"
-            self.dump(pb.PEER_REQUEST, f"request {n} from {who} ({reason or 'unknown'})", requester)
-            exchange = self.exchange
-            if exchange is not None:
-                exchange.after_request(n, reason)
+            return self.dump(pb.CLI_TRIGGER, f"request {n}: flightrec trigger", -1) is not None
+        who = f"rank {requester}" if requester >= 0 else "another process"
+        detail = f"request {n} from {who} ({reason or 'unknown'})"
+        path = self.dump(pb.PEER_REQUEST, detail, requester)
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.after_request(n, reason)
+        return path is not None
+
+    def _on_covered(self, n: int, reason: str) -> None:
+        exchange = self.exchange
+        if exchange is not None:
+            exchange.rejoin(n, reason)
 
     def _on_error(self, rid: int, exc: BaseException) -> None:
         now = time.monotonic_ns()

@@ -52,6 +52,12 @@ MAX_LOOKAHEAD = 64
 """Request numbers examined per poll for the first one not posted by this process."""
 RANK_DIED = "RANK_DIED"
 """The reason of the request a rank posts as it dies of an exception (``Exchange``)."""
+ROUND_REASONS = ("WATCHDOG_TIMEOUT", "SIGNAL_TERM", RANK_DIED)
+"""Requests that stand for an event every rank dumps for once (a hang, a stop, a death) and
+that start a verdict exchange. A trigger (``CLI_TRIGGER``) only asks for dumps: it never
+stands for a hang, so it never keeps the watchdog from declaring one."""
+MAX_DESCRIPTIONS = 8
+"""Request descriptions read per poll (each may wait briefly for a poster that is mid-post)."""
 REASONS = frozenset(pb.DumpReason.keys()) - {"REASON_UNSPECIFIED"} | {RANK_DIED}
 """The only reasons a request may name (anything else is read as no reason)."""
 MAX_REQUEST_BYTES = 64
@@ -185,13 +191,14 @@ def read_request(store: Any, namespace: str, n: int) -> tuple[int, str]:
 
 class Poller:
     """Waits on this rank's doorbell and calls ``on_request(n, requester, reason)`` for new
-    requests, on a thread of its own."""
+    requests, on a thread of its own (it returns whether a dump was written: what a trigger's
+    acknowledgement says)."""
 
     def __init__(
         self,
         store: Any,
         namespace: str,
-        on_request: Callable[[int, int, str], None],
+        on_request: Callable[[int, int, str], bool],
         *,
         rank: int = -1,
         world_size: int = 0,
@@ -215,6 +222,9 @@ class Poller:
         self._seen = int(self._store.add(request_key(namespace), 0))
         self.last_request_ns = 0
         """Monotonic time this process last dumped for another process's request."""
+        self.last_round_ns = 0
+        """Monotonic time this process last dumped for another rank's round (``ROUND_REASONS``):
+        a hang pending since before then is one that rank declared, and this dump covers it."""
         self.latest: tuple[int, str, int] = (0, "", 0)
         """The newest request this process took part in: its number, its reason (empty when
         another rank posted it and this one learned only its number) and when (monotonic ns).
@@ -222,6 +232,10 @@ class Poller:
         self.hang_ns = 0
         """Monotonic time this process declared a hang (its own dump stands for the requests
         other ranks post for the same hang)."""
+        self.on_covered: Callable[[int, str], None] | None = None
+        """Called with (n, reason) for another rank's hang request that this process's own
+        recent hang dump stands for (no second dump): the verdict's round still needs this
+        rank's answer, or it would blame it for none."""
         self.failing = False
         """The last store call of the waiting thread failed (the store's host went away):
         others skip the store calls that would only wait out its connect timeout."""
@@ -394,55 +408,47 @@ class Poller:
         now = time.monotonic_ns()
         if self.last_request_ns and now - self.last_request_ns < MIN_REQUEST_INTERVAL_NS:
             return True
-        # Requests that arrived together get one dump, naming the first of them. The counter
-        # is untrusted: look at a bounded number of them, however far it jumped.
-        first: tuple[int, int, str] | None = None
+        # Requests that arrived together get one dump. The counter is untrusted: look at a
+        # bounded number of them, however far it jumped.
+        batch: list[tuple[int, int, str]] = []
         for n in range(self._seen + 1, min(current, self._seen + MAX_LOOKAHEAD) + 1):
-            if n not in self.own:
+            if n not in self.own and len(batch) < MAX_DESCRIPTIONS:
                 try:
                     requester, reason = read_request(self._store, self._namespace, n)
                 except Exception:
                     requester, reason = -1, ""
-                first = (n, requester, reason)
-                break
+                batch.append((n, requester, reason))
+        # The dump names the first round among them (a hang, a stop, a death) when there is
+        # one: that round's verdict needs this rank's answer, whatever trigger came with it.
+        rounds = [b for b in batch if b[2] in ROUND_REASONS]
+        first = rounds[0] if rounds else batch[0] if batch else None
+        triggers = [b[0] for b in batch if b[2] == "CLI_TRIGGER"]
         if first is not None:  # before ``seen`` moves: a reader of both sees this round
             self.latest = (first[0], first[2], now)
         self._seen = current
-        if first is not None and first[2] == "WATCHDOG_TIMEOUT" and self._hang_is_recent(now):
-            self.own.add(first[0])  # this rank dumped for the hang as it declared it
+        if first is None:
             return False
-        if first is not None:
-            self.last_request_ns = now
-            self._on_request(*first)
+        if first[2] == "WATCHDOG_TIMEOUT" and self._hang_is_recent(now):
+            self.own.add(first[0])  # this rank dumped for the hang as it declared it
+            if self.on_covered is not None:
+                self.on_covered(first[0], first[2])
+            if not triggers:
+                return False
+            first = next(b for b in batch if b[2] == "CLI_TRIGGER")  # a trigger still gets one
+        self.last_request_ns = now
+        if first[2] in ROUND_REASONS:
+            self.last_round_ns = now
+        dumped = self._on_request(*first)
+        if triggers:
+            self._acknowledge(triggers, dumped)
         return False
 
-
-def request_dump(host: str, port: int, namespace: str = "", timeout_s: float = 5.0) -> int:
-    """Ask every rank of a running job to dump (``flightrec trigger``).
-
-    Args:
-        host: address of the job's rendezvous TCPStore (MASTER_ADDR).
-        port: its port (MASTER_PORT).
-        namespace: the job's FLIGHTREC_JOB_ID, if it set one.
-        timeout_s: how long to try to connect.
-
-    Returns:
-        The request number; every rank dumps (reason CLI_TRIGGER) within about a second (a
-        job whose rank 0 registered no world size is not rung: only pollers of older
-        versions, which read the counter, see the request).
-
-    Raises:
-        TorchMissingError: torch is not installed here.
-        UsageError: no store answers at host:port.
-    """
-    from flightrec.errors import TorchMissingError, UsageError
-
-    try:
-        import torch.distributed  # noqa: F401
-    except ImportError:
-        raise TorchMissingError() from None
-    try:
-        store = connect(host, port, timeout_s)
-        return post_request(store, namespace, -1, "CLI_TRIGGER")
-    except Exception as exc:
-        raise UsageError(f"no job store answers at {host}:{port} ({exc})") from None
+    def _acknowledge(self, numbers: list[int], dumped: bool) -> None:
+        """Tell ``flightrec trigger`` that this rank answered requests ``numbers``: it wrote
+        its dump (``dumped``), or tried and could not (its log says why)."""
+        what = "dumped" if dumped else "failed"
+        try:
+            for n in numbers:
+                self._store.append(f"{request_key(self._namespace)}/{n}/{what}", f"{self.rank},")
+        except Exception as exc:  # the trigger then reports this rank as not answering
+            log.debug("flightrec: could not acknowledge a dump request: %s", exc)

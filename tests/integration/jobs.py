@@ -16,7 +16,8 @@ wants to. ``PYTHONPATH`` puts this source tree first. Leaving the ``with`` block
 whatever is still running, so a hung scenario can never outlive its test.
 
 ``launch="spawn"`` runs one process that starts the ranks with ``torch.multiprocessing``;
-``launch="torchrun"`` runs ``python -m torch.distributed.run``. Scripts read their rank from
+``launch="torchrun"`` runs ``python -m torch.distributed.run`` (``"torchrun-c10d"`` and
+``"torchrun-standalone"``: with its c10d rendezvous, or ``--standalone``). Scripts read their rank from
 the environment, or from their argv under spawn (see scripts/scenario.py).
 """
 
@@ -199,7 +200,9 @@ def start_job(
         env: extra environment for every rank (FLIGHTREC_TIMEOUT, FLIGHTREC_DUMP_ON_EXIT...).
         flightrec: set FLIGHTREC=1 (False: a job that must run untraced).
         launch: "procs" (one process per rank), "spawn" (torch.multiprocessing.spawn from one
-            process) or "torchrun".
+            process), "torchrun" (static rendezvous at ``port``), "torchrun-c10d" (c10d
+            rendezvous at ``port``; the workers' store is elsewhere) or "torchrun-standalone"
+            (``--standalone``: ``port`` is unused).
         workdir: folder for the dumps (``workdir/dumps``, the FLIGHTREC_DIR) and the
             processes' logs; a new temporary folder, left for the caller, when omitted.
     """
@@ -230,12 +233,20 @@ def start_job(
                 popen([sys.executable, str(path), *args], rank_env, f"rank{rank}")
         elif launch == "spawn":
             popen([sys.executable, str(path), "--spawn", str(world_size), *args], base, "spawn")
-        elif launch == "torchrun":
+        elif launch.startswith("torchrun"):
+            rendezvous = {
+                "torchrun": ["--master-addr=127.0.0.1", f"--master-port={port}"],
+                "torchrun-c10d": [
+                    "--nnodes=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+                ],
+                "torchrun-standalone": ["--standalone"],
+            }[launch]  # fmt: skip
             cmd = [
                 sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={world_size}",
-                "--master-addr=127.0.0.1", f"--master-port={port}", str(path), *args,
+                *rendezvous, str(path), *args,
             ]  # fmt: skip
-            popen(cmd, {k: v for k, v in base.items() if k != "WORLD_SIZE"}, "torchrun")
+            drop = ("WORLD_SIZE",) if launch == "torchrun" else ("WORLD_SIZE", "MASTER_PORT")
+            popen(cmd, {k: v for k, v in base.items() if k not in drop}, "torchrun")
         else:
             raise ValueError(f"unknown launch {launch!r}")
         yield job

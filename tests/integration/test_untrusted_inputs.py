@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 # and a fixed vocabulary only.
 OUR_NAMES = re.compile(
     r"^(flightrec-rank-?\d{5}-\d+-\d{3}-[a-z0-9_]+\.frdump"
-    r"|\.?flightrec-(rank\d{5}-)?[A-Za-z0-9_.-]+-\d+\.ring(\.tables|\.stacks)?)$"
+    r"|\.?flightrec-(rank\d{5}-)?[A-Za-z0-9_.-]+-\d+\.ring(\.tables|\.stacks)?"
+    r"|\.flightrec-endpoint)$"
 )
 
 

@@ -100,6 +100,15 @@ def analyze_command(
             "collective grid of each process group (no network needed to open it).",
         ),
     ] = None,
+    job: Annotated[
+        str | None,
+        typer.Option(
+            "--job",
+            metavar="ID",
+            help="In a folder of several jobs, the one to analyse (default: the newest; the "
+            "report names the others).",
+        ),
+    ] = None,
     ranks: Annotated[
         list[int] | None,
         typer.Option(
@@ -114,6 +123,8 @@ def analyze_command(
     Exit status: 0 nothing found, 1 findings reported, 2 usage error or no readable dump.
     Files that cannot be read get one line each on stderr; the rest are still analysed.
     """
+    if trace is not None and not trace.parent.is_dir():  # before minutes of analysis, not after
+        raise UsageError(f"--trace {trace}: no such folder {trace.parent}")
     # A timeline of more than the newest entries of each ring needs every file read whole.
     whole = trace is not None and (trace_all or (trace_recent or 0) > TAIL_ENTRIES)
     # The collector stays paused while the report is written too: with a large job loaded,
@@ -129,6 +140,7 @@ def analyze_command(
                     view=view,
                     progress=shown.files if shown.enabled else None,
                     tail=False if whole else None,
+                    job=job,
                 ),
             )
             if trace is not None:
