@@ -62,7 +62,8 @@ MATCH_SLACK_NS = 5_000
 _TORCH_DIR = ""
 
 
-def _torch_dir() -> str:
+def torch_dir() -> str:
+    """The folder torch is installed in, ending in a separator."""
     global _TORCH_DIR
     if not _TORCH_DIR:
         import torch
@@ -138,7 +139,7 @@ def _wall_to_mono() -> int:
 def _stack(frames: object, depth: int) -> tuple[FrameTuple, ...]:
     if not depth or not isinstance(frames, list):
         return ()
-    torch_dir = _torch_dir()
+    torch_dir = torch_dir()
     out: list[FrameTuple] = []
     lead = 0
     for f in frames[:MAX_NATIVE_FRAMES]:

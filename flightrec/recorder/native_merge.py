@@ -12,7 +12,13 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import OBJECT_API, EntryValues, FrameTuple
 from flightrec.format.slot import Slot
 from flightrec.recorder import ddp
-from flightrec.recorder.native_harvest import MATCH_SLACK_NS, Harvest, NativeOp, harvest
+from flightrec.recorder.native_harvest import (
+    MATCH_SLACK_NS,
+    Harvest,
+    NativeOp,
+    torch_dir,
+    harvest,
+)
 
 
 @dataclass(slots=True)
@@ -201,9 +207,6 @@ class _Unresolved:
 _unresolved: dict[str, _Unresolved] = {}
 
 
-_AUTOGRAD = f"torch{os.sep}autograd{os.sep}"
-
-
 def is_ddp_bucket(op: NativeOp) -> bool:
     """An all-reduce DDP's reducer issued: from C++ during a backward pass, so its Python stack
     runs through torch's autograd (CPU tensors: the engine runs on the calling thread), or it
@@ -211,7 +214,10 @@ def is_ddp_bucket(op: NativeOp) -> bool:
     model's group."""
     if op.op != "all_reduce":
         return False
-    return not op.python_thread or any(_AUTOGRAD in file for file, _, _ in op.stack)
+    # torch's own autograd folder, where torch is installed (a user's folder named ``torch``
+    # holds no autograd engine).
+    autograd = f"{torch_dir()}autograd{os.sep}"
+    return not op.python_thread or any(file.startswith(autograd) for file, _, _ in op.stack)
 
 
 def _group_index(groups: Any, op: NativeOp) -> int:
