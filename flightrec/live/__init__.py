@@ -69,8 +69,9 @@ def report(rnd: Round) -> None:
         raw = rnd.summaries(sorted({*answered, *dead}))
         gathered = time.monotonic() - started
         text = render(
-            raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead), exited
-        )
+            raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead), exited,
+            getattr(rnd, "blackbox_dir", ""),
+        )  # fmt: skip
     except Exception as exc:
         why = (str(exc) or type(exc).__name__).splitlines()[0][:200]
         log.warning("flightrec: no verdict in the log: %s", why)

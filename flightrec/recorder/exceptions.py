@@ -154,7 +154,10 @@ class ExceptionHooks:
         self._prev_exit, sys.exit = sys.exit, self._exit  # type: ignore[assignment]
         import multiprocessing.util as mp_util
 
-        self._prev_mp_exit, mp_util._exit_function = mp_util._exit_function, self._mp_exit
+        # Not in typeshed: looked up by name when Process._bootstrap calls it.
+        self._prev_mp_exit = getattr(mp_util, "_exit_function", None)
+        if self._prev_mp_exit is not None:
+            setattr(mp_util, "_exit_function", self._mp_exit)  # noqa: B010
         self.installed = True
 
     def uninstall(self) -> None:
@@ -169,8 +172,8 @@ class ExceptionHooks:
             sys.exit = self._prev_exit
         import multiprocessing.util as mp_util
 
-        if mp_util._exit_function == self._mp_exit and self._prev_mp_exit is not None:
-            mp_util._exit_function = self._prev_mp_exit
+        if getattr(mp_util, "_exit_function", None) == self._mp_exit and self._prev_mp_exit:
+            setattr(mp_util, "_exit_function", self._prev_mp_exit)  # noqa: B010
         self.installed = False
 
     def _record(self, exc: BaseException | None, thread: threading.Thread | None, via: str) -> None:

@@ -16,8 +16,8 @@ from flightrec.recorder.native_harvest import (
     MATCH_SLACK_NS,
     Harvest,
     NativeOp,
-    torch_dir,
     harvest,
+    torch_dir,
 )
 
 

@@ -187,6 +187,7 @@ class Runtime:
         if dist.is_initialized():
             return
         self.recorder.groups.by_pg.clear()  # in place: the generated wrappers share this dict
+        self.recorder.groups.forget_native()
         self._stop_poller()
 
     def _stop_threads(self) -> None:
@@ -245,6 +246,9 @@ class Runtime:
                 self.exchange = Exchange(
                     self.poller, _rank(), _world_size(), self.namespace, reporter
                 )
+                bb = self.recorder.blackbox
+                if bb is not None:
+                    self.exchange.blackbox_dir = str(bb.directory)
             try:
                 if not self.signals.installed:
                     self.signals.install()
@@ -275,6 +279,9 @@ class Runtime:
                 log.warning("flightrec: no raw stacks if Python stops running: %s", exc)
 
     def _tick(self, now_ns: int) -> None:
+        # Before anything else: the sooner a group follows torch's numbers, the fewer of its
+        # entries carry numbers its peers' dumps do not (see ``groups``).
+        self.recorder.groups.follow_native()
         hung = self.native_watch.poll(now_ns)
         if hung is not None:  # a collective flightrec's hooks never saw (funcol, C++)
             self._on_native_hang(hung, now_ns)

@@ -82,11 +82,9 @@ def run(args: argparse.Namespace, rank: int, world: int) -> None:
         world_size=world,
         timeout=timedelta(seconds=args.pg_timeout),
     )
-    try:
-        train(args, rank)
-        print("DONE", flush=True)
-    finally:
-        dist.destroy_process_group()
+    train(args, rank)
+    print("DONE", flush=True)
+    dist.destroy_process_group()  # as pytorch/examples do: not reached when training raises
 
 
 def main() -> None:
