@@ -220,21 +220,27 @@ def is_ddp_bucket(op: NativeOp) -> bool:
     return not op.python_thread or any(file.startswith(autograd) for file, _, _ in op.stack)
 
 
-def _group_index(groups: Any, op: NativeOp) -> int:
-    """The registry index of a native entry's group, registering a group seen first here."""
+def group_named(groups: Any, name: str, desc: str = "") -> Any:
+    """The registry's ``GroupInfo`` of torch's group ``name``, registering a group seen first
+    here (a destroyed one by name only)."""
     for info in groups.groups:
-        if info.name == op.group:
-            return int(info.index)
+        if info.name == name:
+            return info
     pg: Any = None
     try:
         import torch.distributed.distributed_c10d as c10d
 
-        pg = c10d._resolve_process_group(op.group)  # type: ignore[attr-defined, arg-type]
+        pg = c10d._resolve_process_group(name)  # type: ignore[attr-defined, arg-type]
     except Exception:
         pg = None
     if pg is None:
-        pg = _unresolved.setdefault(op.group, _Unresolved(op.group, op.desc))
-    return int(groups.get(pg).index)
+        pg = _unresolved.setdefault(name, _Unresolved(name, desc))
+    return groups.get(pg)
+
+
+def _group_index(groups: Any, op: NativeOp) -> int:
+    """The registry index of a native entry's group, registering a group seen first here."""
+    return int(group_named(groups, op.group, op.desc).index)
 
 
 def harvest_and_merge(recorder: Any, slots: Sequence[Slot]) -> Merged | None:

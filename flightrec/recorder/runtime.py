@@ -17,6 +17,7 @@ from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.rawstacks import stacks_path
+from flightrec.recorder import ddp, native_merge
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
@@ -282,9 +283,13 @@ class Runtime:
         # Before anything else: the sooner a group follows torch's numbers, the fewer of its
         # entries carry numbers its peers' dumps do not (see ``groups``).
         self.recorder.groups.follow_native()
-        hung = self.native_watch.poll(now_ns)
+        watch = self.native_watch
+        version = watch.version
+        hung = watch.poll(now_ns)
         if hung is not None:  # a collective flightrec's hooks never saw (funcol, C++)
             self._on_native_hang(hung, now_ns)
+        if watch.version != version and self.recorder.blackbox is not None:
+            self._write_unseen()
         raw = self.rawstacks
         if raw is not None:
             raw.rearm(now_ns)
@@ -294,6 +299,32 @@ class Runtime:
         exchange = self.exchange
         if exchange is not None:
             exchange.tick(now_ns, self.recorder.ring, self.config.timeout_s)
+
+    def _write_unseen(self) -> None:
+        """Copy what torch's recorder counted into the black box's header: a rank killed
+        while it waits in a DDP bucket all-reduce (which its ring never held) still shows
+        where it waits, and a rank that never issued it shows that. Never raises."""
+        bb = self.recorder.blackbox
+        if bb is None:
+            return
+        try:
+            watch = self.native_watch
+            buckets = ddp.bucket_groups()
+            rows = []
+            for pg_id, issued in sorted(watch.issued.items()):
+                p = watch.pending.get(pg_id)
+                # torch names a group by the id its recorder keys it with, unless told a name
+                info = native_merge.group_named(self.recorder.groups, p.group if p else pg_id)
+                if info is None or not info.ranks:
+                    continue  # not a group of this name: nothing to say it by
+                if p is None:
+                    rows.append((info.index, 0, issued, 0, "", 0))
+                    continue
+                flags = pb.DDP_BUCKET if p.group in buckets and p.op == "all_reduce" else 0
+                rows.append((info.index, flags, issued, p.seq, p.op, p.since_ns))
+            bb.unseen(rows)
+        except Exception as exc:
+            self._warn_once("unseen", "the black box cannot show waits torch alone saw", exc)
 
     def _close_rawstacks(self) -> None:
         """Disarm; keep a file faulthandler wrote into only while its black box stays."""
