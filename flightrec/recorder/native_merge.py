@@ -220,9 +220,9 @@ def is_ddp_bucket(op: NativeOp) -> bool:
     return not op.python_thread or any(file.startswith(autograd) for file, _, _ in op.stack)
 
 
-def group_named(groups: Any, name: str, desc: str = "") -> Any:
+def group_named(groups: Any, name: str, desc: str = "", unresolved: bool = True) -> Any:
     """The registry's ``GroupInfo`` of torch's group ``name``, registering a group seen first
-    here (a destroyed one by name only)."""
+    here (a destroyed one by name only; with ``unresolved`` False, none: None)."""
     for info in groups.groups:
         if info.name == name:
             return info
@@ -234,6 +234,8 @@ def group_named(groups: Any, name: str, desc: str = "") -> Any:
     except Exception:
         pg = None
     if pg is None:
+        if not unresolved:
+            return None
         pg = _unresolved.setdefault(name, _Unresolved(name, desc))
     return groups.get(pg)
 

@@ -50,10 +50,10 @@ class NativeWatch:
         """pg id -> the oldest collective of the group that torch's recorder shows unfinished
         for ``PENDING_NS`` or more, as confirmed from its entries: what a black box cannot
         see in its own ring (DDP's bucket all-reduces, FSDP2, funcol) while a rank waits."""
-        self.issued: dict[str, int] = {}
-        """pg id -> the last collective torch's counters say the group issued."""
         self.version = 0
-        """Moves whenever ``pending`` or ``issued`` changes (the black box rewrites its copy)."""
+        """Moves whenever ``pending`` changes."""
+        self.groups: set[str] = set()
+        """pg ids torch's recorder has counters for (the name it gives a group it names)."""
         self._off = not enabled
 
     def poll(self, now_ns: int) -> str | None:
@@ -65,15 +65,13 @@ class NativeWatch:
         if status is None:
             return None
         found = None
+        self.groups.update(status)
         for pg, st in status.items():
             try:
                 enq = int(st.get("last_enqueued_collective", -1))
                 done = int(st.get("last_completed_collective", -1))
             except (TypeError, ValueError, AttributeError):
                 continue
-            if enq > 0 and self.issued.get(pg) != enq:
-                self.issued[pg] = enq
-                self.version += 1
             if enq <= done:
                 self._pending.pop(pg, None)
                 self._forget(pg)

@@ -73,6 +73,10 @@ class Runtime:
         self.recorder.on_first_use = self.start_background
         self.recorder.on_error = self._on_error
         self._identified = False
+        self._named: set[str] = set()
+        """Group names torch's recorder counts, registered in the group registry."""
+        self._unseen: list[tuple[int, int, int, int, str, int]] = []
+        """The rows last written to the black box's header (``_write_unseen``)."""
         self.exception_hooks = ExceptionHooks(self._on_exception)
         self.died_of: RaisedException | None = None
         """The exception that ended the main thread, once one did."""
@@ -283,13 +287,10 @@ class Runtime:
         # Before anything else: the sooner a group follows torch's numbers, the fewer of its
         # entries carry numbers its peers' dumps do not (see ``groups``).
         self.recorder.groups.follow_native()
-        watch = self.native_watch
-        version = watch.version
-        hung = watch.poll(now_ns)
+        hung = self.native_watch.poll(now_ns)
         if hung is not None:  # a collective flightrec's hooks never saw (funcol, C++)
             self._on_native_hang(hung, now_ns)
-        if watch.version != version and self.recorder.blackbox is not None:
-            self._write_unseen()
+        self._write_unseen()
         raw = self.rawstacks
         if raw is not None:
             raw.rearm(now_ns)
@@ -301,28 +302,40 @@ class Runtime:
             exchange.tick(now_ns, self.recorder.ring, self.config.timeout_s)
 
     def _write_unseen(self) -> None:
-        """Copy what torch's recorder counted into the black box's header: a rank killed
-        while it waits in a DDP bucket all-reduce (which its ring never held) still shows
-        where it waits, and a rank that never issued it shows that. Never raises."""
+        """Copy what torch counted into the black box's header (each tick, when it changed):
+        per group whose numbers torch also gives to calls flightrec never saw, the last one
+        the ProcessGroup issued (its own counter), and the one torch's recorder shows
+        unfinished. A rank killed while it waits in a DDP bucket all-reduce (which its ring
+        never held) still shows where it waits, and a rank that never issued it, that it did
+        not. Never raises."""
         bb = self.recorder.blackbox
         if bb is None:
             return
         try:
             watch = self.native_watch
             buckets = ddp.bucket_groups()
+            pending = {p.group: p for p in list(watch.pending.values())}
+            fresh = (watch.groups | set(pending)) - self._named
+            for name in fresh:  # a group only torch's recorder saw: registered by its name
+                self._named.add(name)
+                native_merge.group_named(self.recorder.groups, name, unresolved=False)
             rows = []
-            for pg_id, issued in sorted(watch.issued.items()):
-                p = watch.pending.get(pg_id)
-                # torch names a group by the id its recorder keys it with, unless told a name
-                info = native_merge.group_named(self.recorder.groups, p.group if p else pg_id)
-                if info is None or not info.ranks:
-                    continue  # not a group of this name: nothing to say it by
+            for info in list(self.recorder.groups.groups):
+                p = pending.get(info.name)
+                if info.counter.source is None and p is None:
+                    continue  # flightrec's numbers are torch's: the ring says it all
+                try:
+                    issued = info.native_seq()
+                except Exception:
+                    issued = p.seq if p is not None else 0
                 if p is None:
                     rows.append((info.index, 0, issued, 0, "", 0))
                     continue
                 flags = pb.DDP_BUCKET if p.group in buckets and p.op == "all_reduce" else 0
-                rows.append((info.index, flags, issued, p.seq, p.op, p.since_ns))
-            bb.unseen(rows)
+                rows.append((info.index, flags, max(issued, p.seq), p.seq, p.op, p.since_ns))
+            if rows != self._unseen:
+                self._unseen = rows
+                bb.unseen(rows)
         except Exception as exc:
             self._warn_once("unseen", "the black box cannot show waits torch alone saw", exc)
 
