@@ -13,7 +13,7 @@ rank that dies hard leaves only its ring, whose numbers must already agree with 
 dumps. So a group's counter follows the ProcessGroup's (``follow_native``) from the moment the
 two differ: when flightrec first meets the group, and at every watchdog tick after. Until then
 the numbers are equal and nothing is read; from then on each call reads torch's counter (about
-0.1 us, a pybind11 method), on that group only.
+0.1 us, a pybind11 method; benchmarks/bench_native_numbers.py), on that group only.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class GroupInfo:
         if read is None:
             raise LookupError("no sequence number")
         n = int(read())
-        if "gloo" in self.backend and "nccl" not in self.backend:
+        if not self._raw():
             n -= sum(list(self.p2p.values()))
         return n
 
@@ -122,7 +122,13 @@ class GroupInfo:
             self.native = None  # unsupported, or the group is gone: nothing to follow
             return
         if parted:
-            self.counter.source = self.native_seq
+            # torch's method itself where nothing is to be taken off: about 0.1 us a call,
+            # against 0.3 us through ``native_seq`` (benchmarks/bench_native_numbers.py).
+            self.counter.source = self.native if self._raw() else self.native_seq
+
+    def _raw(self) -> bool:
+        """Whether the ProcessGroup's counter is torch's recorder's numbering as it is."""
+        return not ("gloo" in self.backend and "nccl" not in self.backend and self.p2p)
 
     def next_p2p(self, peer: int, send: bool) -> int:
         """The 1-based ordinal of a new send to (or receive from) ``peer``."""
@@ -130,6 +136,8 @@ class GroupInfo:
         with self._lock:
             n = self.p2p.get(key, 0) + 1
             self.p2p[key] = n
+        if self.counter.source is not None and self.counter.source is self.native:
+            self.counter.source = self.native_seq  # gloo: sends and receives to take off
         return n
 
     @property
