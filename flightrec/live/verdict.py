@@ -164,9 +164,11 @@ def render(
         reason, "stopped by SIGTERM"
     )
     # Plain lines around the panel: rich would wrap them at the console's width.
+    boxes = len(run.dumps) - len(summaries)  # ranks read from black boxes on this host
+    read = f" and {boxes} black box{'es' if boxes > 1 else ''} on this host" if boxes else ""
     out.write(
-        f"flightrec verdict: {what}; from {len(run.dumps)} of {world_size} ranks' summaries, "
-        f"gathered through the job's store in {gathered_s:.1f} s (request {number})\n"
+        f"flightrec verdict: {what}; from {len(summaries)} of {world_size} ranks' summaries"
+        f"{read}, gathered through the job's store in {gathered_s:.1f} s (request {number})\n"
     )
     TerminalRenderer(console).render(report)
     for p in run.problems:

@@ -329,3 +329,19 @@ def test_an_unseen_row_at_or_below_what_the_ring_holds_adds_nothing(tmp_path: Pa
     rec.bb.unseen([(0, 0, 3, 3, "all_reduce", 1)])  # the ring's own #3: nothing new
     d = read_blackbox(rec.bb.path)
     assert list(d.entries.seq) == [1, 2, 3] and d.groups[0].last_seq == 3
+
+
+def test_the_verdict_in_the_log_reads_black_boxes_of_ranks_that_answered_nothing(
+    tmp_path: Path,
+) -> None:
+    """A rank aborted inside the backend publishes no summary: the reporter reads its black
+    box from its own FLIGHTREC_DIR, this job's only."""
+    from flightrec.live.verdict import local_blackboxes
+
+    rec = Recording(tmp_path)
+    rec.bb.identify(1, 4, "job-7", "gloo", "2.x")
+    train_step(rec, 2)
+    found = local_blackboxes(str(tmp_path), {1, 2}, {"job-7"})
+    assert list(found) == [1] and len(found[1]) == 2
+    assert local_blackboxes(str(tmp_path), {1}, {"job-8"}) == {}
+    assert local_blackboxes(str(tmp_path / "nowhere"), {1}, {"job-7"}) == {}
