@@ -69,6 +69,7 @@ def _roots() -> tuple[tuple[str, ...], tuple[str, ...], tuple[str, ...]]:
     return tuple(packages), tuple(stdlib), tuple(site)
 
 
+@lru_cache(maxsize=8192)  # a job's stacks name a few hundred files, asked about per entry
 def is_library_file(file: str) -> bool:
     """True for files of torch, flightrec or the standard library rather than user code."""
     path = file.replace("\\", "/")
