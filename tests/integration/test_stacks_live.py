@@ -54,7 +54,7 @@ def test_ddp_extra_all_reduce_on_one_rank_is_the_verdict_in_the_log_and_in_analy
     """gloo aborts a rank on the size mismatch between rank 1's grad-norm all_reduce and its
     peers' next DDP bucket: the aborted rank leaves only its black box, whose numbers (torch's,
     since DDP's reducer runs collectives flightrec never sees) are its peers'."""
-    env = {"FLIGHTREC_TIMEOUT": "3"}
+    env = {"FLIGHTREC_TIMEOUT": "10"}
     with start_job(
         SCRIPT, ["ddp_extra", "--pg-timeout", "10"], world_size=3, env=env, workdir=tmp_path
     ) as job:
@@ -79,7 +79,9 @@ def test_fsdp2_extra_all_reduce_is_numbered_alike_in_the_black_box(tmp_path: Pat
     all-gather and everyone hangs.
     Rank 1, killed hard after the hang, is then read from its black box alone: the same
     number, op and line as from its dump."""
-    env = {"FLIGHTREC_TIMEOUT": "2"}
+    # fully_shard's first call loads torch._dynamo's rules (seconds on a busy machine) while
+    # the other ranks wait in the first all-gather: a timeout that does not call that a hang.
+    env = {"FLIGHTREC_TIMEOUT": "8"}
     with start_job(
         SCRIPT, ["fsdp_extra", "--pg-timeout", "60"], world_size=3, env=env, workdir=tmp_path
     ) as job:
@@ -152,7 +154,7 @@ def test_a_job_in_a_folder_named_flightrec_keeps_its_line(tmp_path: Path) -> Non
     script = tmp_path / "flightrec" / "stacks.py"
     script.parent.mkdir()
     shutil.copy(SCRIPT, script)
-    env = {"FLIGHTREC_TIMEOUT": "3"}
+    env = {"FLIGHTREC_TIMEOUT": "6"}
     with start_job(
         script, ["ddp_stall", "--pg-timeout", "60"], world_size=2, env=env, workdir=tmp_path
     ) as job:

@@ -26,6 +26,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.fsdp import fully_shard  # here: seconds of imports before any collective
 
 
 def compute_loss(out: torch.Tensor, step: int, bad: bool) -> torch.Tensor:
@@ -46,8 +47,6 @@ def model_for(scenario: str) -> torch.nn.Module:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     if scenario == "fsdp_extra":
-        from torch.distributed.fsdp import fully_shard
-
         for layer in (net[0], net[2]):
             fully_shard(layer)
         return fully_shard(net)
