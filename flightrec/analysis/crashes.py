@@ -242,7 +242,10 @@ def place_crashes(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding
     for n, crash in enumerate(crashes):
         assert isinstance(crash.evidence, CrashEvidence)
         is_root = (
-            n == 0 and not crash.evidence.raised_after_hang and not crash.evidence.in_collective
+            n == 0
+            and not crash.evidence.raised_after_hang
+            and not crash.evidence.in_collective
+            and not _raised_in_blamed_call(m, crash, out)
         )
         same = [i for i, f in enumerate(out) if f.ranks == crash.ranks and f.kind in _BLAMES]
         if same:
@@ -261,6 +264,27 @@ def place_crashes(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding
             last.append(crash)
     out = [_with_thread_deaths(m, f) for f in out]
     return ([root] if root else []) + out + last
+
+
+def _raised_in_blamed_call(m: Matched, crash: Finding, findings: list[Finding]) -> bool:
+    """Whether every rank of ``crash`` died inside the collective a finding blames on other
+    ranks (a mismatch, a rank that never arrived): the backend failed that call under them
+    ("Connection reset by peer" once the culprit was aborted). The traceback need not show
+    it: DDP's bucket all-reduces fail inside ``backward()``, with no torch.distributed frame.
+    """
+    for f in findings:
+        if f.process_group is None or f.seq is None or set(f.ranks) & set(crash.ranks):
+            continue
+        group, seq = f.process_group, f.seq
+        # The call itself, unfinished or the last the rank issued on the group: gloo's own
+        # recorder marks a failed call retired, like a finished one.
+        if all(
+            (e := m.record(r, group, seq)) is not None
+            and (e.state != pb.COMPLETED or m.last_seq(r, group) == seq)
+            for r in crash.ranks
+        ):
+            return True
+    return False
 
 
 def _with_thread_deaths(m: Matched, f: Finding) -> Finding:

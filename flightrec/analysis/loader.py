@@ -124,8 +124,11 @@ def _prefer_dumps(candidates: list[RankDump], notes: list[str]) -> list[RankDump
     kept: list[RankDump] = []
     superseded = 0
     for d in candidates:
+        # An empty ring still counts where torch's counters say the process issued
+        # collectives (DDP's reducer alone, say): where the others wait, it never arrived.
+        empty = len(d) == 0 and not any(g.last_seq for g in d.dump.groups)
         if d.header.source == BLACKBOX_SOURCE and (
-            (d.header.hostname, d.header.pid) in dumped or d.header.rank < 0 or len(d) == 0
+            (d.header.hostname, d.header.pid) in dumped or d.header.rank < 0 or empty
         ):
             superseded += 1
             continue

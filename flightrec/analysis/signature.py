@@ -59,25 +59,40 @@ def _output_shape(r: CollectiveRecord) -> Hashable:
     return None if outs is None else tuple(t.shape for t in outs)
 
 
+NOT_SEEN = "?"
+"""The tensors of a black box's ``UNSEEN`` entry (torch's counters said where it waits, not
+with what): agrees with anything."""
+
+
+def _tensor_field(
+    getter: Callable[[CollectiveRecord], Hashable],
+) -> Callable[[CollectiveRecord], Hashable]:
+    return lambda r: NOT_SEEN if r.flags & pb.UNSEEN else getter(r)
+
+
 # Checked in this order; the first field that differs is the one reported.
 FIELDS: tuple[tuple[str, Callable[[CollectiveRecord], Hashable]], ...] = (
     ("op", lambda r: r.op),
     ("reduce_op", lambda r: r.reduce_op),
     ("root", lambda r: r.peer),
-    ("dtype", lambda r: tuple(t.dtype for t in compared_tensors(r))),
+    ("dtype", _tensor_field(lambda r: tuple(t.dtype for t in compared_tensors(r)))),
     # Element count and shape are one field for people ("size mismatch"); numel is evidence.
-    ("shape", _shape),
+    ("shape", _tensor_field(_shape)),
     # What each member receives into, where the op fixes it (``compared_outputs``).
-    ("output_dtype", _output_dtype),
-    ("output_shape", _output_shape),
+    ("output_dtype", _tensor_field(_output_dtype)),
+    ("output_shape", _tensor_field(_output_shape)),
 )
 
 
-UNKNOWN: dict[str, Hashable] = {"reduce_op": "", "root": -1}
+UNKNOWN: dict[str, Hashable] = {
+    "op": "", "reduce_op": "", "root": -1, "dtype": NOT_SEEN, "shape": NOT_SEEN,
+    "output_dtype": NOT_SEEN, "output_shape": NOT_SEEN,
+}  # fmt: skip
 """Values that mean "not recorded" where the field applies: PyTorch's native recorder keeps
 neither the reduce op nor a collective's root (nor do entries merged from it into a flightrec
-dump). A rank whose value is unknown agrees with any other on that field; for ops without a
-reduce op or root every rank has these values, so they still agree."""
+dump), and a black box's ``UNSEEN`` entry has no tensors (nor, at times, an op). A rank whose
+value is unknown agrees with any other on that field; for ops without a reduce op or root
+every rank has these values, so they still agree."""
 UNKNOWN_AT = tuple((i, UNKNOWN[name]) for i, (name, _) in enumerate(FIELDS) if name in UNKNOWN)
 
 

@@ -7,7 +7,9 @@ ended by ``os._exit`` or aborted inside gloo/NCCL leaves it behind without runni
 
 Layout of the ``.ring`` file:
   * bytes 0..4095: the header (``HEADER``), rewritten in place when the rank becomes known,
-    by a heartbeat from the watchdog, and at exit;
+    by a heartbeat from the watchdog, and at exit; at ``OFF_UNSEEN``, the collectives the
+    ring cannot show that torch's own recorder shows unfinished (``UNSEEN_ROW``, rewritten by
+    the watchdog when they change; all zero in files of flightrec 0.x before issue 31);
   * then ``capacity`` slots of ``SLOT_SIZE`` bytes in the recorder's own slot format
     (``flightrec.format.slot.SLOT``), slot ``i`` holding record ids ``i+1, i+1+capacity...``.
 
@@ -47,6 +49,18 @@ OFF_STATUS = 40
 STATUS = struct.Struct("<I")
 OFF_BEAT = 72
 BEAT = struct.Struct("<qq")
+
+
+OFF_UNSEEN = 1024
+UNSEEN_COUNT = struct.Struct("<II")
+"""Rows in use, and a generation number moved by every rewrite."""
+UNSEEN_ROW = struct.Struct("<IIQQ24sq")
+"""What torch's own recorder counted for one group, which the ring may not hold (DDP's
+reducer, FSDP2 and funcol issue collectives flightrec's hooks never see): the group index
+(the journal's), entry flags for a pending collective (``DDP_BUCKET`` on a DDP model's
+group), the last collective the ProcessGroup issued, the one it has unfinished (0: none),
+that one's op (NUL-padded), and the monotonic time it was first seen unfinished."""
+UNSEEN_ROWS = 32
 
 
 class Status(enum.IntEnum):

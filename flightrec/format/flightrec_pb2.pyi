@@ -148,6 +148,8 @@ class _EntryFlagEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._Enum
     """with IS_P2P: this rank sends; else receives"""
     DDP_BUCKET: _EntryFlag.ValueType  # 32
     """the all_reduce of a DDP gradient bucket, through flightrec's comm hook (1.2)"""
+    UNSEEN: _EntryFlag.ValueType  # 64
+    """in a black box: a collective its ring never held, unfinished in torch's own recorder; op and tensors may be unknown (1.3)"""
 
 class EntryFlag(_EntryFlag, metaclass=_EntryFlagEnumTypeWrapper):
     """Bits of Entries.flags."""
@@ -165,6 +167,8 @@ SEND: EntryFlag.ValueType  # 16
 """with IS_P2P: this rank sends; else receives"""
 DDP_BUCKET: EntryFlag.ValueType  # 32
 """the all_reduce of a DDP gradient bucket, through flightrec's comm hook (1.2)"""
+UNSEEN: EntryFlag.ValueType  # 64
+"""in a black box: a collective its ring never held, unfinished in torch's own recorder; op and tensors may be unknown (1.3)"""
 global___EntryFlag = EntryFlag
 
 @typing.final

@@ -75,7 +75,7 @@ def report(rnd: Round) -> None:
         panels: list[Report] = []
         text = render(
             raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead), exited,
-            on_panel=panels.append,
+            on_panel=panels.append, blackbox_dir=getattr(rnd, "blackbox_dir", ""),
         )  # fmt: skip
         if panels:
             text = _one_verdict(rnd, text, panels[0], before, len(answered), dead, exited)

@@ -11,6 +11,7 @@ import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
+from pathlib import Path
 
 from rich.console import Console
 
@@ -36,6 +37,7 @@ def load(
     world_size: int,
     dead: AbstractSet[int] = frozenset(),
     exited: AbstractSet[int] = frozenset(),
+    blackbox_dir: str = "",
 ) -> tuple[Run, dict[int, Summary]]:
     """Decode every rank's summary and build the run the analysis takes.
 
@@ -44,6 +46,8 @@ def load(
     ``dead`` listed themselves as dead of an exception: their summary, published on the way
     out, stands whatever round it names, if it says what ended the main thread. Ranks in
     ``exited`` said they ended cleanly; without a summary, that is what the verdict says.
+    A rank that published nothing and left a black box of this job in ``blackbox_dir`` (the
+    reporter's host) is read from it (``local_blackboxes``).
     """
     dumps: dict[int, RankDump] = {}
     summaries: dict[int, Summary] = {}
@@ -61,8 +65,41 @@ def load(
             summaries[rank] = s
         except (SummaryError, DumpError) as exc:
             problems.append(FileProblem(label, printable(str(exc)).split(": ", 1)[-1]))
+    if blackbox_dir:
+        jobs = {sm.job_id for sm in summaries.values()}
+        missing = set(range(world_size)) - set(dumps) - set(exited)
+        dumps.update(local_blackboxes(blackbox_dir, missing, jobs))
     gone = frozenset(r for r in exited if r not in dumps)
     return Run(dumps, world_size, tuple(problems), (), exited=gone), summaries
+
+
+def local_blackboxes(
+    directory: str, ranks: AbstractSet[int], jobs: AbstractSet[str]
+) -> dict[int, RankDump]:
+    """The black boxes in ``directory`` of ``ranks`` of the job (``jobs``: the job ids the
+    summaries name), the newest file per rank: what a rank aborted inside the backend (gloo's
+    size check, an NCCL abort) leaves on its host, read as ``flightrec analyze`` reads it, so
+    that the verdict in the log and the analysis of the folder agree. Unreadable files and
+    other jobs' files are passed over."""
+    from flightrec.format.blackbox import RING_SUFFIX
+    from flightrec.readers import read_views
+
+    found: dict[int, tuple[float, RankDump]] = {}
+    if not ranks or not jobs:
+        return {}
+    for rank in sorted(ranks):
+        for path in Path(directory).glob(f"flightrec-rank{rank:05d}-*{RING_SUFFIX}"):
+            try:
+                mtime = path.stat().st_mtime
+                if rank in found and found[rank][0] >= mtime:
+                    continue
+                views = read_views(path)
+            except (DumpError, OSError):
+                continue
+            h = views[0].meta.header if views else None
+            if h is not None and h.rank == rank and h.job_id in jobs:
+                found[rank] = (mtime, RankDump(str(path), views[0]))
+    return {rank: dump for rank, (_, dump) in found.items()}
 
 
 def worth_printing(report: Report, reason: str, summaries: Mapping[int, Summary]) -> bool:
@@ -96,6 +133,7 @@ def render(
     dead: AbstractSet[int] = frozenset(),
     exited: AbstractSet[int] = frozenset(),
     on_panel: Callable[[Report], None] | None = None,
+    blackbox_dir: str = "",
 ) -> str:
     """The text to print for one round ("" when there is nothing worth printing).
 
@@ -108,8 +146,9 @@ def render(
         dead: ranks that died of an exception and published on the way out (``load``).
         exited: ranks that said they ended cleanly (``load``).
         on_panel: called with the report when the text is a verdict panel.
+        blackbox_dir: the reporter's black-box folder, for ranks that answered nothing.
     """
-    run, summaries = load(raw, number, world_size, dead, exited)
+    run, summaries = load(raw, number, world_size, dead, exited, blackbox_dir)
     if not run.dumps:
         return (
             f"flightrec verdict: none, no rank's summary could be read for request {number} "
@@ -129,9 +168,11 @@ def render(
         reason, "stopped by SIGTERM"
     )
     # Plain lines around the panel: rich would wrap them at the console's width.
+    boxes = len(run.dumps) - len(summaries)  # ranks read from black boxes on this host
+    read = f" and {boxes} black box{'es' if boxes > 1 else ''} on this host" if boxes else ""
     out.write(
-        f"flightrec verdict: {what}; from {len(run.dumps)} of {world_size} ranks' summaries, "
-        f"gathered through the job's store in {gathered_s:.1f} s (request {number})\n"
+        f"flightrec verdict: {what}; from {len(summaries)} of {world_size} ranks' summaries"
+        f"{read}, gathered through the job's store in {gathered_s:.1f} s (request {number})\n"
     )
     TerminalRenderer(console).render(report)
     for p in run.problems:

@@ -16,8 +16,9 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.format import flightrec_pb2 as pb
@@ -27,9 +28,13 @@ from flightrec.format.blackbox import (
     HEADER,
     HEADER_SIZE,
     MAGIC,
+    OFF_UNSEEN,
     RUNNING_NOW,
     SOURCE,
     TABLES_SUFFIX,
+    UNSEEN_COUNT,
+    UNSEEN_ROW,
+    UNSEEN_ROWS,
     VERSION,
     Status,
     text,
@@ -173,6 +178,33 @@ def read_slots(path: Path, data: bytes, capacity: int, t: Tables) -> tuple[list[
     return entries, dropped
 
 
+class Unseen(NamedTuple):
+    """What torch's recorder counted for one group (the header's ``UNSEEN_ROW``)."""
+
+    group: int
+    flags: int
+    issued: int
+    """The last collective the ProcessGroup issued."""
+    pending: int
+    """The one it had unfinished; 0: none."""
+    op: str
+    since_ns: int
+
+
+def read_unseen(data: bytes, t: Tables) -> list[Unseen]:
+    """The header's rows whose group the journal knows (``OFF_UNSEEN``)."""
+    count, _ = UNSEEN_COUNT.unpack_from(data, OFF_UNSEEN)
+    at = OFF_UNSEEN + UNSEEN_COUNT.size
+    out: list[Unseen] = []
+    for i in range(min(count, UNSEEN_ROWS)):
+        group, flags, issued, pending, op, since = UNSEEN_ROW.unpack_from(
+            data, at + i * UNSEEN_ROW.size
+        )
+        if group in t.groups and pending <= issued:
+            out.append(Unseen(group, flags & pb.DDP_BUCKET, issued, pending, text(op), since))
+    return out
+
+
 def _alive(host: str, pid: int) -> bool:
     """Whether the process is still running (only knowable on the host that wrote the file)."""
     if host != socket.gethostname() or pid <= 0:
@@ -259,14 +291,21 @@ def read_blackbox(path: str | Path) -> pb.Dump:
     head = _header(p, data)
     tables = read_tables(p.with_name(p.name.removesuffix(".ring") + TABLES_SUFFIX))
     entries, dropped = read_slots(p, data, head["capacity"], tables)
+    unseen = read_unseen(data, tables)
 
     try:
-        return _to_dump(head, tables, entries, dropped)
+        return _to_dump(head, tables, entries, dropped, unseen)
     except (ValueError, OverflowError) as exc:  # a damaged number past its field's range
         raise CorruptDumpError(p, f"a black-box value is out of range ({exc})") from None
 
 
-def _to_dump(head: dict[str, Any], tables: Tables, entries: list[Slot], dropped: int) -> pb.Dump:
+def _to_dump(
+    head: dict[str, Any],
+    tables: Tables,
+    entries: list[Slot],
+    dropped: int,
+    unseen: Sequence[Unseen] = (),
+) -> pb.Dump:
     """The dump a black box's header, journal and slots make up (raises ValueError for a
     number that does not fit its field)."""
     # Each frame's source line from the journal (never from the files on this machine).
@@ -300,13 +339,18 @@ def _to_dump(head: dict[str, Any], tables: Tables, entries: list[Slot], dropped:
     h.requested_by = -1
     h.source = SOURCE
 
+    # Unfinished collectives the ring never held, past everything it holds of their group:
+    # where the rank waits when only torch's recorder saw the call (a DDP bucket all-reduce).
+    newest = {i: max((e.seq for e in entries if e.group == i), default=0) for i in tables.groups}
+    issued = {u.group: u.issued for u in unseen}
+    waits = [u for u in unseen if u.pending > newest[u.group]]
     g_map: dict[int, int] = {}
     for index, (name, desc, ranks, backend) in sorted(tables.groups.items()):
         mine = [e for e in entries if e.group == index]
         g_map[index] = b.group(
             name, ranks, desc=desc, backend=backend,
-            last_seq=max((e.seq for e in mine), default=0),
-            p2p=_p2p_counters(mine),
+            last_seq=max(newest[index], issued.get(index, 0)),
+            p2p=_p2p_counters(mine), members_known=bool(ranks),
         )  # fmt: skip
     s_map = {i: b.string(s) for i, s in tables.strings.items()}
     k_map = {0: 0}
@@ -324,6 +368,14 @@ def _to_dump(head: dict[str, Any], tables: Tables, entries: list[Slot], dropped:
             enqueue_ns=e.enqueue_ns, start_ns=0, complete_ns=e.complete_ns,
             thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
             outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
+        )  # fmt: skip
+    device = "cpu" if "nccl" not in head["backend"] else ""
+    for u in waits:
+        b.entry_raw(
+            record_id=0, group=g_map[u.group], seq=u.pending, p2p_seq=0, op=b.string(u.op),
+            reduce_op=0, peer=-1, state=pb.ENQUEUED, enqueue_ns=u.since_ns, start_ns=0,
+            complete_ns=0, thread=0, stack=0, inputs=0, outputs=0,
+            flags=u.flags | pb.UNSEEN, device=b.string(device),
         )  # fmt: skip
     for kind, message, thread, is_main, wall_ns, via, traceback in tables.exceptions:
         b.exception(

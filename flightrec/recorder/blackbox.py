@@ -29,8 +29,12 @@ from flightrec.format.blackbox import (
     MAGIC,
     OFF_BEAT,
     OFF_STATUS,
+    OFF_UNSEEN,
     STATUS,
     TABLES_SUFFIX,
+    UNSEEN_COUNT,
+    UNSEEN_ROW,
+    UNSEEN_ROWS,
     VERSION,
     Status,
     fixed,
@@ -195,6 +199,22 @@ class BlackBox:
         if not self.owned():
             return
         BEAT.pack_into(self.head, OFF_BEAT, time.time_ns(), time.monotonic_ns())
+
+    def unseen(self, rows: list[tuple[int, int, int, int, str, int]]) -> None:
+        """Write what torch's recorder counted per group (``UNSEEN_ROW``): (group index,
+        flags, last issued, unfinished (0: none), its op, monotonic ns since it stands). The
+        watchdog's thread only, when they change; at most ``UNSEEN_ROWS``."""
+        if not self.owned():
+            return
+        rows = rows[:UNSEEN_ROWS]
+        _, generation = UNSEEN_COUNT.unpack_from(self.head, OFF_UNSEEN)
+        at = OFF_UNSEEN + UNSEEN_COUNT.size
+        for i, (group, flags, issued, pending, op, since_ns) in enumerate(rows):
+            UNSEEN_ROW.pack_into(
+                self.head, at + i * UNSEEN_ROW.size, group, flags, issued, pending,
+                fixed(op, 24), since_ns,
+            )  # fmt: skip
+        UNSEEN_COUNT.pack_into(self.head, OFF_UNSEEN, len(rows), (generation + 1) & 0xFFFFFFFF)
 
     def close(self, healthy: bool) -> None:
         """At exit: delete the files of a healthy process, or mark them as evidence.

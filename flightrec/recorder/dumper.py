@@ -234,9 +234,10 @@ class Dumper:
             dropped = max(0, recorded - present.get(g.index, 0))
             if merged is not None and g.index in merged.last_seq:  # torch's numbering
                 seq, dropped = merged.last_seq[g.index], merged.dropped.get(g.index, 0)
+            # No members: a group torch no longer resolves (destroyed before this dump).
             b.group(
                 g.name, g.ranks, desc=g.desc, backend=g.backend, last_seq=seq,
-                dropped=dropped, p2p=p2p,
+                dropped=dropped, p2p=p2p, members_known=bool(g.ranks),
             )  # fmt: skip
 
         s_map = [b.string(s) for s in strings]

@@ -8,6 +8,10 @@ Three places see an exception that ends a thread, and each is chained, never rep
   ``torch.multiprocessing.spawn`` ends a child whose function raised (it catches the
   exception, sends the traceback to the parent and calls ``sys.exit(1)``, so no excepthook
   runs), and how many training scripts end after logging an error.
+* ``multiprocessing``'s exit function, called by ``Process._bootstrap`` in the ``finally:``
+  around ``run()``: a plain ``multiprocessing.Process`` whose target raised prints the
+  traceback itself and exits with status 1, so neither an excepthook nor ``sys.exit`` inside
+  an ``except`` block sees it; the exception is still the one being raised there.
 
 torchrun's error file (``TORCHELASTIC_ERROR_FILE``, written by ``@record``) is read at exit
 when none of these saw anything. Every hook records plain values only (type, message, thread,
@@ -138,6 +142,7 @@ class ExceptionHooks:
         self._prev_sys: Callable[..., Any] | None = None
         self._prev_threading: Callable[..., Any] | None = None
         self._prev_exit: Callable[..., Any] | None = None
+        self._prev_mp_exit: Callable[..., Any] | None = None
         self.installed = False
 
     def install(self) -> None:
@@ -147,6 +152,12 @@ class ExceptionHooks:
         self._prev_sys, sys.excepthook = sys.excepthook, self._sys_hook
         self._prev_threading, threading.excepthook = threading.excepthook, self._thread_hook
         self._prev_exit, sys.exit = sys.exit, self._exit  # type: ignore[assignment]
+        import multiprocessing.util as mp_util
+
+        # Not in typeshed: looked up by name when Process._bootstrap calls it.
+        self._prev_mp_exit = getattr(mp_util, "_exit_function", None)
+        if self._prev_mp_exit is not None:
+            setattr(mp_util, "_exit_function", self._mp_exit)  # noqa: B010
         self.installed = True
 
     def uninstall(self) -> None:
@@ -159,6 +170,10 @@ class ExceptionHooks:
             threading.excepthook = self._prev_threading
         if sys.exit == self._exit and self._prev_exit is not None:
             sys.exit = self._prev_exit
+        import multiprocessing.util as mp_util
+
+        if getattr(mp_util, "_exit_function", None) == self._mp_exit and self._prev_mp_exit:
+            setattr(mp_util, "_exit_function", self._prev_mp_exit)  # noqa: B010
         self.installed = False
 
     def _record(self, exc: BaseException | None, thread: threading.Thread | None, via: str) -> None:
@@ -195,6 +210,31 @@ class ExceptionHooks:
         if self._prev_exit is None:
             raise SystemExit(status)
         self._prev_exit(status)
+
+    def _mp_exit(self, *args: Any, **kwargs: Any) -> Any:
+        # Process._bootstrap calls this in the ``finally:`` around ``self.run()``: an exception
+        # on its way out of run() is the one being handled there (the main thread's: run()
+        # runs on it). Called from anywhere else (atexit in a parent), it only passes on.
+        try:
+            caller = sys._getframe(1).f_code
+            if (
+                caller is _bootstrap_code()
+                and threading.current_thread() is threading.main_thread()
+            ):
+                self._record(sys.exc_info()[1], None, "multiprocessing.Process")
+        except Exception:  # never instead of multiprocessing's own exit
+            pass
+        prev = self._prev_mp_exit
+        if prev is None:
+            return None
+        return prev(*args, **kwargs)
+
+
+def _bootstrap_code() -> Any:
+    """The code of ``multiprocessing``'s ``BaseProcess._bootstrap`` (None if it has none)."""
+    import multiprocessing.process as mp_process
+
+    return getattr(getattr(mp_process.BaseProcess, "_bootstrap", None), "__code__", None)
 
 
 def error_file() -> str:

@@ -113,6 +113,9 @@ class Round:
     deadline: float
     store: Any
     restart: str = "0"
+    blackbox_dir: str = ""
+    """The reporter's FLIGHTREC_DIR where it keeps a black box: the rings of ranks on its host
+    that answer nothing (aborted inside the backend) are read from there ("": none)."""
 
     def reporter(self) -> int:
         """The lowest rank that answered so far (-1 when the key is unreadable)."""
@@ -192,6 +195,8 @@ class Exchange:
         self._prepared = False
         self._next_look_ns = 0
         self.restart = restart_count()
+        self.blackbox_dir = ""
+        """Where this process's black box lives ("": none); told to the verdict (``Round``)."""
         self._left = False
 
     def on_dump(self, dump: pb.Dump, path: Path | None) -> None:
@@ -360,7 +365,7 @@ class Exchange:
             return
         rnd = Round(
             n, reason, self.rank, self.world_size, self.namespace,
-            time.monotonic() + GATHER_S, store, self.restart,
+            time.monotonic() + GATHER_S, store, self.restart, self.blackbox_dir,
         )  # fmt: skip
         t = threading.Thread(target=self._report, args=(rnd,), name="flightrec-verdict")
         t.daemon = True

@@ -4,6 +4,16 @@ Identity must be the same on every rank of a group: torch's group name, its desc
 its global ranks. Collective sequence numbers count per group from 1; P2P operations count per
 (group, peer, direction), so send #k from A to B matches receive #k on B from A. Counters live
 here, outside the ring, so they survive the ring overwriting old entries.
+
+A group's collective numbers are the ProcessGroup's own wherever the two could differ. torch
+numbers every collective the group runs, flightrec only those its hooks see; DDP's reducer,
+FSDP2, DTensor and ``torch.compile`` issue collectives from C++ that only torch counts, and an
+object collective is two of torch's. Dumps renumber at dump time (``native_merge``), but a
+rank that dies hard leaves only its ring, whose numbers must already agree with its peers'
+dumps. So a group's counter follows the ProcessGroup's (``follow_native``) from the moment the
+two differ: when flightrec first meets the group, and at every watchdog tick after. Until then
+the numbers are equal and nothing is read; from then on each call reads torch's counter (about
+0.1 us, a pybind11 method; benchmarks/bench_native_numbers.py), on that group only.
 """
 
 from __future__ import annotations
@@ -27,12 +37,21 @@ class GroupInfo:
         "gpu",
         "index",
         "name",
+        "native",
         "p2p",
         "ranks",
         "specs",
     )
 
-    def __init__(self, index: int, name: str, desc: str, ranks: tuple[int, ...], backend: str):
+    def __init__(
+        self,
+        index: int,
+        name: str,
+        desc: str,
+        ranks: tuple[int, ...],
+        backend: str,
+        native: Callable[[], int] | None = None,
+    ):
         self.index = index
         self.name = name
         self.desc = desc
@@ -52,6 +71,8 @@ class GroupInfo:
         ``tensor.device`` on every call would cost a fifth of the recording budget)."""
         self.p2p: dict[tuple[int, bool], int] = {}
         """(peer global rank, is_send) -> operations issued so far."""
+        self.native = native
+        """The ProcessGroup's ``_get_sequence_number_for_group``; None where it has none."""
 
     @property
     def seq(self) -> int:
@@ -60,7 +81,54 @@ class GroupInfo:
 
     def next_seq(self) -> int:
         """The sequence number of a new collective on this group (1, 2, ...)."""
+        source = self.counter.source
+        if source is not None:
+            try:
+                n = int(source()) + 1
+            except Exception:  # the group is gone, say: flightrec's own number
+                n = 0
+            if n > 0:
+                self.counter.raise_to(n)
+                return n
         return int(next(self.counter))
+
+    def native_seq(self) -> int:
+        """The ProcessGroup's own last collective number (what PyTorch's recorder calls
+        ``collective_seq_id``). gloo's counter also counts sends and receives, which torch's
+        recorder does not number: those this rank issued are taken off.
+
+        Raises:
+            Exception: whatever torch raises (the group is destroyed, the backend has none).
+        """
+        read = self.native
+        if read is None:
+            raise LookupError("no sequence number")
+        n = int(read())
+        if not self._raw():
+            n -= sum(list(self.p2p.values()))
+        return n
+
+    def follow_native(self) -> None:
+        """Number this group's collectives from the ProcessGroup's counter from now on, if the
+        two have parted (torch ran collectives flightrec did not see). Never raises."""
+        if self.native is None or self.counter.source is not None:
+            return
+        try:
+            n = self.native_seq()
+            ours = self.counter.value
+            # Read twice around ours: a call between torch's count and ours is no parting.
+            parted = n != ours and n == self.native_seq()
+        except Exception:
+            self.native = None  # unsupported, or the group is gone: nothing to follow
+            return
+        if parted:
+            # torch's method itself where nothing is to be taken off: about 0.1 us a call,
+            # against 0.3 us through ``native_seq`` (benchmarks/bench_native_numbers.py).
+            self.counter.source = self.native if self._raw() else self.native_seq
+
+    def _raw(self) -> bool:
+        """Whether the ProcessGroup's counter is torch's recorder's numbering as it is."""
+        return not ("gloo" in self.backend and "nccl" not in self.backend and self.p2p)
 
     def next_p2p(self, peer: int, send: bool) -> int:
         """The 1-based ordinal of a new send to (or receive from) ``peer``."""
@@ -68,6 +136,8 @@ class GroupInfo:
         with self._lock:
             n = self.p2p.get(key, 0) + 1
             self.p2p[key] = n
+        if self.counter.source is not None and self.counter.source is self.native:
+            self.counter.source = self.native_seq  # gloo: sends and receives to take off
         return n
 
     @property
@@ -94,7 +164,8 @@ def _describe(pg: Any, index: int) -> GroupInfo:
         backend = str(dist.get_backend(pg))
     except Exception:
         backend = ""
-    return GroupInfo(index, name or f"unnamed-{index}", desc, ranks, backend)
+    native = getattr(pg, "_get_sequence_number_for_group", None)
+    return GroupInfo(index, name or f"unnamed-{index}", desc, ranks, backend, native)
 
 
 class GroupRegistry:
@@ -119,8 +190,21 @@ class GroupRegistry:
                 info = self.by_pg.get(pg)
                 if info is None:
                     info = _describe(pg, len(self.groups))
+                    info.follow_native()  # torch may have run collectives on it already
                     self.groups.append(info)
                     self.by_pg[pg] = info
                     if self.on_new is not None:
                         self.on_new(info)
         return info
+
+    def follow_native(self) -> None:
+        """Each group's ``follow_native`` (the watchdog's tick). Never raises."""
+        for info in list(self.groups):
+            info.follow_native()
+
+    def forget_native(self) -> None:
+        """Let go of the ProcessGroups' counters (their bound methods hold the groups): at
+        ``destroy_process_group``, after which the numbers stay as they were."""
+        for info in list(self.groups):
+            info.counter.source = None
+            info.native = None

@@ -62,7 +62,8 @@ MATCH_SLACK_NS = 5_000
 _TORCH_DIR = ""
 
 
-def _torch_dir() -> str:
+def torch_dir() -> str:
+    """The folder torch is installed in, ending in a separator."""
     global _TORCH_DIR
     if not _TORCH_DIR:
         import torch
@@ -138,7 +139,7 @@ def _wall_to_mono() -> int:
 def _stack(frames: object, depth: int) -> tuple[FrameTuple, ...]:
     if not depth or not isinstance(frames, list):
         return ()
-    torch_dir = _torch_dir()
+    root = torch_dir()
     out: list[FrameTuple] = []
     lead = 0
     for f in frames[:MAX_NATIVE_FRAMES]:
@@ -147,7 +148,7 @@ def _stack(frames: object, depth: int) -> tuple[FrameTuple, ...]:
         file, name, line = f.get("filename"), f.get("name"), f.get("line")
         if not isinstance(file, str) or not isinstance(name, str) or not isinstance(line, int):
             continue
-        if len(out) == lead and file.startswith(torch_dir):
+        if len(out) == lead and file.startswith(root):
             lead += 1
         out.append((file, name, line))
     # Like flightrec's own stacks, ``depth`` frames of the program; torch's lead comes free.

@@ -12,7 +12,13 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import OBJECT_API, EntryValues, FrameTuple
 from flightrec.format.slot import Slot
 from flightrec.recorder import ddp
-from flightrec.recorder.native_harvest import MATCH_SLACK_NS, Harvest, NativeOp, harvest
+from flightrec.recorder.native_harvest import (
+    MATCH_SLACK_NS,
+    Harvest,
+    NativeOp,
+    harvest,
+    torch_dir,
+)
 
 
 @dataclass(slots=True)
@@ -201,9 +207,6 @@ class _Unresolved:
 _unresolved: dict[str, _Unresolved] = {}
 
 
-_AUTOGRAD = f"torch{os.sep}autograd{os.sep}"
-
-
 def is_ddp_bucket(op: NativeOp) -> bool:
     """An all-reduce DDP's reducer issued: from C++ during a backward pass, so its Python stack
     runs through torch's autograd (CPU tensors: the engine runs on the calling thread), or it
@@ -211,24 +214,35 @@ def is_ddp_bucket(op: NativeOp) -> bool:
     model's group."""
     if op.op != "all_reduce":
         return False
-    return not op.python_thread or any(_AUTOGRAD in file for file, _, _ in op.stack)
+    # torch's own autograd folder, where torch is installed (a user's folder named ``torch``
+    # holds no autograd engine).
+    autograd = f"{torch_dir()}autograd{os.sep}"
+    return not op.python_thread or any(file.startswith(autograd) for file, _, _ in op.stack)
 
 
-def _group_index(groups: Any, op: NativeOp) -> int:
-    """The registry index of a native entry's group, registering a group seen first here."""
+def group_named(groups: Any, name: str, desc: str = "", unresolved: bool = True) -> Any:
+    """The registry's ``GroupInfo`` of torch's group ``name``, registering a group seen first
+    here (a destroyed one by name only; with ``unresolved`` False, none: None)."""
     for info in groups.groups:
-        if info.name == op.group:
-            return int(info.index)
+        if info.name == name:
+            return info
     pg: Any = None
     try:
         import torch.distributed.distributed_c10d as c10d
 
-        pg = c10d._resolve_process_group(op.group)  # type: ignore[attr-defined, arg-type]
+        pg = c10d._resolve_process_group(name)  # type: ignore[attr-defined, arg-type]
     except Exception:
         pg = None
     if pg is None:
-        pg = _unresolved.setdefault(op.group, _Unresolved(op.group, op.desc))
-    return int(groups.get(pg).index)
+        if not unresolved:
+            return None
+        pg = _unresolved.setdefault(name, _Unresolved(name, desc))
+    return groups.get(pg)
+
+
+def _group_index(groups: Any, op: NativeOp) -> int:
+    """The registry index of a native entry's group, registering a group seen first here."""
+    return int(group_named(groups, op.group, op.desc).index)
 
 
 def harvest_and_merge(recorder: Any, slots: Sequence[Slot]) -> Merged | None:

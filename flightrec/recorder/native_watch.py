@@ -4,11 +4,25 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 from flightrec.format.native_names import parse_profiling_name
 
 log = logging.getLogger("flightrec")
+
+
+@dataclass(frozen=True, slots=True)
+class PendingNative:
+    """A collective torch's recorder shows unfinished (``NativeWatch.pending``)."""
+
+    group: str
+    """torch's group name."""
+    seq: int
+    """Its ``collective_seq_id``: the ProcessGroup's own number."""
+    op: str
+    since_ns: int
+    """Monotonic time torch's counters were first seen standing still on it."""
 
 
 class NativeWatch:
@@ -20,6 +34,8 @@ class NativeWatch:
     """
 
     POLL_NS = 1_000_000_000
+    PENDING_NS = 2_000_000_000
+    """A collective torch's counters show unfinished this long is looked up (``pending``)."""
 
     def __init__(self, timeout_s: float, enabled: bool = True) -> None:
         self.timeout_ns = int(timeout_s * 1e9)
@@ -28,6 +44,16 @@ class NativeWatch:
         """pg id -> ((last completed, last enqueued), monotonic time they were first seen)."""
         self._reported: set[tuple[str, int]] = set()
         """(pg id, last enqueued) already looked into."""
+        self._checked: set[tuple[str, int]] = set()
+        """(pg id, last enqueued) looked up for ``pending``."""
+        self.pending: dict[str, PendingNative] = {}
+        """pg id -> the oldest collective of the group that torch's recorder shows unfinished
+        for ``PENDING_NS`` or more, as confirmed from its entries: what a black box cannot
+        see in its own ring (DDP's bucket all-reduces, FSDP2, funcol) while a rank waits."""
+        self.version = 0
+        """Moves whenever ``pending`` changes."""
+        self.groups: set[str] = set()
+        """pg ids torch's recorder has counters for (the name it gives a group it names)."""
         self._off = not enabled
 
     def poll(self, now_ns: int) -> str | None:
@@ -39,6 +65,7 @@ class NativeWatch:
         if status is None:
             return None
         found = None
+        self.groups.update(status)
         for pg, st in status.items():
             try:
                 enq = int(st.get("last_enqueued_collective", -1))
@@ -47,11 +74,20 @@ class NativeWatch:
                 continue
             if enq <= done:
                 self._pending.pop(pg, None)
+                self._forget(pg)
                 continue
             seen = self._pending.get(pg)
             if seen is None or seen[0] != (done, enq):  # moved: its clock starts again
                 self._pending[pg] = ((done, enq), now_ns)
+                self._forget(pg)
                 continue
+            if now_ns - seen[1] >= self.PENDING_NS and (pg, enq) not in self._checked:
+                self._checked.add((pg, enq))
+                oldest = self._confirm(pg, enq)
+                if oldest is not None:
+                    seq, op, group = oldest
+                    self.pending[pg] = PendingNative(group, seq, op, seen[1])
+                    self.version += 1
             if now_ns - seen[1] >= self.timeout_ns and (pg, enq) not in self._reported:
                 self._reported.add((pg, enq))
                 pending = self._confirm(pg, enq)
@@ -62,6 +98,10 @@ class NativeWatch:
                         f"incomplete for over {self.timeout_ns / 1e9:g}s"
                     )
         return found
+
+    def _forget(self, pg: str) -> None:
+        if self.pending.pop(pg, None) is not None:
+            self.version += 1
 
     def _confirm(self, pg: str, enqueued: int) -> tuple[int, str, str] | None:
         """(seq, op, group name) of the oldest unfinished native entry of ``pg``, if any.

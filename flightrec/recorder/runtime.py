@@ -17,6 +17,7 @@ from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.rawstacks import stacks_path
+from flightrec.recorder import ddp, native_merge
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.ddp import DDPHooks
 from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
@@ -87,6 +88,10 @@ class Runtime:
         self._announced = False
         self.registration: Registration | None = None
         """Leaves the store's address for ``flightrec trigger`` (``endpoint``)."""
+        self._named: set[str] = set()
+        """Group names torch's recorder counts, registered in the group registry."""
+        self._unseen: list[tuple[int, int, int, int, str, int]] = []
+        """The rows last written to the black box's header (``_write_unseen``)."""
         self.exception_hooks = ExceptionHooks(self._on_exception)
         self.died_of: RaisedException | None = None
         """The exception that ended the main thread, once one did."""
@@ -215,6 +220,7 @@ class Runtime:
         if dist.is_initialized():
             return
         self.recorder.groups.by_pg.clear()  # in place: the generated wrappers share this dict
+        self.recorder.groups.forget_native()
         self._stop_poller()
 
     def _stop_threads(self) -> None:
@@ -277,6 +283,9 @@ class Runtime:
                 self.exchange = Exchange(
                     self.poller, _rank(), _world_size(), self.namespace, reporter
                 )
+                bb = self.recorder.blackbox
+                if bb is not None:
+                    self.exchange.blackbox_dir = str(bb.directory)
             try:
                 if not self.signals.installed:
                     self.signals.install()
@@ -369,9 +378,13 @@ class Runtime:
                 log.warning("flightrec: no raw stacks if Python stops running: %s", exc)
 
     def _tick(self, now_ns: int) -> None:
+        # Before anything else: the sooner a group follows torch's numbers, the fewer of its
+        # entries carry numbers its peers' dumps do not (see ``groups``).
+        self.recorder.groups.follow_native()
         hung = self.native_watch.poll(now_ns)
         if hung is not None:  # a collective flightrec's hooks never saw (funcol, C++)
             self._on_native_hang(hung, now_ns)
+        self._write_unseen()
         raw = self.rawstacks
         if raw is not None:
             raw.rearm(now_ns)
@@ -381,6 +394,44 @@ class Runtime:
         exchange = self.exchange
         if exchange is not None:
             exchange.tick(now_ns, self.recorder.ring, self.config.timeout_s)
+
+    def _write_unseen(self) -> None:
+        """Copy what torch counted into the black box's header (each tick, when it changed):
+        per group whose numbers torch also gives to calls flightrec never saw, the last one
+        the ProcessGroup issued (its own counter), and the one torch's recorder shows
+        unfinished. A rank killed while it waits in a DDP bucket all-reduce (which its ring
+        never held) still shows where it waits, and a rank that never issued it, that it did
+        not. Never raises."""
+        bb = self.recorder.blackbox
+        if bb is None:
+            return
+        try:
+            watch = self.native_watch
+            buckets = ddp.bucket_groups()
+            pending = {p.group: p for p in list(watch.pending.values())}
+            fresh = (watch.groups | set(pending)) - self._named
+            for name in fresh:  # a group only torch's recorder saw: registered by its name
+                self._named.add(name)
+                native_merge.group_named(self.recorder.groups, name, unresolved=False)
+            rows = []
+            for info in list(self.recorder.groups.groups):
+                p = pending.get(info.name)
+                if info.counter.source is None and p is None:
+                    continue  # flightrec's numbers are torch's: the ring says it all
+                try:
+                    issued = info.native_seq()
+                except Exception:
+                    issued = p.seq if p is not None else 0
+                if p is None:
+                    rows.append((info.index, 0, issued, 0, "", 0))
+                    continue
+                flags = pb.DDP_BUCKET if p.group in buckets and p.op == "all_reduce" else 0
+                rows.append((info.index, flags, max(issued, p.seq), p.seq, p.op, p.since_ns))
+            if rows != self._unseen:
+                self._unseen = rows
+                bb.unseen(rows)
+        except Exception as exc:
+            self._warn_once("unseen", "the black box cannot show waits torch alone saw", exc)
 
     def _close_rawstacks(self) -> None:
         """Disarm; keep a file faulthandler wrote into only while its black box stays."""

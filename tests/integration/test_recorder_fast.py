@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from flightrec.format.slot import COMPLETED, FAILED, Slot, decode  # noqa: E402
+from flightrec.recorder.groups import GroupInfo  # noqa: E402
 from flightrec.recorder.low_level import codegen  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import spec_for  # noqa: E402
@@ -159,6 +160,9 @@ def test_both_enters_keep_one_contract(rt: Runtime, monkeypatch: pytest.MonkeyPa
     handle (point-to-point, tensor lists) it hands back with -1, having consumed nothing."""
     from flightrec.format.builder import IS_P2P, SEND
 
+    # enter and leave without torch's call: torch's numbers never move, so the group keeps
+    # flightrec's own (the module's earlier tests ran on this group too).
+    monkeypatch.setattr(GroupInfo, "follow_native", lambda self: None)
     w = wrappers(rt, "all_reduce", monkeypatch)
     py, c = rt.recorder.path, w["c"].fast
     op = rt.recorder.op_index("all_reduce")
@@ -348,7 +352,10 @@ def test_site_alternating_groups_keep_their_own_counters(
     names = [infos.groups[r.group].name for r in got]
     assert names[0::2] == [infos.by_pg[None].name] * 3
     assert names[1::2] == [infos.by_pg[other].name] * 3 and names[0] != names[1]
-    assert [r.seq for r in got[0::2]] == [4, 5, 6] and [r.seq for r in got[1::2]] == [4, 5, 6]
+    # The default group's numbers are torch's: this module's earlier tests ran on it too.
+    first = got[0].seq
+    assert [r.seq for r in got[0::2]] == [first, first + 1, first + 2]
+    assert [r.seq for r in got[1::2]] == [4, 5, 6]
     dist.destroy_process_group(other)
 
 
@@ -455,7 +462,9 @@ def test_a_group_cache_moved_by_python_code_mid_call_is_not_used(
     outer = [r for r in got if r.group == default.index]
     inner = [r for r in got if r.group == nested.index]
     assert len(outer) == 1 and inner, [(r.group, r.seq) for r in got]
-    assert outer[0].seq == 3  # the default group's third call
+    # The default group's third call: torch's number for it where the group follows torch's
+    # (the module's earlier tests ran on it too).
+    assert outer[0].seq == (default.seq if default.counter.source is not None else 3)
     assert [r.seq for r in inner] == list(range(3, 3 + len(inner)))
     monkeypatch.setattr(_Nested, "nested", None)
     dist.destroy_process_group(other)
@@ -530,3 +539,26 @@ def test_site_stacks_tell_activations_and_callers_apart(
     assert got[1][3] == got[0][3] + 2 and got[2][3] == got[0][3] + 4
     assert got[3:5] == [("first", here), ("second", here)]
     assert got[5:] == got[:5]
+
+
+def test_both_paths_number_a_group_as_torch_does_once_torch_ran_calls_unseen(
+    rt: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Collectives issued past flightrec's hooks (DDP's reducer, here the untraced original)
+    count in torch's numbering: once the watchdog's tick sees the counters part, each path
+    takes the ProcessGroup's next number, so a black box agrees with its peers' dumps."""
+    w = wrappers(rt, "all_reduce", monkeypatch)
+    orig = rt.hooks.originals["all_reduce"]
+    t = torch.ones(1)
+    for path in ("python", "c", "c"):
+        w[path](t)
+    info = rt.recorder.groups.by_pg[None]
+    for _ in range(3):
+        orig(t)  # torch numbers these; flightrec never sees them
+    rt.recorder.groups.follow_native()
+    assert info.counter.source is not None
+    base = info.native_seq()
+    for path in ("python", "c", "c", "python"):
+        w[path](t)
+    assert [r.seq for r in rows(rt)[-4:]] == [base + 1, base + 2, base + 3, base + 4]
+    assert info.native_seq() == base + 4 == info.seq

@@ -18,6 +18,7 @@ from flightrec.format import flightrec_pb2 as pb  # noqa: E402
 from flightrec.format.read import read_dump  # noqa: E402
 from flightrec.format.slot import COMPLETED, ENQUEUED, FAILED, decode  # noqa: E402
 from flightrec.recorder.config import Config  # noqa: E402
+from flightrec.recorder.groups import GroupInfo  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from flightrec.recorder.specs import TRACED  # noqa: E402
 from flightrec.recorder.watchdog import Watchdog  # noqa: E402
@@ -45,6 +46,14 @@ def rt(
     del sys.modules["early_importer"]
 
 
+@pytest.fixture
+def own_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Groups keep flightrec's own numbers: the module's gloo group carries earlier tests'
+    collectives, which torch numbered (how a group follows torch's numbers is
+    test_recorder_fast's and test_stacks_live's)."""
+    monkeypatch.setattr(GroupInfo, "follow_native", lambda self: None)
+
+
 def entries(rt: Runtime) -> list:  # type: ignore[type-arg]
     return decode(rt.recorder.ring.snapshot())
 
@@ -62,7 +71,7 @@ def test_wrappers_keep_signatures_and_reach_early_imports(rt: Runtime) -> None:
     assert sys.modules["early_importer"].all_reduce is original
 
 
-def test_records_sync_async_and_reduce_op(rt: Runtime) -> None:
+def test_records_sync_async_and_reduce_op(rt: Runtime, own_numbers: None) -> None:
     t = torch.ones(3, dtype=torch.float64)
     dist.all_reduce(t)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, async_op=True).wait()
@@ -77,7 +86,9 @@ def test_records_sync_async_and_reduce_op(rt: Runtime) -> None:
     assert rt.recorder.tensors.values[rows[0].inputs] == (((3,), "float64"),)
 
 
-def test_ring_overwrites_and_dump_reports_dropped(rt: Runtime, tmp_path: Path) -> None:
+def test_ring_overwrites_and_dump_reports_dropped(
+    rt: Runtime, tmp_path: Path, own_numbers: None
+) -> None:
     t = torch.ones(1)
     for _ in range(11):
         dist.all_reduce(t)
@@ -142,7 +153,7 @@ def test_watchdog_fires_once_per_overdue_entry(rt: Runtime) -> None:
         dog.stop()
 
 
-def test_only_the_outermost_call_is_recorded(rt: Runtime) -> None:
+def test_only_the_outermost_call_is_recorded(rt: Runtime, own_numbers: None) -> None:
     # all_gather_object runs two all_gathers inside; with numpy missing here it cannot run
     # for real, so a stand-in with its signature calls the traced all_reduce twice.
     from flightrec.recorder.low_level.codegen import generate

@@ -288,3 +288,60 @@ def test_the_exception_a_process_died_of_is_in_its_black_box(tmp_path: Path) -> 
         == 'raise ValueError("loss is NaN")  # the raising line a reader must name'
     )
     assert x.traceback[1].function == "test_the_exception_a_process_died_of_is_in_its_black_box"
+
+
+def test_a_wait_only_torchs_recorder_saw_is_read_back_from_the_header(tmp_path: Path) -> None:
+    """DDP's bucket all-reduces never reach the ring: torch's counts in the header say how far
+    each rank got and where one waits, and the analysis names the rank that never arrived,
+    with no tensors to disagree about."""
+    recs = []
+    for rank in (0, 1):
+        rec = Recording(tmp_path / f"r{rank}")
+        rec.group = GroupInfo(0, "0", "default_pg", (0, 1), "gloo")
+        rec.bb.on_group(rec.group)
+        rec.bb.identify(rank, 2, "job-7", "gloo", "2.x")
+        # Two processes the kernel never hands out (they no longer run).
+        gone = int(Path("/proc/sys/kernel/pid_max").read_text()) + 1 + rank
+        rec.bb.head[24:32] = gone.to_bytes(8, "little")
+        train_step(rec, 2)  # numbered alike: 1, 2
+        recs.append(rec)
+    # Rank 0 then ran buckets #3..#5 from C++ and waits in #5; rank 1 stopped after #4.
+    recs[0].bb.unseen([(0, pb.DDP_BUCKET, 5, 5, "all_reduce", 12_345)])
+    recs[1].bb.unseen([(0, 0, 4, 0, "", 0)])
+    d0 = read_blackbox(recs[0].bb.path)
+    assert d0.groups[0].last_seq == 5
+    e = d0.entries
+    assert (list(e.seq), e.state[-1], e.enqueue_ns[-1]) == ([1, 2, 5], pb.ENQUEUED, 12_345)
+    assert e.flags[-1] == pb.DDP_BUCKET | pb.UNSEEN and d0.strings[e.op[-1]] == "all_reduce"
+    assert read_blackbox(recs[1].bb.path).groups[0].last_seq == 4
+
+    report = analyze(load_dir(tmp_path))
+    first = report.findings[0]
+    assert first.ranks == (1,) and first.seq == 5, first
+    assert "never entered DDP gradient-bucket all_reduce #5" in first.summary, first.summary
+    assert all(f.kind != "mismatch" for f in report.findings), report.findings
+
+
+def test_an_unseen_row_at_or_below_what_the_ring_holds_adds_nothing(tmp_path: Path) -> None:
+    rec = Recording(tmp_path)
+    rec.bb.identify(0, 4, "job-7", "gloo", "2.x")
+    train_step(rec, 3)
+    rec.bb.unseen([(0, 0, 3, 3, "all_reduce", 1)])  # the ring's own #3: nothing new
+    d = read_blackbox(rec.bb.path)
+    assert list(d.entries.seq) == [1, 2, 3] and d.groups[0].last_seq == 3
+
+
+def test_the_verdict_in_the_log_reads_black_boxes_of_ranks_that_answered_nothing(
+    tmp_path: Path,
+) -> None:
+    """A rank aborted inside the backend publishes no summary: the reporter reads its black
+    box from its own FLIGHTREC_DIR, this job's only."""
+    from flightrec.live.verdict import local_blackboxes
+
+    rec = Recording(tmp_path)
+    rec.bb.identify(1, 4, "job-7", "gloo", "2.x")
+    train_step(rec, 2)
+    found = local_blackboxes(str(tmp_path), {1, 2}, {"job-7"})
+    assert list(found) == [1] and len(found[1]) == 2
+    assert local_blackboxes(str(tmp_path), {1}, {"job-8"}) == {}
+    assert local_blackboxes(str(tmp_path / "nowhere"), {1}, {"job-7"}) == {}

@@ -139,7 +139,7 @@ def test_p2p_keeps_flightrecs_per_peer_numbering_and_is_not_counted_twice() -> N
 
 
 def test_native_stacks_keep_torchs_lead_and_depth_program_frames() -> None:
-    torch_dir = native_harvest._torch_dir()
+    torch_dir = native_harvest.torch_dir()
     frames = [
         {"filename": torch_dir + "_ops.py", "name": "__call__", "line": 1},
         {"filename": torch_dir + "distributed/tensor/_api.py", "name": "redistribute", "line": 2},
@@ -233,7 +233,8 @@ def test_symbolizing_native_stacks_never_imports_inductor() -> None:
 def test_ddp_buckets_are_the_reducers_all_reduces_on_a_ddp_group() -> None:
     import os
 
-    autograd = os.path.join("site-packages", "torch", "autograd", "graph.py")
+    # torch's own autograd, where torch is installed (a folder named torch elsewhere is not).
+    autograd = os.path.join(native_harvest.torch_dir(), "autograd", "graph.py")
     backward = (
         (autograd, "_engine_run_backward", 9),
         ("train.py", "train", 40),

@@ -88,3 +88,50 @@ def test_torchruns_error_file_is_read_when_this_process_wrote_it(tmp_path: Path)
     assert from_error_file(str(path), time.time_ns() + 10**12) is None  # an older attempt's
     path.write_text("{not json")
     assert from_error_file(str(path), 0) is None
+
+
+def _target() -> None:
+    raise RuntimeError("CUDA error: device-side assert triggered")
+
+
+def test_a_multiprocessing_process_that_raises_is_recorded(tmp_path: Path) -> None:
+    """Process._bootstrap prints the traceback itself and exits 1: neither an excepthook nor
+    sys.exit sees the exception; multiprocessing's exit function, in its finally, does."""
+    import multiprocessing
+
+    out = tmp_path / "seen.json"
+
+    def record(x: RaisedException) -> None:
+        out.write_text(json.dumps([x.type, x.message, x.via, x.is_main, x.frames[0][1]]))
+
+    h = ExceptionHooks(record)
+    h.install()
+    try:
+        p = multiprocessing.get_context("fork").Process(target=_target)
+        p.start()
+        p.join(30)
+    finally:
+        h.uninstall()
+    assert p.exitcode == 1
+    kind, message, via, is_main, function = json.loads(out.read_text())
+    assert (kind, via, is_main, function) == (
+        "RuntimeError",
+        "multiprocessing.Process",
+        True,
+        "_target",
+    )
+    assert message == "CUDA error: device-side assert triggered"
+
+
+def test_multiprocessing_exit_elsewhere_records_nothing(hooks: Any) -> None:
+    """Called from anywhere but Process._bootstrap (a parent's atexit), it only passes on."""
+    h, seen, _ = hooks
+    passed: list[bool] = []
+    real, h._prev_mp_exit = h._prev_mp_exit, lambda: passed.append(True)
+    try:
+        raise ValueError("handled")
+    except ValueError:
+        h._mp_exit()
+    finally:
+        h._prev_mp_exit = real  # what uninstall puts back
+    assert seen == [] and passed == [True]

@@ -100,3 +100,58 @@ def test_split_sizes_make_one_chunk_per_peer_without_views() -> None:
     assert all(c.device == t.device for c in chunks)
     assert split(t, None) is t and split(t, []) is t
     assert split("not a tensor", [1, 2]) == "not a tensor"  # torch raises its own error
+
+
+class FakePG:
+    """A ProcessGroup's own counter, as ``_get_sequence_number_for_group`` reads it."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.n
+
+
+@pytest.mark.parametrize("make", COUNTERS)
+def test_a_counter_with_a_source_takes_its_numbers_from_it(make: Any) -> None:
+    c = make()
+    assert c.source is None
+    c.raise_to(5)
+    assert c.value == 5 and next(c) == 6
+    c.raise_to(3)  # never back
+    assert c.value == 6
+    c.source = lambda: 41
+    assert c.source() == 41
+
+
+def test_a_group_follows_the_process_groups_numbers_once_they_part() -> None:
+    """torch numbers calls flightrec never sees (DDP's reducer): from the first time the two
+    counters differ, each call takes the ProcessGroup's next number; not before."""
+    pg = FakePG()
+    info = GroupInfo(0, "0", "default_pg", (0, 1), "nccl", pg._get_sequence_number_for_group)
+    for _ in range(2):
+        pg.n += 1
+        assert info.next_seq() == pg.n  # in step: flightrec's own counter, nothing read
+    info.follow_native()
+    assert info.counter.source is None
+    pg.n += 3  # three bucket all-reduces from C++
+    info.follow_native()
+    assert info.counter.source is not None
+    assert info.next_seq() == 6 and info.seq == 6  # the ProcessGroup's next number
+
+
+def test_gloo_numbers_leave_out_sends_and_receives() -> None:
+    """gloo's counter also counts point-to-point calls, which torch's recorder does not
+    number: those this rank issued are taken off."""
+    pg = FakePG()
+    info = GroupInfo(0, "0", "default_pg", (0, 1), "gloo", pg._get_sequence_number_for_group)
+    pg.n = 4
+    info.next_p2p(1, True)
+    info.next_p2p(1, False)
+    assert info.native_seq() == 2
+
+
+def test_a_group_without_a_counter_of_its_own_keeps_flightrecs() -> None:
+    info = GroupInfo(0, "0", "default_pg", (0, 1), "gloo")
+    info.follow_native()
+    assert info.counter.source is None and info.next_seq() == 1

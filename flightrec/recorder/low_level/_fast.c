@@ -161,6 +161,9 @@ typedef struct {
 typedef struct {
     PyObject_HEAD
     unsigned long long value; /* the last number issued; 0 before the first */
+    /* None, or a callable returning the ProcessGroup's own last sequence number: where torch
+     * numbers calls flightrec never sees, a group's numbers come from it (GroupInfo). */
+    PyObject *source;
 } Counter;
 
 static PyObject *
@@ -169,11 +172,59 @@ Counter_next(Counter *self)
     return PyLong_FromUnsignedLongLong(++self->value);
 }
 
+static void
+Counter_dealloc(Counter *self)
+{
+    Py_CLEAR(self->source);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyObject *
+Counter_raise_to(Counter *self, PyObject *arg)
+{
+    unsigned long long n = PyLong_AsUnsignedLongLong(arg);
+    if (n == (unsigned long long)-1 && PyErr_Occurred()) {
+        return NULL;
+    }
+    if (n > self->value) {
+        self->value = n;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Counter_methods[] = {
+    {"raise_to", (PyCFunction)Counter_raise_to, METH_O,
+     "raise_to(n): make n the last number issued, unless a higher one was."},
+    {NULL, NULL, 0, NULL},
+};
+
 static PyMemberDef Counter_members[] = {
     {"value", T_ULONGLONG, offsetof(Counter, value), READONLY,
      "The last number issued (0 before the first)."},
+    {"source", T_OBJECT, offsetof(Counter, source), 0,
+     "None, or a callable giving the ProcessGroup's last sequence number."},
     {NULL, 0, 0, 0, NULL},
 };
+
+/* The number a new call on the counter's group takes from its source: the ProcessGroup's last
+ * number plus one. 0 where there is no source or it fails (the counter's own number then).
+ * Runs Python code (a pybind11 method, about 0.1 us): only where a source is set. */
+COLD static unsigned long long
+counter_from_source(Counter *c)
+{
+    PyObject *r = PyObject_CallNoArgs(c->source);
+    if (r == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    unsigned long long n = PyLong_Check(r) ? PyLong_AsUnsignedLongLong(r) : 0;
+    Py_DECREF(r);
+    if (PyErr_Occurred()) {
+        PyErr_Clear();
+        return 0;
+    }
+    return n + 1;
+}
 
 static PyTypeObject CounterType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.Counter",
@@ -184,6 +235,8 @@ static PyTypeObject CounterType = {
     .tp_iter = PyObject_SelfIter,
     .tp_iternext = (iternextfunc)Counter_next,
     .tp_members = Counter_members,
+    .tp_methods = Counter_methods,
+    .tp_dealloc = (destructor)Counter_dealloc,
 };
 
 #define ACTIVE_INLINE 4
@@ -1520,6 +1573,11 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     if (UNLIKELY(stack_of(self, ts, frame, ident, &stack) < 0)) {
         goto fallback;
     }
+    Counter *counter = self->g_counter;
+    unsigned long long native = 0;
+    if (UNLIKELY(counter->source != NULL && counter->source != Py_None)) {
+        native = counter_from_source(counter); /* Python code: before the check below */
+    }
     if (UNLIKELY(self->g_gen != gen)) {
         goto fallback; /* the group cache changed under a miss: the Python path decides */
     }
@@ -1530,7 +1588,16 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     }
     /* From here on nothing can fail: take the sequence number and the record id (the
      * counters are C integers; no Python code runs between here and the slot's write). */
-    unsigned long long seq = ++self->g_counter->value;
+    unsigned long long seq;
+    if (native) {
+        seq = native;
+        if (seq > counter->value) {
+            counter->value = seq;
+        }
+    }
+    else {
+        seq = ++counter->value;
+    }
     unsigned long long rid = ++self->ids->value;
     char *p = self->ring +
               (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;

@@ -168,7 +168,9 @@ class PyPath:
         if flags & IS_P2P:
             seq, p2p = 0, info.next_p2p(peer, bool(flags & SEND))
         else:
-            seq, p2p = next(info.counter), 0
+            # The ProcessGroup's own number where torch counts calls flightrec never sees.
+            seq = next(info.counter) if info.counter.source is None else info.next_seq()
+            p2p = 0
         # Packed here rather than through Ring.append (the same slot): measured by callgrind,
         # the extra call costs this path 5.4K instructions per call.
         rid = self.next_id()

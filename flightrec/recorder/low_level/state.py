@@ -9,7 +9,7 @@ either the same way: ``next(counter)`` and ``counter.value``; ``active`` as a di
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 try:
@@ -23,8 +23,14 @@ class Counting(Protocol):
 
     @property
     def value(self) -> int: ...
+
+    source: Callable[[], int] | None
+    """None, or the ProcessGroup's own last sequence number: a group's calls are numbered
+    from it (plus one) once torch numbers calls flightrec never sees (``GroupInfo``)."""
+
     def __iter__(self) -> Iterator[int]: ...
     def __next__(self) -> int: ...
+    def raise_to(self, n: int, /) -> None: ...
 
 
 class Counter:
@@ -35,11 +41,12 @@ class Counter:
     store), so it never goes back below a number already issued.
     """
 
-    __slots__ = ("_next", "value")
+    __slots__ = ("_next", "source", "value")
 
     def __init__(self) -> None:
         self._next = itertools.count(1).__next__
         self.value = 0
+        self.source: Callable[[], int] | None = None
 
     def __iter__(self) -> Counter:
         return self
@@ -49,6 +56,12 @@ class Counter:
         if n > self.value:
             self.value = n
         return n
+
+    def raise_to(self, n: int, /) -> None:
+        """Make ``n`` the last number issued, unless a higher one was."""
+        if n > self.value:
+            self.value = n
+            self._next = itertools.count(n + 1).__next__
 
 
 def new_counter() -> Counting:
