@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from flightrec.analysis.clocks import TimelineClock
@@ -150,20 +150,27 @@ def analyze_dir(path: str | os.PathLike[str], options: AnalysisOptions | None = 
         NoDumpsError: no readable dump under ``path``.
     """
     options = options or AnalysisOptions()
-    load: Callable[..., Run] = load_dir
-    if isinstance(path, str) and is_url(path):  # s3://bucket/prefix: downloaded, then loaded
-        from flightrec.analysis.remote import load_url
-
-        load = load_url
     with gc_paused():
-        run = load(
-            path,
-            options.view,
-            workers=options.workers,
-            progress=options.progress,
-            tail=options.tail,
-            job=options.job,
-        )
+        if isinstance(path, str) and is_url(path):  # s3://bucket/prefix: downloaded, then loaded
+            from flightrec.analysis.remote import load_url
+
+            run = load_url(
+                path,
+                options.view,
+                workers=options.workers,
+                progress=options.progress,
+                tail=options.tail,
+                job=options.job,
+            )
+        else:
+            run = load_dir(
+                path,
+                options.view,
+                workers=options.workers,
+                progress=options.progress,
+                tail=options.tail,
+                job=options.job,
+            )
         return analyze(run, options.workers or default_workers())
 
 

@@ -19,12 +19,13 @@ def load_url(
     workers: int | None = None,
     progress: Progress | None = None,
     tail: bool | None = None,
+    job: str | None = None,
 ) -> Run:
     """``load_dir`` for a URL (``s3://bucket/prefix``, any fsspec protocol).
 
     Args:
         url: the prefix (searched recursively, as a folder is) or one object.
-        view, workers, progress, tail: as for ``load_dir``.
+        view, workers, progress, tail, job: as for ``load_dir``.
 
     Returns:
         The run, its dumps' paths and its problems naming objects by URL; objects that could
@@ -37,7 +38,7 @@ def load_url(
     """
     with download(url) as got:
         try:
-            run = load_dir(got.target, view, workers=workers, progress=progress, tail=tail)
+            run = load_dir(got.target, view, workers=workers, progress=progress, tail=tail, job=job)
         except NoDumpsError as exc:
             raise NoDumpsError(_no_dumps(got, str(exc))) from None
         return _by_url(run, got)
