@@ -739,6 +739,22 @@ getset_of(PyTypeObject *type, PyObject *name, getter *get, void **closure)
     return 1;
 }
 
+/* Whether ``type`` has a valid version tag: one that changes whenever the type or a base is
+ * modified, so that getters found once stay right while it does not move. CPython 3.11 and
+ * 3.12 mark it with Py_TPFLAGS_VALID_VERSION_TAG; 3.13 no longer sets that flag (the tag
+ * itself says it: 0 is never a valid one), which left this check false there and turned the
+ * tensor-memory reader and the getter cache off on 3.13 and later. */
+static inline int
+valid_version_tag(PyTypeObject *type)
+{
+#if PY_VERSION_HEX < 0x030D0000
+    if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return 0;
+    }
+#endif
+    return type->tp_version_tag != 0;
+}
+
 /* An attribute by name as a getter (its closure: the name), for types whose getters are not
  * kept (see shape_dtype_slow). */
 static PyObject *
@@ -776,7 +792,7 @@ shape_dtype_slow(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **
     void *cs = NULL, *cd = NULL;
     /* _PyType_Lookup assigns the type a valid version tag where it can. */
     int ok = getset_of(type, s_shape, &gs, &cs) && getset_of(type, s_dtype, &gd, &cd) &&
-             PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG);
+             valid_version_tag(type);
     if (!ok) {
         return read_shape_dtype(tensor, by_name, s_shape, by_name, s_dtype, shape, dtype);
     }
@@ -795,7 +811,7 @@ shape_dtype(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype
 {
     PyTypeObject *type = Py_TYPE(tensor);
     if (UNLIKELY(type != self->tt_type || type->tp_version_tag != self->tt_version ||
-                 !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG))) {
+                 !valid_version_tag(type))) {
         return shape_dtype_slow(self, tensor, shape, dtype);
     }
     return read_shape_dtype(tensor, self->tt_shape, self->tt_shape_closure, self->tt_dtype,
@@ -879,7 +895,7 @@ raw_rearm(Layout *L, PyTypeObject *type)
     void *cs = NULL, *cd = NULL;
     if (!getset_of(type, s_shape, &gs, &cs) || !getset_of(type, s_dtype, &gd, &cd) ||
         gs != L->shape_get || gd != L->dtype_get || cs != L->shape_closure ||
-        cd != L->dtype_closure || !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        cd != L->dtype_closure || !valid_version_tag(type)) {
         return 0;
     }
     L->version = type->tp_version_tag;
@@ -1743,7 +1759,7 @@ FastPath_set_layout(FastPath *self, PyObject *args)
     getter gs = NULL, gd = NULL;
     void *cs = NULL, *cd = NULL;
     if (!getset_of(type, s_shape, &gs, &cs) || !getset_of(type, s_dtype, &gd, &cd) ||
-        !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        !valid_version_tag(type)) {
         PyErr_SetString(PyExc_ValueError, "set_layout: shape and dtype are not C getters");
         return NULL;
     }
