@@ -38,16 +38,24 @@
 #define COMPILER_BARRIER() ((void)0)
 #endif
 
-/* The interpreter's own frames, read where their layout is known (CPython 3.11 to 3.13): the
+/* The interpreter's own frames, read where their layout is known (CPython 3.11 to 3.14): the
  * Site's hot path tells its caller's code, instruction and parent frame apart without making
  * Python create a frame object for the caller (PyEval_GetFrame does, and frees it when the
  * caller returns: a fifth of the stack's cost). Elsewhere, and on any cache miss, the public
- * API (PyEval_GetFrame, PyFrame_GetBack) as before. */
-#if !defined(PYPY_VERSION) && !defined(Py_LIMITED_API) && PY_VERSION_HEX >= 0x030B0000 && \
-    PY_VERSION_HEX < 0x030E0000
+ * API (PyEval_GetFrame, PyFrame_GetBack) as before: a later Python (its frames are not known
+ * yet) and free-threaded builds (frames read without the GIL's guarantees) decline here, by
+ * version, at compile time; ``FRAME_WALK`` says which this build is. */
+#if !defined(PYPY_VERSION) && !defined(Py_LIMITED_API) && !defined(Py_GIL_DISABLED) && \
+    PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030F0000
 #define FR_IFRAME 1
 #define Py_BUILD_CORE 1
+#if PY_VERSION_HEX >= 0x030E0000
+/* 3.14 moved the frame's struct and accessors here; its code is a tagged reference
+ * (_PyStackRef), which _PyFrame_GetCode unmasks. */
+#include <internal/pycore_interpframe.h>
+#else
 #include <internal/pycore_frame.h>
+#endif
 #undef Py_BUILD_CORE
 #else
 #define FR_IFRAME 0
@@ -2366,6 +2374,14 @@ PyInit__fast(void)
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* What this build decided by the Python version it was compiled for (``flightrec
+     * doctor`` reports them): the walk over interpreter frames, and the group cache's dict
+     * version check. */
+    if (PyModule_AddIntConstant(m, "FRAME_WALK", FR_IFRAME) < 0 ||
+        PyModule_AddIntConstant(m, "DICT_VERSION", FR_DICT_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }
