@@ -38,12 +38,14 @@ def item(found: Diagnosis, topic: str) -> Any:
 @needs_c
 def test_the_frame_walk_is_built_on_every_python_whose_frames_are_known() -> None:
     known = (3, 11) <= sys.version_info[:2] <= (3, 14) and not FREE_THREADED
-    assert _fast.FRAME_WALK == int(known)
+    built = _fast.FRAME_WALK
+    assert built == int(known)
 
 
 @needs_c
 def test_the_group_cache_keys_on_dict_versions_until_314_removed_them() -> None:
-    assert _fast.DICT_VERSION == int(sys.version_info[:2] < (3, 14))
+    built = _fast.DICT_VERSION
+    assert built == int(sys.version_info[:2] < (3, 14))
 
 
 def test_a_declined_frame_walk_names_the_version_that_declined_it() -> None:
@@ -138,3 +140,14 @@ def test_under_flightrec_1_the_doctor_starts_no_recorder(tmp_path: Path) -> None
     assert out.returncode in (0, 1), out.stderr
     assert "start-up hook" in out.stdout
     assert not dumps.exists(), out.stderr
+
+
+@needs_c
+def test_a_reader_that_is_off_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from flightrec.recorder.low_level import layout
+
+    monkeypatch.setattr(layout, "USE_LAYOUT", False)
+    reader = item(diagnose({}), "tensor-memory reader")
+    assert reader.value == "off"
+    assert reader.why.startswith("switched off (layout.USE_LAYOUT); torch's getters are used")
