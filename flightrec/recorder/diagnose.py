@@ -127,7 +127,7 @@ def _torch() -> tuple[Any, Item]:
         )
         if check is not None and check()
     ]
-    cuda = torch.version.cuda if torch.version.cuda else "CPU build"
+    cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
     return torch, Item("torch", torch.__version__, f"{cuda}; backends: {', '.join(backends)}")
 
 
