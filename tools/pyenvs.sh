@@ -141,6 +141,10 @@ run() {
     shift
     root=$(root_of "$version")
     [ -x "$root/opt/venv/bin/python" ] || die "no root for Python $version: tools/pyenvs.sh build $version"
+    # One command per root at a time: the next one's copy of the tree would pull files from
+    # under it.
+    exec 9>"$root/tmp/pyenvs.lock"
+    flock 9
     sync_tree "$root"
     local cmd="python -m pytest -q tests/unit"
     if [ $# -gt 0 ]; then
