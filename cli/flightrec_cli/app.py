@@ -24,7 +24,7 @@ EXIT_USAGE = 2
 
 
 # Subcommand modules under flightrec_cli.commands; each exposes `register(app)`.
-COMMANDS: tuple[str, ...] = ("simulate", "convert", "analyze", "show", "trigger")
+COMMANDS: tuple[str, ...] = ("simulate", "convert", "analyze", "show", "trigger", "doctor")
 
 app = typer.Typer(
     name="flightrec",

@@ -38,16 +38,24 @@
 #define COMPILER_BARRIER() ((void)0)
 #endif
 
-/* The interpreter's own frames, read where their layout is known (CPython 3.11 to 3.13): the
+/* The interpreter's own frames, read where their layout is known (CPython 3.11 to 3.14): the
  * Site's hot path tells its caller's code, instruction and parent frame apart without making
  * Python create a frame object for the caller (PyEval_GetFrame does, and frees it when the
  * caller returns: a fifth of the stack's cost). Elsewhere, and on any cache miss, the public
- * API (PyEval_GetFrame, PyFrame_GetBack) as before. */
-#if !defined(PYPY_VERSION) && !defined(Py_LIMITED_API) && PY_VERSION_HEX >= 0x030B0000 && \
-    PY_VERSION_HEX < 0x030E0000
+ * API (PyEval_GetFrame, PyFrame_GetBack) as before: a later Python (its frames are not known
+ * yet) and free-threaded builds (frames read without the GIL's guarantees) decline here, by
+ * version, at compile time; ``FRAME_WALK`` says which this build is. */
+#if !defined(PYPY_VERSION) && !defined(Py_LIMITED_API) && !defined(Py_GIL_DISABLED) && \
+    PY_VERSION_HEX >= 0x030B0000 && PY_VERSION_HEX < 0x030F0000
 #define FR_IFRAME 1
 #define Py_BUILD_CORE 1
+#if PY_VERSION_HEX >= 0x030E0000
+/* 3.14 moved the frame's struct and accessors here; its code is a tagged reference
+ * (_PyStackRef), which _PyFrame_GetCode unmasks. */
+#include <internal/pycore_interpframe.h>
+#else
 #include <internal/pycore_frame.h>
+#endif
 #undef Py_BUILD_CORE
 #else
 #define FR_IFRAME 0
@@ -792,6 +800,22 @@ getset_of(PyTypeObject *type, PyObject *name, getter *get, void **closure)
     return 1;
 }
 
+/* Whether ``type`` has a valid version tag: one that changes whenever the type or a base is
+ * modified, so that getters found once stay right while it does not move. CPython 3.11 and
+ * 3.12 mark it with Py_TPFLAGS_VALID_VERSION_TAG; 3.13 no longer sets that flag (the tag
+ * itself says it: 0 is never a valid one), which left this check false there and turned the
+ * tensor-memory reader and the getter cache off on 3.13 and later. */
+static inline int
+valid_version_tag(PyTypeObject *type)
+{
+#if PY_VERSION_HEX < 0x030D0000
+    if (!PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        return 0;
+    }
+#endif
+    return type->tp_version_tag != 0;
+}
+
 /* An attribute by name as a getter (its closure: the name), for types whose getters are not
  * kept (see shape_dtype_slow). */
 static PyObject *
@@ -829,7 +853,7 @@ shape_dtype_slow(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **
     void *cs = NULL, *cd = NULL;
     /* _PyType_Lookup assigns the type a valid version tag where it can. */
     int ok = getset_of(type, s_shape, &gs, &cs) && getset_of(type, s_dtype, &gd, &cd) &&
-             PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG);
+             valid_version_tag(type);
     if (!ok) {
         return read_shape_dtype(tensor, by_name, s_shape, by_name, s_dtype, shape, dtype);
     }
@@ -848,7 +872,7 @@ shape_dtype(FastPath *self, PyObject *tensor, PyObject **shape, PyObject **dtype
 {
     PyTypeObject *type = Py_TYPE(tensor);
     if (UNLIKELY(type != self->tt_type || type->tp_version_tag != self->tt_version ||
-                 !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG))) {
+                 !valid_version_tag(type))) {
         return shape_dtype_slow(self, tensor, shape, dtype);
     }
     return read_shape_dtype(tensor, self->tt_shape, self->tt_shape_closure, self->tt_dtype,
@@ -932,7 +956,7 @@ raw_rearm(Layout *L, PyTypeObject *type)
     void *cs = NULL, *cd = NULL;
     if (!getset_of(type, s_shape, &gs, &cs) || !getset_of(type, s_dtype, &gd, &cd) ||
         gs != L->shape_get || gd != L->dtype_get || cs != L->shape_closure ||
-        cd != L->dtype_closure || !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        cd != L->dtype_closure || !valid_version_tag(type)) {
         return 0;
     }
     L->version = type->tp_version_tag;
@@ -1810,7 +1834,7 @@ FastPath_set_layout(FastPath *self, PyObject *args)
     getter gs = NULL, gd = NULL;
     void *cs = NULL, *cd = NULL;
     if (!getset_of(type, s_shape, &gs, &cs) || !getset_of(type, s_dtype, &gd, &cd) ||
-        !PyType_HasFeature(type, Py_TPFLAGS_VALID_VERSION_TAG)) {
+        !valid_version_tag(type)) {
         PyErr_SetString(PyExc_ValueError, "set_layout: shape and dtype are not C getters");
         return NULL;
     }
@@ -2417,6 +2441,14 @@ PyInit__fast(void)
         return NULL;
     }
     if (PyModule_AddIntConstant(m, "SLOT_SIZE", SLOT_SIZE) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    /* What this build decided by the Python version it was compiled for (``flightrec
+     * doctor`` reports them): the walk over interpreter frames, and the group cache's dict
+     * version check. */
+    if (PyModule_AddIntConstant(m, "FRAME_WALK", FR_IFRAME) < 0 ||
+        PyModule_AddIntConstant(m, "DICT_VERSION", FR_DICT_VERSION) < 0) {
         Py_DECREF(m);
         return NULL;
     }

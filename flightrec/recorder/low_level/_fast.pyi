@@ -4,6 +4,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 SLOT_SIZE: int
+FRAME_WALK: int
+DICT_VERSION: int
 LAYOUT: dict[str, int]
 
 class Counter:

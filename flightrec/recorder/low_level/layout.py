@@ -66,13 +66,22 @@ def install(fast: Any) -> bool:
     getters (never raises: the recorder must not fail because of this). Called at the first
     recorded call, when torch is fully imported (the recorder's hooks are installed while
     ``torch.distributed`` is still importing)."""
+    why = install_why_not(fast)
+    if why is not None:
+        log.debug("flightrec: tensor layout not used (%s)", why)
+    return why is None
+
+
+def install_why_not(fast: Any) -> str | None:
+    """``install``, saying why not: None where ``fast`` now reads tensors from memory, else
+    the reason it stays on torch's getters, in a few words (``flightrec doctor`` shows it)."""
     if not USE_LAYOUT:
-        return False
+        return "switched off (layout.USE_LAYOUT)"
     try:
         probes = _probes()
-        found = calibrate(probes)
-        if found is None:
-            return False
+        found = _calibrate(probes)
+        if isinstance(found, str):
+            return found
         fast.set_layout(
             _torch().Tensor, found.impl, found.ndim, found.dtype, found.keys, found.allowed,
             found.dtypes,
@@ -80,20 +89,26 @@ def install(fast: Any) -> bool:
         agree = all(fast.raw_spec(t) in (None, (tuple(t.shape), t.dtype)) for t in probes)
         if not (agree and fast.raw_on):
             fast.clear_layout()
-        return bool(fast.raw_on)
+            return "the C path's reading of the probe tensors disagreed with torch's getters"
+        return None
     except Exception as exc:  # anything here only means "use the getters"
-        log.debug("flightrec: tensor layout not used (%s)", exc)
-        return False
+        return f"{type(exc).__name__}: {exc}"
 
 
 def calibrate(probes: list[Any] | None = None) -> Layout | None:
     """The offsets where every probe (``_probes()`` unless given) agrees with torch at exactly
     one place, else None."""
+    found = _calibrate(_probes() if probes is None else probes)
+    return None if isinstance(found, str) else found
+
+
+def _calibrate(probes: list[Any]) -> Layout | str:
+    """``calibrate``, or why there is no layout."""
     torch = _torch()
-    probes = _probes() if probes is None else probes
     typed = _typed_probes()
     if any(type(t) is not torch.Tensor for t in (*probes, *typed)):
-        return None  # a mode (FakeTensorMode, a TorchFunctionMode) made the probes: no answer
+        # A mode (FakeTensorMode, a TorchFunctionMode) made the probes: no answer.
+        return "the probe tensors are not plain torch.Tensor (a tensor mode is active)"
     basic = torch.Tensor.__basicsize__
     heads = [ctypes.string_at(id(t), basic) for t in probes]
     impls = [ctypes.string_at(t._cdata, SPAN) for t in probes]
@@ -114,8 +129,14 @@ def calibrate(probes: list[Any] | None = None) -> Layout | None:
     dtype = _only(
         o for o in range(0, SPAN - 1, 2) if _one_to_one(typed_impls, typed, probes, impls, o)
     )
+    unknown = [
+        name
+        for name, offset in (("tensor", impl), ("sizes", ndim), ("dispatch keys", keys),
+                             ("dtype", dtype))
+        if offset is None
+    ]  # fmt: skip
     if impl is None or ndim is None or keys is None or dtype is None:
-        return None
+        return "no single offset agrees with torch for: " + ", ".join(unknown)
     dtypes = {
         struct.unpack_from("<H", m, dtype)[0]: t.dtype
         for m, t in zip(typed_impls, typed, strict=True)

@@ -1,0 +1,269 @@
+"""What ``flightrec doctor`` reports: whether tracing would work in this environment, and how.
+
+For the Python and torch it runs under: flightrec's version, which recording path is active
+(the C hot path or pure Python), whether the C path's tensor-memory reader and frame walk are
+on and why not, whether the start-up hook (``flightrec-autostart.pth``) is installed, and where
+dumps would go with the current environment. It is what a user runs first when something looks
+wrong, and what a bug report should contain.
+
+Nothing here changes the environment: torch.distributed is not wrapped, and the dump folder is
+only tested (an empty folder made and removed at once where the dumps would go).
+torch is imported (where installed) to check the tensor-memory reader on a few probe tensors,
+as the recorder itself does at its first recorded call. Without torch, the report says tracing
+cannot work; it never raises for what it finds.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import flightrec
+from flightrec.recorder import config as _config
+
+PTH = "flightrec-autostart.pth"
+
+
+@dataclass(frozen=True)
+class Item:
+    """One line of the report."""
+
+    topic: str
+    """What is checked: ``python``, ``torch``, ``recording path``, ..."""
+    value: str
+    """What was found, in a few words."""
+    why: str = ""
+    """Why a path is off, or what else matters about the value."""
+    blocks: bool = False
+    """True where this stops tracing from working."""
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The whole report, in order."""
+
+    items: tuple[Item, ...]
+
+    @property
+    def tracing_works(self) -> bool:
+        """Whether ``FLIGHTREC=1`` would trace a job started in this environment."""
+        return not any(item.blocks for item in self.items)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: ``{"tracing_works": bool, "items": [{"topic", "value", "why",
+        "blocks"}, ...]}``."""
+        return {
+            "schema": "flightrec.doctor/1",
+            "tracing_works": self.tracing_works,
+            "items": [
+                {"topic": i.topic, "value": i.value, "why": i.why, "blocks": i.blocks}
+                for i in self.items
+            ],
+        }
+
+
+def diagnose(env: Mapping[str, str] | None = None) -> Diagnosis:
+    """Check this interpreter and the FLIGHTREC_* settings in ``env`` (default: os.environ)."""
+    env = os.environ if env is None else env
+    cfg = _config.from_env(env)
+    # Under FLIGHTREC=1 the start-up hook armed itself in this very process (which shows it
+    # works): disarm it, so that importing torch.distributed below starts no recorder here.
+    autostart = sys.modules.get("flightrec._autostart")
+    if autostart is not None:
+        autostart._remove()
+    items = [
+        Item("flightrec", flightrec.__version__, str(Path(flightrec.__file__).parent)),
+        _python(),
+    ]
+    torch, torch_item = _torch()
+    items.append(torch_item)
+    fast, path_item = _recording_path()
+    items.append(path_item)
+    items.append(_tensor_reader(fast, torch))
+    items.append(_frame_walk(fast, cfg.stack_depth))
+    items.append(_group_cache(fast))
+    items.append(_hook(env, armed=autostart is not None))
+    items.append(_dumps(cfg.directory))
+    items.append(
+        Item(
+            "settings",
+            f"timeout {cfg.timeout_s:g} s, buffer {cfg.buffer} entries, "
+            f"stack depth {cfg.stack_depth}",
+            ", ".join(sorted(k for k in env if k.startswith("FLIGHTREC"))) or "no FLIGHTREC_*",
+        )
+    )
+    return Diagnosis(tuple(items))
+
+
+def _python() -> Item:
+    impl = sys.implementation.name
+    threaded = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    value = f"{sys.version.split()[0]} ({impl}{', free-threaded' if threaded else ''})"
+    return Item("python", value, sys.executable)
+
+
+def _torch() -> tuple[Any, Item]:
+    try:
+        import torch
+        import torch.distributed as dist
+    except Exception as exc:  # ImportError, or a broken install raising anything
+        return None, Item("torch", "not importable", f"{type(exc).__name__}: {exc}", True)
+    if not dist.is_available():
+        return torch, Item(
+            "torch", torch.__version__, "built without torch.distributed: nothing to trace", True
+        )
+    backends = [
+        name
+        for name, check in (
+            ("gloo", getattr(dist, "is_gloo_available", None)),
+            ("nccl", getattr(dist, "is_nccl_available", None)),
+        )
+        if check is not None and check()
+    ]
+    cuda = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU build"
+    return torch, Item("torch", torch.__version__, f"{cuda}; backends: {', '.join(backends)}")
+
+
+def _recording_path() -> tuple[Any, Item]:
+    """The C extension where it is built and used, else None (the pure-Python path)."""
+    try:
+        from flightrec.recorder.low_level import codegen
+    except Exception as exc:  # the recorder's own modules failing to import: report it
+        return None, Item("recording path", "unavailable", f"{type(exc).__name__}: {exc}", True)
+    fast: Any
+    try:
+        from flightrec.recorder.low_level import _fast as fast
+    except ImportError:
+        fast = None
+    if fast is None:
+        return None, Item(
+            "recording path",
+            "pure Python",
+            "the C extension is not built (no compiler at install time?): every call is "
+            "recorded the same, more slowly",
+        )
+    if not codegen.USE_FAST:
+        return None, Item("recording path", "pure Python", "the C path is switched off")
+    return fast, Item("recording path", "C", str(fast.__file__))
+
+
+def _bare_fast_path(fast: Any) -> Any:
+    """A C FastPath with empty tables: enough to calibrate and check the layout on."""
+    from flightrec.recorder.low_level.state import new_active, new_counter
+
+    return fast.FastPath(
+        recorder=None, by_pg={}, active=new_active(), threads={}, tcaches={}, reds={},
+        ids=new_counter(), capture=None, buffer=bytearray(fast.SLOT_SIZE), capacity=1, depth=0,
+    )  # fmt: skip
+
+
+def _tensor_reader(fast: Any, torch: Any) -> Item:
+    topic = "tensor-memory reader"
+    if fast is None:
+        return Item(topic, "off", "needs the C path")
+    if torch is None:
+        return Item(topic, "off", "needs torch")
+    from flightrec.recorder.low_level import layout
+
+    why = layout.install_why_not(_bare_fast_path(fast))
+    if why is None:
+        return Item(topic, "on", f"shapes and dtypes read from torch {torch.__version__}'s memory")
+    return Item(topic, "off", f"{why}; torch's getters are used (same entries, slower)")
+
+
+def _frame_walk(fast: Any, depth: int) -> Item:
+    topic = "frame walk"
+    if fast is None:
+        return Item(topic, "off", "needs the C path")
+    if depth == 0:
+        return Item(topic, "off", "stacks are off (FLIGHTREC_STACK_DEPTH=0)")
+    if getattr(fast, "FRAME_WALK", 0):
+        return Item(topic, "on", "callers' stacks read off the interpreter's frames")
+    return Item(topic, "off", frame_walk_declined() + "; stacks come through PyEval_GetFrame")
+
+
+def frame_walk_declined(
+    version: tuple[int, int] | None = None, free_threaded: bool | None = None
+) -> str:
+    """Why the C path's build has no frame walk, decided by version: the interpreter's frames
+    are internal structures, read only where their layout is known (CPython 3.11 to 3.14, with
+    the GIL)."""
+    version = sys.version_info[:2] if version is None else version
+    if free_threaded is None:
+        free_threaded = bool(sysconfig.get_config_var("Py_GIL_DISABLED"))
+    if sys.implementation.name != "cpython":
+        return f"{sys.implementation.name} has no CPython interpreter frames"
+    if free_threaded:
+        return "free-threaded build: frames are not read without the GIL"
+    if version >= (3, 15):
+        return f"Python {version[0]}.{version[1]}'s interpreter frames are not known to this build"
+    return "this build of the C path was compiled without it"
+
+
+def _group_cache(fast: Any) -> Item:
+    topic = "group cache"
+    if fast is None:
+        return Item(topic, "off", "needs the C path")
+    if getattr(fast, "DICT_VERSION", 0):
+        return Item(topic, "on", "a call's group is looked up once per change of the group table")
+    return Item(topic, "off", "this Python has no dict version tags (3.14+): one lookup per call")
+
+
+def _site_dirs() -> list[Path]:
+    dirs = list(site.getsitepackages()) if hasattr(site, "getsitepackages") else []
+    if site.ENABLE_USER_SITE:
+        dirs.append(site.getusersitepackages())
+    return [Path(d) for d in dict.fromkeys(dirs)]
+
+
+def _hook(env: Mapping[str, str], armed: bool) -> Item:
+    on = _config.is_true(env.get("FLIGHTREC"))
+    state = "FLIGHTREC is not set: set FLIGHTREC=1 for the job"
+    if on:
+        state = "FLIGHTREC=1, and it ran in this process" if armed else "FLIGHTREC=1"
+    for d in _site_dirs():
+        pth = d / PTH
+        try:
+            text = pth.read_text()
+        except OSError:
+            continue
+        if "flightrec._autostart" not in text:
+            return Item("start-up hook", f"{pth} does not start flightrec", state, True)
+        return Item("start-up hook", f"installed ({pth})", state)
+    return Item(
+        "start-up hook",
+        "not installed",
+        f"no {PTH} in {', '.join(map(str, _site_dirs()))}: FLIGHTREC=1 cannot trace a script "
+        "that never imports flightrec (pip install torch-flightrec installs it)",
+        True,
+    )
+
+
+def _dumps(directory: str) -> Item:
+    if "://" in directory:
+        try:
+            import fsspec  # type: ignore[import-untyped]
+
+            fsspec.get_filesystem_class(directory.split("://", 1)[0])
+        except Exception as exc:  # ImportError, or an unknown or uninstalled protocol
+            return Item("dumps", directory, f"a URL, not writable here: {exc}", True)
+        return Item("dumps", directory, "a URL: spooled locally, then uploaded through fsspec")
+    path = Path(directory).expanduser().absolute()
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return Item("dumps", str(path), f"{probe} is not a folder", True)
+    try:  # what the dumper does first: make a folder there (os.access trusts root)
+        os.rmdir(tempfile.mkdtemp(prefix=".flightrec-doctor-", dir=probe))
+    except OSError as exc:
+        return Item("dumps", str(path), f"cannot write under {probe}: {exc.strerror}", True)
+    state = "exists, writable" if probe == path else f"created at the first dump (under {probe})"
+    return Item("dumps", str(path), state)
