@@ -164,7 +164,7 @@ def analyze_dir(path: str | os.PathLike[str], options: AnalysisOptions | None = 
             )
         else:
             run = load_dir(
-                path,
+                os.fspath(path),
                 options.view,
                 workers=options.workers,
                 progress=options.progress,
