@@ -33,6 +33,7 @@ from flightrec.recorder.native_watch import NativeWatch
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
+from flightrec.recorder.slowcheck import SlowCheck
 from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store
 from flightrec.recorder.watchdog import Watchdog
 
@@ -62,6 +63,7 @@ class Runtime:
         self.reporter: Reporter | None = None
         """Prints the verdict into the job's log (handed in by ``flightrec.enable``)."""
         self.exchange: Exchange | None = None
+        self.slowcheck: SlowCheck | None = None
         self.dumper.on_dump = self._on_dump
         self.signals = SignalHandlers(self._on_signal)
         self.native_watch = NativeWatch(config.timeout_s, config.native)
@@ -126,6 +128,9 @@ class Runtime:
             if self.poller is not None:
                 self.poller.stop()
                 self.poller = None
+            if self.slowcheck is not None:
+                self.slowcheck.stop(wait_s=0.0)
+                self.slowcheck = None
 
     def after_fork_in_child(self) -> None:
         """Tracing does not follow ``fork()``: the child's process groups, ring and black box
@@ -139,6 +144,7 @@ class Runtime:
         self.watchdog = None  # its thread did not survive the fork
         self.poller = None
         self.exchange = None
+        self.slowcheck = None  # its thread did not survive the fork either
         self.recorder.tracker.after_fork_in_child()
         self.signals.after_fork_in_child()
         if self.rawstacks is not None:
@@ -214,6 +220,9 @@ class Runtime:
         with self._lock:
             poller, self.poller = self.poller, None
             self.exchange = None
+            slowcheck, self.slowcheck = self.slowcheck, None
+        if slowcheck is not None:  # out of the store before the store goes
+            slowcheck.stop()
         if poller is not None:
             poller.stop(wait_s=POLLER_STOP_WAIT_S)
             poller.leave(HOST_WAIT_S if _hosts_store(poller.rank) else 0.0)
@@ -245,6 +254,8 @@ class Runtime:
                 self.exchange = Exchange(
                     self.poller, _rank(), _world_size(), self.namespace, reporter
                 )
+            if self.poller is not None and self.slowcheck is None and self.config.slow_check_s:
+                self._start_slowcheck(self.poller)
             try:
                 if not self.signals.installed:
                     self.signals.install()
@@ -254,6 +265,22 @@ class Runtime:
         self.dumper.remember_identity()
         self._identify_blackbox()
         self._arm_rawstacks()
+
+    def _start_slowcheck(self, poller: Poller) -> None:
+        """The slow check (docs/slow-ranks.md); rank 0 judges, with what the reporter makes."""
+        rank = _rank()
+        make = getattr(self.reporter, "slow_judge", None) if rank == 0 else None
+        try:
+            from flightrec.recorder.dumper import _device_identity
+
+            ident = self.dumper.identity
+            device = _device_identity(ident.backend if ident is not None else "")[0]
+            self.slowcheck = SlowCheck(
+                poller.connection_source(), self.recorder, rank, _world_size(),
+                self.namespace, self.config.slow_check_s, make, device,
+            )  # fmt: skip
+        except Exception as exc:
+            self._warn_once("slowcheck", "no slow-rank check", exc)
 
     def _warn_once(self, topic: str, what: str, exc: BaseException) -> None:
         if topic not in self._warned:
