@@ -16,7 +16,8 @@ the next-latest member, at ``min_late`` or more of the window's collectives, and
 - it holds more of the group's late arrivals than chance would give it (a rank slow every
   few steps: late arrivals happen rarely, but when they do, it is this rank),
 
-and the others spend at least ``min_cost`` of the window's time waiting for it. It is named
+and the others spend at least ``min_cost`` of the window's time waiting for it (a rank late only
+because it waited for a late peer in another group is left out: ``_first_causes``). It is named
 after ``confirm`` checks in a row, again only when what the line says changes (another rank
 or group, another shape, lateness halved or doubled), and once when it is over (``confirm``
 checks in a row without it).
@@ -165,6 +166,7 @@ class SlowJudge:
                         trend=describe_trend(list(seen.lateness[r]), opt.floor_ms),
                     )
                 )
+        found = _first_causes(found, {k: set(v) for k, v in lanes.items()})
         found.sort(key=lambda s: (-s.cost, s.rank))
         flagged = {(s.rank, s.group) for s in found}
         self._streak = {k: self._streak.get(k, 0) + 1 for k in flagged}
@@ -204,6 +206,26 @@ class SlowJudge:
             return None
         self._said, self._named, self._clear = None, None, 0
         return over_line(named)
+
+
+def _first_causes(found: list[Slowness], members: Mapping[str, set[int]]) -> list[Slowness]:
+    """Leave out ranks late only because they waited for another late rank.
+
+    A rank that waits for a slow peer in one group (tensor parallel) arrives late at its next
+    collective in another group (data parallel), where it looks slow itself. It is left out
+    when another rank is late in a group it belongs to and it is not late there itself.
+    """
+    late_in = {(s.rank, s.group) for s in found}
+    return [
+        s
+        for s in found
+        if not any(
+            t.rank != s.rank
+            and s.rank in members.get(t.group, ())
+            and (s.rank, t.group) not in late_in
+            for t in found
+        )
+    ]
 
 
 def _who(s: Slowness) -> str:
