@@ -159,10 +159,9 @@ def test_a_rank_that_only_waited_for_a_late_peer_is_not_named() -> None:
     # late at "dp" (ranks 0, 2, 3, 4): only rank 1 is the cause.
     rng = random.Random(3)
     judge = SlowJudge(SlowOptions(confirm=1))
-    t, seq = T0, 0
+    t = T0
     rows: dict[tuple[int, str], list[tuple[int, int, int]]] = {}
-    for _ in range(64):
-        seq += 1
+    for seq in range(1, 65):
         a_tp = {0: t + rng.uniform(0, 2) * MS, 1: t + 40 * MS + rng.uniform(0, 2) * MS}
         d_tp = max(a_tp.values()) + 0.3 * MS
         a_dp = {r: t + rng.uniform(0, 2) * MS for r in (2, 3, 4)}
