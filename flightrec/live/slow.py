@@ -19,7 +19,7 @@ the next-latest member, at ``min_late`` or more of the window's collectives, and
 and the others spend at least ``min_cost`` of the window's time waiting for it (a rank late only
 because it waited for a late peer in another group is left out: ``_first_causes``). It is named
 after ``confirm`` checks in a row, again only when what the line says changes (another rank
-or group, another shape, lateness halved or doubled), and once when it is over (``confirm``
+or group, another shape, lateness halved or doubled unless it is growing), and once when it is over (``confirm``
 checks in a row without it).
 """
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -36,10 +37,18 @@ from statistics import median
 from flightrec.analysis.clocks import Lane, align_lanes
 from flightrec.analysis.lastarrivals import tally_arrivals
 from flightrec.analysis.straggler import chance_of_as_many, percentile
-from flightrec.analysis.trend import Trend, describe_trend, lateness_rows, trend_phrase
+from flightrec.analysis.trend import (
+    GROWING,
+    Trend,
+    describe_trend,
+    lateness_rows,
+    trend_phrase,
+)
 from flightrec.format.digest import Digest, DigestError, decode
 
 log = logging.getLogger("flightrec")
+WARMUP_SEQS = 5
+"""A group's first collectives, which set up its connections, are not judged."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +106,11 @@ def _binomial_tail(n: int, k: int, p: float) -> float:
 class SlowJudge:
     """Judges each check's digests; remembers what it said (one instance per job)."""
 
-    def __init__(self, options: SlowOptions | None = None) -> None:
+    def __init__(self, options: SlowOptions | None = None, since_ns: int = 0) -> None:
+        """``since_ns``: collectives that began earlier (wall clock) are not looked at: the
+        reporting rank is late at those while it loads the judge."""
         self.options = options or SlowOptions()
+        self.since_ns = since_ns
         self._groups: dict[str, _Seen] = {}
         self._streak: dict[tuple[int, str], int] = {}
         self._said: tuple[int, str, str, int] | None = None
@@ -113,10 +125,21 @@ class SlowJudge:
         members: dict[str, int] = {}
         for r, d in digests.items():
             for g in d.groups:
-                if g.members < 2 or len(g.seqs) < 3:
+                # Not the first collectives of a group (connections are set up in them), nor
+                # any that began before the judge was made.
+                keep = [
+                    i
+                    for i, (s, e) in enumerate(zip(g.seqs, g.enqueue_ns, strict=True))
+                    if s > WARMUP_SEQS and e >= self.since_ns
+                ]
+                if g.members < 2 or len(keep) < 3:
                     continue
-                pos = tuple(range(len(g.seqs)))
-                lanes.setdefault(g.key, {})[r] = Lane(g.seqs, pos, g.enqueue_ns, g.complete_ns)
+                lanes.setdefault(g.key, {})[r] = Lane(
+                    tuple(g.seqs[i] for i in keep),
+                    tuple(range(len(keep))),
+                    tuple(g.enqueue_ns[i] for i in keep),
+                    tuple(g.complete_ns[i] for i in keep),
+                )
                 members[g.key] = g.members
         found: list[Slowness] = []
         for key, group_lanes in sorted(lanes.items()):
@@ -191,7 +214,9 @@ class SlowJudge:
             self._clear = 0
             s = confirmed[0]
             shape = s.trend.shape if s.trend is not None else ""
-            said = (s.rank, s.group, shape, round(math.log2(max(s.median_ms, 1.0))))
+            # A growing rank's lateness doubles again and again: its line says so once.
+            size = -1 if shape == GROWING else round(math.log2(max(s.median_ms, 1.0)))
+            said = (s.rank, s.group, shape, size)
             if said == self._said:
                 return None
             self._said, self._named = said, s
@@ -256,7 +281,7 @@ class SlowReporter:
     raises."""
 
     def __init__(self, write: Callable[[str], None]) -> None:
-        self.judge = SlowJudge()
+        self.judge = SlowJudge(since_ns=time.time_ns())
         self._write = write
         self._warned = False
 
