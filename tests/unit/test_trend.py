@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+from pathlib import Path
 
+import jsonschema
 import pytest
 
 from flightrec.analysis import analyze
@@ -91,3 +93,18 @@ def test_straggler_finding_carries_its_trend() -> None:
     data = json.loads(JsonRenderer().render(report))
     trend = data["findings"][0]["evidence"]["trend"]
     assert trend["shape"] == "steady" and trend["samples"] == 40
+    schema = json.loads((Path(__file__).parents[2] / "docs" / "report-schema.json").read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    assert [e.message for e in validator.iter_errors(data)] == []
+
+
+def test_timeline_marks_where_the_straggler_began() -> None:
+    from flightrec.report.trace import TraceRenderer
+    from tests.unit.test_trace_format import trace_errors
+
+    job = timed_job(steps=40, late={2: 40.0})
+    data = TraceRenderer().to_dict(analyze(job.run()))
+    assert trace_errors(data) == []
+    (mark,) = [e for e in data["traceEvents"] if e.get("cat") == "straggler"]
+    assert mark["ph"] == "i" and mark["tid"] == 2 * 64
+    assert mark["args"]["shape"] == "steady" and mark["name"] == "straggler from here: steady"
