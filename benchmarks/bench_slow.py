@@ -100,6 +100,18 @@ def healthy(args: argparse.Namespace) -> None:
     )
     for r in fp[:3]:
         print(f"    {r['lines'][0]}")  # type: ignore[index]
+    # What the checks cost each rank's flightrec thread (CPU), per check: rank 0 publishes,
+    # gathers and judges; the others publish.
+    per: dict[bool, list[float]] = {True: [], False: []}
+    for r in results:
+        for rank, checks, total_ms in r.get("check_costs", []):  # type: ignore[union-attr]
+            if int(checks):
+                per[rank == "0"].append(float(total_ms) / int(checks))
+    for judge, costs in per.items():
+        if costs:
+            who = "rank 0 (publish, gather, judge)" if judge else "other ranks (publish)"
+            print(f"  CPU per check, {who}: median {statistics.median(costs):.2f} ms, "
+                  f"max {max(costs):.2f} ms")  # fmt: skip
 
 
 # -- simulated 1,024-rank job ------------------------------------------------------------------

@@ -129,9 +129,9 @@ class SlowCheck:
         self._stop = threading.Event()
         self.checks = 0
         """Checks done (digests published)."""
-        self.last_cost_s = 0.0
-        """Thread CPU time of the last check (making and publishing; gathering and judging on
-        rank 0)."""
+        self.cost_s = 0.0
+        """Thread CPU time of the checks so far (making and publishing; gathering and judging
+        on rank 0)."""
         self._thread = threading.Thread(target=self._run, name="flightrec-slowcheck", daemon=True)
         self._thread.start()
 
@@ -163,7 +163,7 @@ class SlowCheck:
                         return
                     self.gather()
                 self.checks += 1
-                self.last_cost_s = time.thread_time() - started
+                self.cost_s += time.thread_time() - started
         except Exception as exc:  # the store is gone, or a bug: one line, and no more checks
             if not self._stop.is_set():
                 log.warning("flightrec: the slow check stopped: %s", exc)

@@ -97,6 +97,12 @@ def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int, slow: in
     flightrec.enable()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
     loop(args, rank, slow)
+    from flightrec.recorder import runtime
+
+    rt = runtime.current()
+    check = rt.slowcheck if rt is not None else None
+    if check is not None:  # what the checks cost this rank's flightrec thread
+        print(f"SLOWCHECK {rank} {check.checks} {check.cost_s * 1e3:.3f}", flush=True)
     dist.destroy_process_group()
 
 
@@ -119,17 +125,20 @@ def _watch(run_dir: str, pids: list[int], started: float) -> dict[str, object]:
         time.sleep(0.05)
     text = ""
     onset = None
+    all_lines: list[str] = []
     for name in sorted(os.listdir(run_dir)):
         if name.startswith("rank-") and name.endswith(".log"):
             with open(os.path.join(run_dir, name), errors="replace") as f:
                 body = f.read()
             text += body if name == "rank-0.log" else ""
+            all_lines += body.splitlines()
             for line in body.splitlines():
                 if line.startswith("ONSET "):
                     onset = float(line.split()[1])
     lines = [ln for ln in text.splitlines() if MARK in ln]
+    costs = [ln.split()[1:] for ln in all_lines if ln.startswith("SLOWCHECK ")]
     return {"started": started, "onset": onset, "first_line": first, "lines": lines,
-            "codes": codes}  # fmt: skip
+            "codes": codes, "check_costs": costs}  # fmt: skip
 
 
 def runs(args: argparse.Namespace) -> int:
