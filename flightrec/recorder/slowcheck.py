@@ -5,8 +5,8 @@ into the job's log when a rank is persistently late.
 
 Off the hot path: the digest is made from a copy of the ring (one ``bytes()`` of the buffer,
 then decoded here), on a thread of flightrec's own, with a store connection of its own
-(``store.own_connection``); a failure costs one warning for the whole process and ends the
-check, never the job.
+(``store.own_connection``); a store that stops answering ends the check (with one warning
+after ``MAX_FAILURES`` checks in a row), never the job.
 
 Checks happen at the same wall-clock instants on every rank (multiples of the interval), so
 the digests overlap in the collectives they hold; rank 0 gathers ``GATHER_DELAY_S`` later.
@@ -38,6 +38,8 @@ GATHER_DELAY_S = 1.0
 """How long after a check's instant rank 0 gathers (the other ranks publish at the instant);
 at most a quarter of the interval."""
 STOP_WAIT_S = 2.0
+MAX_FAILURES = 3
+"""Checks failing in a row (the store gone) before the check gives up, with one line."""
 GATHER_CHUNK = 1024
 
 Judge = Callable[[Mapping[int, bytes]], None]
@@ -142,31 +144,41 @@ class SlowCheck:
             self._thread.join(wait_s)
 
     def _run(self) -> None:
-        try:
-            first = time.time()
-            if self._make_judge is not None:
-                # Loaded now (the analysis: seconds of imports on a busy machine), while the
-                # job starts; the first check then comes a full interval later, so that no
-                # window it judges holds the collectives this rank was late at while loading.
+        first = time.time()
+        if self._make_judge is not None:
+            # Loaded now (the analysis: seconds of imports on a busy machine), while the job
+            # starts; the first check then comes a full interval later, so that no window it
+            # judges holds the collectives this rank was late at while loading.
+            try:
                 self._judge = self._make_judge()
-                first = time.time() + self.interval_s
-            while not self._stop.is_set():
-                now = time.time()
-                at = (int(max(now, first) / self.interval_s) + 1) * self.interval_s
-                if self._stop.wait(at - now):
-                    return
-                started = time.thread_time()
+            except Exception as exc:
+                log.warning("flightrec: no slow check: %s", exc)
+                self._make_judge = None
+            first = time.time() + self.interval_s
+        failures = 0
+        while not self._stop.is_set():
+            now = time.time()
+            at = (int(max(now, first) / self.interval_s) + 1) * self.interval_s
+            if self._stop.wait(at - now):
+                return
+            started = time.thread_time()
+            try:
                 self.publish()
                 if self._make_judge is not None:
-                    delay = min(GATHER_DELAY_S, self.interval_s / 4)
-                    if self._stop.wait(delay):
+                    if self._stop.wait(min(GATHER_DELAY_S, self.interval_s / 4)):
                         return
                     self.gather()
-                self.checks += 1
-                self.cost_s += time.thread_time() - started
-        except Exception as exc:  # the store is gone, or a bug: one line, and no more checks
-            if not self._stop.is_set():
-                log.warning("flightrec: the slow check stopped: %s", exc)
+                failures = 0
+            except Exception as exc:
+                # The store went away (the job is ending: rank 0's process hosts it) or does
+                # not answer: quietly at first, then one line, and no more checks.
+                failures += 1
+                if failures >= MAX_FAILURES and not self._stop.is_set():
+                    log.warning("flightrec: the slow check stopped: %s", exc)
+                if failures >= MAX_FAILURES:
+                    return
+            self.checks += 1
+            self.cost_s += time.thread_time() - started
 
     def _connection(self) -> Any:
         if self._store is None:

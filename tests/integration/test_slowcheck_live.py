@@ -38,7 +38,7 @@ def run(tmp_path: Path, *args: str) -> dict[str, object]:
 def test_a_slowing_rank_is_named_in_the_log_while_the_job_runs(
     tmp_path: Path, shape: str, word: str
 ) -> None:
-    steps = "220" if shape == "growing" else "300"  # (its steps grow 1 ms longer each)
+    steps = "180" if shape == "growing" else "200"  # (its steps grow 1 ms longer each)
     r = run(tmp_path, "--shape", shape, "--slow-rank", "2", "--onset-step", "80", "--steps", steps)
     lines: list[str] = r["lines"]  # type: ignore[assignment]
     named = [ln for ln in lines if "is persistently late" in ln]
@@ -53,7 +53,7 @@ def test_a_slowing_rank_is_named_in_the_log_while_the_job_runs(
 
 
 def test_a_healthy_job_has_no_line(tmp_path: Path) -> None:
-    r = run(tmp_path, "--shape", "none", "--steps", "300")
+    r = run(tmp_path, "--shape", "none", "--steps", "200")
     assert r["lines"] == [], r["lines"]
     logs = sorted(tmp_path.glob("run-000/rank-*.log"))
-    assert len(logs) == WORLD and all("STEP 300" in p.read_text() for p in logs)  # every step ran
+    assert len(logs) == WORLD and all("STEP 200" in p.read_text() for p in logs)  # every step ran

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -10,7 +12,9 @@ from flightrec.format.digest import MAX_BYTES, Digest, DigestError, GroupDigest,
 from flightrec.format.slot import COMPLETED, ENQUEUED, SLOT
 from flightrec.live.slow import SlowJudge, SlowOptions
 from flightrec.recorder.config import DEFAULT_SLOW_CHECK_S, from_env
-from flightrec.recorder.slowcheck import make_digest
+from flightrec.recorder.ring import Ring
+from flightrec.recorder.slowcheck import SlowCheck, make_digest, slow_key
+from tests.unit.test_live_exchange import MemoryStore
 
 MS = 1_000_000
 T0 = 1_790_000_000 * 10**9
@@ -190,3 +194,45 @@ def test_slow_check_setting() -> None:
     assert from_env({"FLIGHTREC_SLOW_CHECK": "5"}).slow_check_s == 5.0
     assert from_env({"FLIGHTREC_SLOW_CHECK": "0.01"}).slow_check_s == 0.5
     assert from_env({"FLIGHTREC_SLOW_CHECK": "soon"}).slow_check_s == DEFAULT_SLOW_CHECK_S
+
+
+def _recorder() -> SimpleNamespace:
+    ring = Ring(256)
+    t = time.monotonic_ns() - 200 * 30 * MS
+    for seq in range(1, 101):
+        rid = ring.append(t, ENQUEUED, seq, 0, 0, 0, 0, -1, 0, 0, 0, 0, 0, 0)
+        ring.finish(rid, COMPLETED, t + MS)
+        t += 30 * MS
+    return SimpleNamespace(
+        ring=ring, groups=SimpleNamespace(groups=[SimpleNamespace(name="0", ranks=(0, 1))])
+    )
+
+
+def test_each_rank_publishes_and_rank_0_hands_every_digest_to_the_judge() -> None:
+    store = MemoryStore()
+    seen: list[dict[int, bytes]] = []
+    checks = [
+        SlowCheck(store, _recorder(), 0, 2, "job", 0.5, lambda: seen.append, "cpu"),
+        SlowCheck(store, _recorder(), 1, 2, "job", 0.5, None, "cuda:1"),
+    ]
+    deadline = time.monotonic() + 10
+    while not seen and time.monotonic() < deadline:
+        time.sleep(0.05)
+    for c in checks:
+        c.stop()
+    assert seen and sorted(seen[0]) == [0, 1]
+    d = decode(seen[0][1], "rank 1")
+    assert d.rank == 1 and d.device == "cuda:1" and d.groups[0].seqs[-1] == 100
+    assert slow_key("job", 1) in store.data
+    assert all(c.checks >= 1 and c.cost_s > 0 for c in checks)
+
+
+def test_a_store_that_stops_answering_ends_the_check_with_one_line(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    store = MemoryStore(broken=True)
+    check = SlowCheck(store, _recorder(), 1, 2, "job", 0.5, None)
+    check._thread.join(10)  # three failed checks, half a second apart
+    assert not check._thread.is_alive()
+    warned = [r.getMessage() for r in caplog.records if "slow check" in r.getMessage()]
+    assert warned == ["flightrec: the slow check stopped: Connection reset by peer"]
