@@ -65,10 +65,11 @@ def live(args: argparse.Namespace) -> None:
     print(f"live 4-rank gloo jobs, FLIGHTREC_SLOW_CHECK={args.interval}, {args.runs} runs a shape")
     for shape in SHAPES:
         with tempfile.TemporaryDirectory() as tmp:
-            # A growing rank's steps grow 1 ms longer each: fewer of them.
-            steps = args.steps * 2 // 3 if shape == "growing" else args.steps
-            extra = ["--shape", shape, "--steps", str(steps), "--cycle-slow",
-                     "--onset-step", str(args.steps // 3), "--max-ms", "150"]  # fmt: skip
+            # Steps after the onset: about 9 s of each shape (a growing rank's steps grow
+            # 1 ms longer each; one slow step in 4 adds 10 ms a step on average).
+            after = {"growing": 160, "every": 320, "halfway": 180}[shape]
+            extra = ["--shape", shape, "--steps", str(args.onset + after), "--cycle-slow",
+                     "--onset-step", str(args.onset), "--max-ms", "150"]  # fmt: skip
             results = live_runs(Path(tmp), args.runs, args.interval, extra)
         found, delays, wrong = 0, [], 0
         for r in results:
@@ -275,7 +276,7 @@ def main() -> None:
     p.add_argument("--parts", default="live,healthy,sim,cost")
     p.add_argument("--interval", type=float, default=1.0, help="FLIGHTREC_SLOW_CHECK for live jobs")
     p.add_argument("--runs", type=int, default=8, help="live runs per shape")
-    p.add_argument("--steps", type=int, default=300, help="steps of a live shape run")
+    p.add_argument("--onset", type=int, default=100, help="steps before a live shape's onset")
     p.add_argument("--healthy-runs", type=int, default=50)
     p.add_argument("--healthy-steps", type=int, default=250)
     p.add_argument("--sim-runs", type=int, default=5)

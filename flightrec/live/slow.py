@@ -18,7 +18,8 @@ the next-latest member, at ``min_late`` or more of the window's collectives, and
 
 and the others spend at least ``min_cost`` of the window's time waiting for it (a rank late only
 because it waited for a late peer in another group is left out: ``_first_causes``). It is named
-after ``confirm`` checks in a row, again only when what the line says changes (another rank
+after ``confirm`` checks in a row that are at least ``min_persist_s`` apart, each late also
+at the collectives new since the check before, again only when what the line says changes (another rank
 or group, another shape, lateness halved or doubled unless it is growing), and once when it is over (``confirm``
 checks in a row without it).
 """
@@ -61,6 +62,8 @@ class SlowOptions:
         max_chance: the most probability allowed that arrival order alone explains them.
         min_cost: the least share of the window's time the others spend waiting for it.
         confirm: checks in a row before a line, and without it before "over".
+        min_persist_s: and at least this long between the first of those checks and the
+            line (a process starved for a second or two on a busy host is not a slow rank).
         history: lateness samples kept per rank and group for the onset.
     """
 
@@ -69,6 +72,7 @@ class SlowOptions:
     max_chance: float = 1e-3
     min_cost: float = 0.02
     confirm: int = 2
+    min_persist_s: float = 5.0
     history: int = 1024
 
 
@@ -112,7 +116,8 @@ class SlowJudge:
         self.options = options or SlowOptions()
         self.since_ns = since_ns
         self._groups: dict[str, _Seen] = {}
-        self._streak: dict[tuple[int, str], int] = {}
+        self._streak: dict[tuple[int, str], tuple[int, int]] = {}
+        """(rank, group) -> checks in a row it was late at, and when the first was taken."""
         self._said: tuple[int, str, str, int] | None = None
         self._named: Slowness | None = None
         self._clear = 0
@@ -149,6 +154,7 @@ class SlowJudge:
             rows = lateness_rows(ga)
             seen = self._groups.setdefault(key, _Seen())
             fresh = [i for i, s in enumerate(ga.seqs) if s > seen.last_seq]
+            is_fresh = set(fresh)
             for r in ga.ranks:
                 hist = seen.lateness.setdefault(r, deque(maxlen=opt.history))
                 hist.extend((ga.arrivals[r][i], rows[r][i]) for i in fresh)
@@ -163,6 +169,11 @@ class SlowJudge:
                 by_member.setdefault(j, []).append(i)
             for j, late in by_member.items():
                 if len(late) < opt.min_late:
+                    continue
+                # Late in what is new since the last check, too: windows overlap when checks
+                # are frequent, and a burst that is over must not count twice.
+                new = sum(1 for i in late if i in is_fresh)
+                if not new or new / len(fresh) < 0.5 * len(late) / taken:
                     continue
                 often = chance_of_as_many({n: taken}, len(late)) <= opt.max_chance
                 alone = _binomial_tail(total, len(late), 1.0 / n) <= opt.max_chance
@@ -192,7 +203,11 @@ class SlowJudge:
         found = _first_causes(found, {k: set(v) for k, v in lanes.items()})
         found.sort(key=lambda s: (-s.cost, s.rank))
         flagged = {(s.rank, s.group) for s in found}
-        self._streak = {k: self._streak.get(k, 0) + 1 for k in flagged}
+        now = max((d.taken_ns for d in digests.values()), default=0)
+        self._streak = {
+            k: (self._streak[k][0] + 1, self._streak[k][1]) if k in self._streak else (1, now)
+            for k in flagged
+        }
         return found
 
     def check(self, raw: Mapping[int, bytes]) -> str | None:
@@ -209,7 +224,13 @@ class SlowJudge:
                 if d.rank == rank:
                     digests[rank] = d
         found = self.find(digests)
-        confirmed = [s for s in found if self._streak[(s.rank, s.group)] >= self.options.confirm]
+        opt = self.options
+        now = max((d.taken_ns for d in digests.values()), default=0)
+        confirmed = []
+        for s in found:
+            checks, since = self._streak[(s.rank, s.group)]
+            if checks >= opt.confirm and now - since >= opt.min_persist_s * 1e9:
+                confirmed.append(s)
         if confirmed:
             self._clear = 0
             s = confirmed[0]

@@ -38,7 +38,9 @@ def run(tmp_path: Path, *args: str) -> dict[str, object]:
 def test_a_slowing_rank_is_named_in_the_log_while_the_job_runs(
     tmp_path: Path, shape: str, word: str
 ) -> None:
-    steps = "180" if shape == "growing" else "200"  # (its steps grow 1 ms longer each)
+    # About 9 s after the onset: a rank is named once late for 5 s (growing steps grow 1 ms
+    # longer each; one slow step in four adds 10 ms a step on average).
+    steps = str(80 + {"growing": 140, "every": 300, "halfway": 160}[shape])
     r = run(tmp_path, "--shape", shape, "--slow-rank", "2", "--onset-step", "80", "--steps", steps)
     lines: list[str] = r["lines"]  # type: ignore[assignment]
     named = [ln for ln in lines if "is persistently late" in ln]

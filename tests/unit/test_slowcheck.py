@@ -162,7 +162,7 @@ def test_a_rank_that_only_waited_for_a_late_peer_is_not_named() -> None:
     # Rank 1 is late in group "tp" (ranks 0, 1); rank 0 waits for it there and so arrives
     # late at "dp" (ranks 0, 2, 3, 4): only rank 1 is the cause.
     rng = random.Random(3)
-    judge = SlowJudge(SlowOptions(confirm=1))
+    judge = SlowJudge(SlowOptions(confirm=1, min_persist_s=0.0))
     t = T0
     rows: dict[tuple[int, str], list[tuple[int, int, int]]] = {}
     for seq in range(1, 65):
