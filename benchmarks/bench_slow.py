@@ -65,11 +65,12 @@ def live(args: argparse.Namespace) -> None:
     print(f"live 4-rank gloo jobs, FLIGHTREC_SLOW_CHECK={args.interval}, {args.runs} runs a shape")
     for shape in SHAPES:
         with tempfile.TemporaryDirectory() as tmp:
-            # Steps after the onset: about 9 s of each shape (a growing rank's steps grow
-            # 1 ms longer each; one slow step in 4 adds 10 ms a step on average).
-            after = {"growing": 160, "every": 320, "halfway": 180}[shape]
+            # Steps after the onset: about 20 s of each shape (a growing rank's steps grow
+            # 1 ms longer each, up to 150 ms; one slow step in 4 adds 10 ms a step on
+            # average); a run ends soon after its first line.
+            after = {"growing": 220, "every": 600, "halfway": 320}[shape]
             extra = ["--shape", shape, "--steps", str(args.onset + after), "--cycle-slow",
-                     "--onset-step", str(args.onset), "--max-ms", "150"]  # fmt: skip
+                     "--onset-step", str(args.onset), "--max-ms", "150", "--stop-on-line"]  # fmt: skip
             results = live_runs(Path(tmp), args.runs, args.interval, extra)
         found, delays, wrong = 0, [], 0
         for r in results:

@@ -12,7 +12,7 @@ The slow rank prints ``ONSET <wall time s>`` when its slowdown starts. Two ways 
 * one rank per process, as ``tests/integration/jobs.start_job`` launches it (FLIGHTREC=1
   traces it; the script never imports flightrec);
 * ``--runs K --out DIR``: one process that imports torch once, then forks K jobs of
-  ``--world`` ranks one after the other. Each rank's stdout and stderr go to
+  ``--world`` ranks one after the other (``--stop-on-line``: each ends soon after the line). Each rank's stdout and stderr go to
   ``DIR/run-k/rank-r.log``; while a run goes on, the driver watches rank 0's log for the
   slow check's line and writes ``DIR/run-k/result.json``: the onset (wall time), when the
   first line appeared, and every line. ``--cycle-slow``: run k's slow rank is ``k % world``.
@@ -47,13 +47,17 @@ def extra_s(args: argparse.Namespace, step: int) -> float:
     return args.delay_ms / 1e3
 
 
-def loop(args: argparse.Namespace, rank: int, slow: int) -> None:
-    """The training loop: a little compute, then an all_reduce; the slow rank sleeps more."""
+def loop(args: argparse.Namespace, rank: int, slow: int, stop: str = "") -> None:
+    """The training loop: a little compute, then an all_reduce; the slow rank sleeps more.
+
+    With ``stop``, rank 0 sets the tensor's first element when that file exists, and every
+    rank leaves the loop after the step whose all_reduce carried it (all at the same step)."""
     rng = random.Random(rank)
     t = torch.ones(256)
     print("READY", flush=True)
     step = 0
     while args.steps <= 0 or step < args.steps:
+        t[0] = 1.0 if (stop and rank == 0 and os.path.exists(stop)) else 0.0
         time.sleep(args.work_ms / 1e3 * rng.uniform(0.8, 1.2))  # forward/backward
         if rank == slow:
             if step == args.onset_step and args.shape != "none":
@@ -63,6 +67,9 @@ def loop(args: argparse.Namespace, rank: int, slow: int) -> None:
         step += 1
         if step % 50 == 0:
             print(f"STEP {step}", flush=True)
+        if t[0] > 0:
+            print(f"STOPPED {step}", flush=True)
+            break
     dist.barrier()
     print("DONE", flush=True)
 
@@ -96,7 +103,7 @@ def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int, slow: in
 
     flightrec.enable()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
-    loop(args, rank, slow)
+    loop(args, rank, slow, os.path.join(run_dir, "stop") if args.stop_on_line else "")
     from flightrec.recorder import runtime
 
     rt = runtime.current()
@@ -122,6 +129,8 @@ def _watch(run_dir: str, pids: list[int], started: float) -> dict[str, object]:
             with open(path, errors="replace") as f:
                 if MARK in f.read():
                     first = time.time()
+                    with open(os.path.join(run_dir, "stop"), "w"):
+                        pass  # (the ranks stop once rank 0 sees it, with --stop-on-line)
         time.sleep(0.05)
     text = ""
     onset = None
@@ -186,6 +195,9 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=4, help="ranks per forked job")
     parser.add_argument("--out", default="", help="folder root for --runs")
     parser.add_argument("--cycle-slow", action="store_true")
+    parser.add_argument(
+        "--stop-on-line", action="store_true", help="with --runs: end a run once rank 0 logs a line"
+    )
     args = parser.parse_args()
     if args.runs:
         sys.exit(1 if runs(args) else 0)
