@@ -273,8 +273,10 @@ class Runtime:
         try:
             from flightrec.recorder.dumper import _device_identity
 
-            ident = self.dumper.identity
-            device = _device_identity(ident.backend if ident is not None else "")[0]
+            def device() -> str:  # asked at the first check, once the group's backend is known
+                ident = self.dumper.identity
+                return _device_identity(ident.backend if ident is not None else "")[0]
+
             self.slowcheck = SlowCheck(
                 poller.connection_source(), self.recorder, rank, _world_size(),
                 self.namespace, self.config.slow_check_s, make, device,

@@ -107,7 +107,7 @@ class SlowCheck:
         namespace: str,
         interval_s: float,
         judge: Callable[[], Judge] | None,
-        device: str = "",
+        device: Callable[[], str] | None = None,
     ) -> None:
         """Start the thread.
 
@@ -116,6 +116,7 @@ class SlowCheck:
             recorder: the process's recorder (its ring and group registry are read).
             judge: on the reporting rank, what makes the judge (called first thing on this
                 thread: it loads the analysis); None elsewhere.
+            device: tells this rank's device (asked at the first check, on this thread).
         """
         self._source = source
         self._recorder = recorder
@@ -126,7 +127,8 @@ class SlowCheck:
         self._make_judge = judge
         self._judge: Judge | None = None
         self._host = socket.gethostname()
-        self._device = device
+        self._device_of = device
+        self._device: str | None = None
         self._store: Any = None
         self._stop = threading.Event()
         self.checks = 0
@@ -189,6 +191,8 @@ class SlowCheck:
         """This rank's digest now."""
         rec = self._recorder
         groups = [(g.name, len(g.ranks)) for g in list(rec.groups.groups)]
+        if self._device is None:
+            self._device = self._device_of() if self._device_of is not None else ""
         base = time.time_ns() - time.monotonic_ns()
         d = make_digest(
             rec.ring.snapshot(), groups, self.rank, self.world_size, self._host,

@@ -212,8 +212,8 @@ def test_each_rank_publishes_and_rank_0_hands_every_digest_to_the_judge() -> Non
     store = MemoryStore()
     seen: list[dict[int, bytes]] = []
     checks = [
-        SlowCheck(store, _recorder(), 0, 2, "job", 0.5, lambda: seen.append, "cpu"),
-        SlowCheck(store, _recorder(), 1, 2, "job", 0.5, None, "cuda:1"),
+        SlowCheck(store, _recorder(), 0, 2, "job", 0.5, lambda: seen.append, lambda: "cpu"),
+        SlowCheck(store, _recorder(), 1, 2, "job", 0.5, None, lambda: "cuda:1"),
     ]
     deadline = time.monotonic() + 10
     while not seen and time.monotonic() < deadline:
