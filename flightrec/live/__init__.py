@@ -43,7 +43,7 @@ class LiveReporter:
 
     def slow_judge(self) -> Callable[[Mapping[int, bytes]], None]:
         """What judges the slow check's digests on the reporting rank (docs/slow-ranks.md);
-        called first thing on the check's thread (it loads the analysis)."""
+        called at the first check, on the check's thread (it loads the analysis)."""
         from flightrec.live.slow import SlowReporter
 
         return SlowReporter(_write_stderr)

@@ -114,8 +114,8 @@ class SlowCheck:
         Args:
             source: a store connection to clone one of our own from (never used here).
             recorder: the process's recorder (its ring and group registry are read).
-            judge: on the reporting rank, what makes the judge (called first thing on this
-                thread: it loads the analysis); None elsewhere.
+            judge: on the reporting rank, what makes the judge (called at the first check, on
+                this thread: it loads the analysis); None elsewhere.
             device: tells this rank's device (asked at the first check, on this thread).
         """
         self._source = source
@@ -146,17 +146,7 @@ class SlowCheck:
             self._thread.join(wait_s)
 
     def _run(self) -> None:
-        first = time.time()
-        if self._make_judge is not None:
-            # Loaded now (the analysis: seconds of imports on a busy machine), while the job
-            # starts; the first check then comes a full interval later, so that no window it
-            # judges holds the collectives this rank was late at while loading.
-            try:
-                self._judge = self._make_judge()
-            except Exception as exc:
-                log.warning("flightrec: no slow check: %s", exc)
-                self._make_judge = None
-            first = time.time() + self.interval_s
+        first = 0.0
         failures = 0
         while not self._stop.is_set():
             now = time.time()
@@ -166,7 +156,14 @@ class SlowCheck:
             started = time.thread_time()
             try:
                 self.publish()
-                if self._make_judge is not None:
+                if self._make_judge is not None and self._judge is None:
+                    # Loaded at the first check (the analysis: a fraction of a second of
+                    # imports, seconds on a busy machine), not at start-up, which a short job
+                    # never gets past; the next check judges one interval later, so that no
+                    # window holds the collectives this rank was late at while loading.
+                    self._load_judge()
+                    first = time.time() + self.interval_s
+                elif self._judge is not None:
                     if self._stop.wait(min(GATHER_DELAY_S, self.interval_s / 4)):
                         return
                     self.gather()
@@ -181,6 +178,14 @@ class SlowCheck:
                     return
             self.checks += 1
             self.cost_s += time.thread_time() - started
+
+    def _load_judge(self) -> None:
+        make = self._make_judge
+        try:
+            self._judge = make() if make is not None else None
+        except Exception as exc:
+            log.warning("flightrec: no slow check: %s", exc)
+            self._make_judge = None
 
     def _connection(self) -> Any:
         if self._store is None:
