@@ -9,14 +9,16 @@ then decoded here), on a thread of flightrec's own, with a store connection of i
 after ``MAX_FAILURES`` checks in a row), never the job.
 
 Checks happen at the same wall-clock instants on every rank (multiples of the interval), so
-the digests overlap in the collectives they hold; rank 0 gathers ``GATHER_DELAY_S`` later.
+the digests overlap in the collectives they hold; rank 0 gathers a moment later (a quarter of
+the interval, at most ``GATHER_DELAY_S``).
 
 Store load per check: one ``set`` of at most ``digest.MAX_BYTES`` (about 0.8 KB per group
 used, 64 collectives) per rank, to ``flightrec/<namespace>/slow/<rank>``, overwritten each
 time (the store holds one digest per rank, never more); rank 0 adds one ``check`` and one
 ``multi_get`` per 1,024 ranks. At 16,384 ranks with one group in use: 16,384 sets and 32 gather
-requests, about 13 MB, once per interval (at the default 60 s: about 270 requests and 220 KB a
-second at the store).
+requests, about 13 MB written and 13 MB read, once per interval (at the default 60 s: about
+275 requests and 440 KB a second at the store). Rank 0 gathers the whole 13 MB itself: past
+some tens of thousands of ranks the interval should grow with the job (docs/slow-ranks.md).
 """
 
 from __future__ import annotations
