@@ -26,6 +26,7 @@ from flightrec.analysis.clocks import ClockAlignment, HostArrivals, enqueue_arri
 from flightrec.analysis.lastarrivals import GroupTally, members_of, tally, tally_arrivals
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
+from flightrec.analysis.trend import Trend, median_rule, straggler_trend, trend_phrase
 from flightrec.text import compress
 
 if TYPE_CHECKING:
@@ -128,6 +129,9 @@ class StragglerEvidence(Evidence):
     clock_assumption: str | None = None
     """Where only enqueue times were compared (no completion to align clocks): the
     assumption that made them comparable."""
+    trend: Trend | None = None
+    """Onset and shape of its lateness in its main group over the whole history the dumps
+    hold (``flightrec.analysis.trend``); None where arrivals cannot be lined up."""
 
 
 @dataclass(slots=True)
@@ -175,26 +179,6 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-def _median_rule(ordered: Sequence[int]) -> tuple[int, float, int, float, float]:
-    """How the median of the *other* members follows from one member's arrival ``a``.
-
-    Removing any copy of a value from a multiset leaves the same multiset, so the median of
-    the others depends only on ``a``, through the sorted arrivals ``ordered``:
-    ``hi if a > t1 else (mid if a > t2 else lo)``, returned as ``(t1, hi, t2, mid, lo)``.
-    """
-    n = len(ordered) - 1  # the others
-    h = n // 2
-    if n % 2:  # odd count of others: one middle value
-        return (ordered[h], float(ordered[h]), ordered[h], 0.0, float(ordered[h + 1]))
-    return (
-        ordered[h],
-        (ordered[h - 1] + ordered[h]) / 2,
-        ordered[h - 1],
-        (ordered[h - 1] + ordered[h + 1]) / 2,
-        (ordered[h] + ordered[h + 1]) / 2,
-    )
-
-
 _Rule = tuple[int, float, int, float, float]
 
 
@@ -239,7 +223,7 @@ def _add_evidence(pending: _Pending, blamed: set[int], t: dict[int, _Tally]) -> 
     """
     gt = pending.tally
     rows = [gt.arrivals[j] for j in range(len(pending.ranks))]
-    rules = [_median_rule(sorted(col)) for col in zip(*rows, strict=True)]
+    rules = [median_rule(sorted(col)) for col in zip(*rows, strict=True)]
     for r, mine in zip(pending.ranks, rows, strict=True):
         t[r].behind.extend(
             [
@@ -402,6 +386,10 @@ def _finding(
         lateness_by_rank=table,
         clock=clock,
     )
+    trend = straggler_trend(m, group, r) if assumption is None else None
+    if trend is not None:
+        summary += f"; {trend_phrase(trend)} over its last {trend.samples} collectives"
+        evidence = replace(evidence, trend=trend)
     if assumption is not None:
         summary += f"; {assumption}"
         evidence = replace(

@@ -14,6 +14,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -41,6 +42,13 @@ class LiveReporter:
             import flightrec.live.verdict  # noqa: F401
         except Exception as exc:
             log.warning("flightrec: could not load the analysis for the verdict: %s", exc)
+
+    def slow_judge(self) -> Callable[[Mapping[int, bytes]], None]:
+        """What judges the slow check's digests on the reporting rank (docs/slow-ranks.md);
+        called at the first check, on the check's thread (it loads the analysis)."""
+        from flightrec.live.slow import SlowReporter
+
+        return SlowReporter(_write_stderr)
 
 
 REPORTER = LiveReporter()

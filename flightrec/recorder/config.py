@@ -23,6 +23,10 @@ DEFAULT_METRICS_ADDR = "0.0.0.0"
 DEFAULT_TIMEOUT_S = 60.0
 DEFAULT_BUFFER = 2000
 DEFAULT_STACK_DEPTH = 16
+DEFAULT_SLOW_CHECK_S = 60.0
+"""One slow check a minute: one small store write per rank (docs/slow-ranks.md states the
+load), and a slowdown that lasts minutes is named within two minutes."""
+MIN_SLOW_CHECK_S = 0.5
 # Bounds that keep a typo from allocating gigabytes or walking absurd stacks.
 MAX_BUFFER = 1 << 20
 MAX_STACK_DEPTH = 256
@@ -74,6 +78,10 @@ class Config:
     metrics_addr: str = DEFAULT_METRICS_ADDR
     """FLIGHTREC_METRICS_ADDR: the address the metrics server binds (all interfaces by
     default, so that Prometheus on another host can scrape it)."""
+    slow_check_s: float = DEFAULT_SLOW_CHECK_S
+    """FLIGHTREC_SLOW_CHECK: seconds between in-job checks for a persistently late rank (one
+    line in the log when one is found, docs/slow-ranks.md); 0 turns the check off. Values
+    below 0.5 (but 0) are read as 0.5."""
     ddp_hook: bool | None = None
     """FLIGHTREC_DDP_HOOK: record DDP's gradient all-reduces through a Python communication
     hook (1/true/yes), or leave DDP's C++ hook alone (anything else). Unset: the hook only
@@ -138,6 +146,11 @@ def _integer(env: Mapping[str, str], name: str, default: int, lo: int, hi: int) 
     return value
 
 
+def _slow_check(env: Mapping[str, str]) -> float:
+    value = _number(env, "FLIGHTREC_SLOW_CHECK", DEFAULT_SLOW_CHECK_S, 0.0, 1e7)
+    return 0.0 if value == 0 else max(MIN_SLOW_CHECK_S, value)
+
+
 def job_id_from_env(env: Mapping[str, str]) -> str:
     """The job id the user or the launcher named, or "" (torchrun's placeholder "none" counts as unset)."""
     for name in ("FLIGHTREC_JOB_ID", "TORCHELASTIC_RUN_ID"):
@@ -193,6 +206,7 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         raw_stacks=env.get("FLIGHTREC_RAW_STACKS") is None
         or is_true(env.get("FLIGHTREC_RAW_STACKS")),
         verdict=env.get("FLIGHTREC_VERDICT") is None or is_true(env.get("FLIGHTREC_VERDICT")),
+        slow_check_s=_slow_check(env),
         ddp_hook=None
         if env.get("FLIGHTREC_DDP_HOOK") is None
         else is_true(env["FLIGHTREC_DDP_HOOK"]),

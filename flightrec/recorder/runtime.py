@@ -42,6 +42,7 @@ from flightrec.recorder.native_watch import NativeWatch
 from flightrec.recorder.rawstacks import RawStacks
 from flightrec.recorder.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
+from flightrec.recorder.slowcheck import SlowCheck
 from flightrec.recorder.startup import lowest_on_node, say, startup_line
 from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store, store_address
 from flightrec.recorder.upload import Uploader
@@ -75,6 +76,7 @@ class Runtime:
         self.reporter: Reporter | None = None
         """Prints the verdict into the job's log (handed in by ``flightrec.enable``)."""
         self.exchange: Exchange | None = None
+        self.slowcheck: SlowCheck | None = None
         self.dumper.on_dump = self._on_dump
         self.signals = SignalHandlers(self._on_signal)
         self.native_watch = NativeWatch(config.timeout_s, config.native)
@@ -156,6 +158,9 @@ class Runtime:
             if self.poller is not None:
                 self.poller.stop()
                 self.poller = None
+            if self.slowcheck is not None:
+                self.slowcheck.stop(wait_s=0.0)
+                self.slowcheck = None
 
     def after_fork_in_child(self) -> None:
         """Tracing does not follow ``fork()``: the child's process groups, ring and black box
@@ -172,6 +177,7 @@ class Runtime:
         self.exchange = None
         self.uploader = None  # nothing to upload (dumps are off), nothing to wait for at exit
         self.metrics = None  # the parent serves them; its server thread is not here
+        self.slowcheck = None  # its thread did not survive the fork either
         self.recorder.tracker.after_fork_in_child()
         self.signals.after_fork_in_child()
         if self.rawstacks is not None:
@@ -251,6 +257,9 @@ class Runtime:
         with self._lock:
             poller, self.poller = self.poller, None
             self.exchange = None
+            slowcheck, self.slowcheck = self.slowcheck, None
+        if slowcheck is not None:  # out of the store before the store goes
+            slowcheck.stop()
         if poller is not None:
             poller.stop(wait_s=POLLER_STOP_WAIT_S)
             poller.leave(HOST_WAIT_S if _hosts_store(poller.rank) else 0.0)
@@ -286,6 +295,8 @@ class Runtime:
                 bb = self.recorder.blackbox
                 if bb is not None:
                     self.exchange.blackbox_dir = str(bb.directory)
+            if self.poller is not None and self.slowcheck is None and self.config.slow_check_s:
+                self._start_slowcheck(self.poller)
             try:
                 if not self.signals.installed:
                     self.signals.install()
@@ -357,6 +368,24 @@ class Runtime:
                 )  # fmt: skip
         except Exception as exc:
             log.warning("flightrec: could not announce tracing: %s", exc)
+
+    def _start_slowcheck(self, poller: Poller) -> None:
+        """The slow check (docs/slow-ranks.md); rank 0 judges, with what the reporter makes."""
+        rank = _rank()
+        make = getattr(self.reporter, "slow_judge", None) if rank == 0 else None
+        try:
+            from flightrec.recorder.dumper import _device_identity
+
+            def device() -> str:  # asked at the first check, once the group's backend is known
+                ident = self.dumper.identity
+                return _device_identity(ident.backend if ident is not None else "")[0]
+
+            self.slowcheck = SlowCheck(
+                poller.connection_source(), self.recorder, rank, _world_size(),
+                self.namespace, self.config.slow_check_s, make, device,
+            )  # fmt: skip
+        except Exception as exc:
+            self._warn_once("slowcheck", "no slow-rank check", exc)
 
     def _warn_once(self, topic: str, what: str, exc: BaseException) -> None:
         if topic not in self._warned:

@@ -113,6 +113,7 @@ class TraceRenderer:
                 meta.append(_meta("thread_name", pid, tid, {"name": label}))
                 meta.append(_meta("thread_sort_index", pid, tid, {"sort_index": tid}))
         events += self._hang_point(report, clock)
+        events += _straggler_onsets(report, clock, pid_of)
         # Per track in time order (viewers and validators expect it), metadata first.
         # Equal starts: the longer slice first, so that it is the parent.
         events.sort(key=lambda e: (e["pid"], e["tid"], e["ts"], -e.get("dur", 0)))
@@ -344,3 +345,45 @@ class TraceRenderer:
 
 def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:
     return {"name": name, "ph": "M", "pid": pid, "tid": tid, "ts": 0, "args": args}
+
+
+def _straggler_onsets(
+    report: Report, clock: _Clock, pid_of: dict[str, int]
+) -> list[dict[str, Any]]:
+    """Per straggler whose lateness has a trend: an instant on its track where it began
+    (``flightrec.analysis.trend``), named by its shape, with the trend in its arguments."""
+    out: list[dict[str, Any]] = []
+    for f in report.findings:
+        trend = getattr(f.evidence, "trend", None)
+        if f.kind is not FindingKind.STRAGGLER or trend is None or not f.ranks:
+            continue
+        rank = f.ranks[0]
+        d = report.run.dumps.get(rank)
+        if d is None:
+            continue
+        # The trend's times are wall-anchored on the group's lowest member's clock.
+        anchor = min(f.pg_ranks) if f.pg_ranks else rank
+        ts = (
+            trend.onset_ns - report.timeline_clock.alignment.offset_ns(anchor) - clock.origin
+        ) / 1e3
+        out.append(
+            {
+                "name": f"straggler {'since' if trend.onset_seen else 'from'} here: {trend.shape}",
+                "cat": "straggler",
+                "ph": "i",
+                "s": "t",
+                "ts": round(max(0.0, ts), 3),
+                "pid": pid_of[d.header.hostname or "host not recorded"],
+                "tid": rank * _LANES,
+                "args": {
+                    "shape": trend.shape,
+                    "onset_seen": trend.onset_seen,
+                    "before_ms": trend.before_ms,
+                    "after_ms": trend.after_ms,
+                    "late_share": trend.late_share,
+                    "growth_ms_per_min": trend.growth_ms_per_min,
+                    "sparkline": trend.sparkline,
+                },
+            }
+        )
+    return out
