@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 from flightrec.analysis.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
 from flightrec.analysis.desync import DesyncEvidence
@@ -37,9 +36,6 @@ from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind, Folded
 from flightrec.readers.blackbox import died as blackbox_died
 from flightrec.text import ranks_phrase
-
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
 
 ROOT_KINDS = frozenset(
     {
@@ -58,17 +54,16 @@ _OUT_OF_STEP = frozenset({FindingKind.DESYNC, FindingKind.P2P_UNMATCHED})
 """Kinds that describe counters out of step, which a rank held up by the root cause shows."""
 
 
-def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
+def fold_consequences(m: Matched, findings: list[Finding]) -> list[Finding]:
     """Fold the findings the first one explains into it; mark waits of ended processes.
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
         findings: every finding, most likely root cause first (after ``place_crashes``).
 
     Returns:
         The findings left standing, the first carrying what it explains.
     """
-    m = ctx.matched
     gone: dict[int, bool] = {}
 
     def ended(rank: int) -> bool:

@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import (
@@ -34,9 +33,6 @@ from flightrec.analysis.signature import (
 )
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
-
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,19 +531,18 @@ def _agree_by_fingerprint(m: Matched, group: str, holders: list[int]) -> bool | 
     return True
 
 
-def find_mismatches(ctx: AnalysisContext) -> list[Finding]:
+def find_mismatches(m: Matched) -> list[Finding]:
     """Every group's first disagreement (later ones on that group are usually its echo).
 
     The root-cause pass places these among the ends of the wait-for graph (through
-    ``ctx.mismatches``), so they are not a pass of their own in ``passes.PASSES``.
+    its ``mismatches`` argument, ``pipeline.diagnose``).
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
 
     Returns:
         ``mismatch`` findings, one per group at most plus membership disagreements.
     """
-    m = ctx.matched
     canon: dict[Hashable, int] = {}
     findings: list[Finding] = []
     for info in m.groups.values():

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 from flightrec.analysis.graph import DiGraph, condensation
 from flightrec.analysis.graph import ancestors as graph_ancestors
@@ -35,12 +35,9 @@ from flightrec.analysis.not_arrived import (
 )
 from flightrec.analysis.p2p import CycleEvidence, cycle_finding
 from flightrec.analysis.routine import Departure, routine
-from flightrec.analysis.waits import Node, Wait
+from flightrec.analysis.waits import Node, Wait, WaitGraph
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
-
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
 
 # Ranks of one wait cycle whose histories are read to find who left its routine.
 MAX_ROUTINE_CHECKS = 64
@@ -62,7 +59,7 @@ class Tie(enum.IntEnum):
 
 
 class RootCauses(NamedTuple):
-    """The root-cause pass's findings and the groups they account for."""
+    """The root-cause arbitration's findings and the groups they account for."""
 
     findings: list[Finding]
     """Most explanatory first, mismatches placed among them."""
@@ -237,19 +234,21 @@ def _stuck_finding(
     )
 
 
-def find_root_causes(ctx: AnalysisContext) -> list[Finding]:
-    """The ends of the wait-for graph, with the mismatches, most explanatory first.
+def explained_groups(roots: RootCauses, mismatches: Sequence[Finding]) -> frozenset[str]:
+    """Groups a root cause or a mismatch already accounts for (the desync candidate skips them).
 
     Args:
-        ctx: the analysis context (its ``root_causes``, computed once).
+        roots: what ``root_causes`` returned.
+        mismatches: every mismatch (``mismatch.find_mismatches``).
 
     Returns:
-        The ordered root findings (with consequences) and every mismatch.
+        The group keys.
     """
-    return list(ctx.root_causes.findings)
+    found = {f.process_group for f in mismatches if f.process_group}
+    return frozenset(roots.explained | found)
 
 
-def root_causes(ctx: AnalysisContext) -> RootCauses:
+def root_causes(m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]) -> RootCauses:
     """Findings for the ends of the wait-for graph, most explanatory first.
 
     A mismatch at a stuck collective becomes that collective's root; the other mismatches go
@@ -257,14 +256,14 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
     later collective) or sit where a dead rank's peers wait, after them otherwise.
 
     Args:
-        ctx: the analysis context: its wait-for graph and mismatches are read.
+        m: the lined-up histories.
+        wait_graph: who waits on whom (``waits.build_wait_graph``).
+        mismatches: every group's first disagreement (``mismatch.find_mismatches``).
 
     Returns:
         The ordered findings, and the group keys they explain.
     """
-    m = ctx.matched
-    graph, waits = ctx.wait_graph
-    mismatches = ctx.mismatches
+    graph, waits = wait_graph
     longest: dict[Node, float] = defaultdict(float)
     earliest: dict[Node, int] = {}
     for w in waits:

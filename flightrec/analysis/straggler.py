@@ -20,16 +20,19 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from flightrec.analysis.clocks import ClockAlignment, HostArrivals, enqueue_arrivals, may_share
+from flightrec.analysis.clocks import (
+    ClockAlignment,
+    Clocks,
+    HostArrivals,
+    enqueue_arrivals,
+    may_share,
+)
 from flightrec.analysis.lastarrivals import GroupTally, members_of, tally, tally_arrivals
 from flightrec.analysis.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
 from flightrec.text import compress
-
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
 
 # Words in a function or file name that say "extra work a coordinating rank does".
 _EXTRA_WORK = re.compile(
@@ -292,17 +295,19 @@ def _extra_work_hint(m: Matched, rank: int) -> str | None:
     return None
 
 
-def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = None) -> list[Finding]:
+def find_stragglers(
+    m: Matched, clocks: Clocks, options: StragglerOptions | None = None
+) -> list[Finding]:
     """Ranks that consistently arrive last at completed collectives.
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
+        clocks: the run's clock alignment (read only for the ranks found late).
         options: thresholds; defaults when None.
 
     Returns:
         ``straggler`` findings, the most consistent straggler first; empty for a healthy job.
     """
-    m = ctx.matched
     opt = options or StragglerOptions()
     floor_ns = opt.min_margin_ms * 1e6
     tallies: dict[int, _Tally] = defaultdict(_Tally)
@@ -341,7 +346,7 @@ def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = Non
     blamed_ranks = {r for _, r in blamed}
     for p in pending:
         _add_evidence(p, blamed_ranks, tallies)
-    alignment = ctx.clock_alignment(opt.recent)
+    alignment = clocks.alignment(opt.recent)
     table = lateness_table(tallies, [r for _, r in blamed], alignment)
     clock = clock_summary(alignment)
     return [_finding(m, r, tallies[r], table, clock, assumed.get(r)) for _, r in blamed]
