@@ -344,9 +344,9 @@ def phases(folder: Path, cpus: int) -> tuple[str, int]:
     """
     sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
     from flightrec.analysis import gc_paused, pipeline
-    from flightrec.analysis.clocks import Clocks
-    from flightrec.analysis.loader import load_dir
-    from flightrec.analysis.matching import match
+    from flightrec.analysis.loading.loader import load_dir
+    from flightrec.analysis.matching.matching import match
+    from flightrec.analysis.timing.clocks import Clocks
 
     spent: list[tuple[str, float]] = []
     with gc_paused():

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
 
 from flightrec.analysis import analyze_dir  # noqa: E402 - after the source tree is on the path
-from flightrec.analysis.clocks import Clocks  # noqa: E402
-from flightrec.analysis.straggler import find_stragglers  # noqa: E402
+from flightrec.analysis.findings.straggler import find_stragglers  # noqa: E402
+from flightrec.analysis.timing.clocks import Clocks  # noqa: E402
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "straggler.py"

@@ -14,9 +14,8 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from flightrec.analysis.clocks import Clocks, TimelineClock
-from flightrec.analysis.loader import Progress, Run, View, default_workers, load_dir
-from flightrec.analysis.matching import Matched, match
+from flightrec.analysis.loading.loader import Progress, Run, View, default_workers, load_dir
+from flightrec.analysis.matching.matching import Matched, match
 from flightrec.analysis.model import (
     Consequence,
     FileProblem,
@@ -28,6 +27,7 @@ from flightrec.analysis.model import (
 )
 from flightrec.analysis.pipeline import diagnose
 from flightrec.analysis.states import RankState
+from flightrec.analysis.timing.clocks import Clocks, TimelineClock
 from flightrec.format.location import is_url
 
 __all__ = [
@@ -149,7 +149,7 @@ def analyze_dir(path: str | os.PathLike[str], options: AnalysisOptions | None = 
     options = options or AnalysisOptions()
     load: Callable[..., Run] = load_dir
     if isinstance(path, str) and is_url(path):  # s3://bucket/prefix: downloaded, then loaded
-        from flightrec.analysis.remote import load_url
+        from flightrec.analysis.loading.remote import load_url
 
         load = load_url
     with gc_paused():

@@ -29,21 +29,21 @@ import functools
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from flightrec.analysis.clocks import Clocks
-from flightrec.analysis.crashes import find_crashes, place_crashes
-from flightrec.analysis.desync import find_desyncs
 from flightrec.analysis.fanout import Background, can_fork
-from flightrec.analysis.fold import fold_consequences
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.mismatch import find_mismatches
+from flightrec.analysis.findings.crashes import find_crashes, place_crashes
+from flightrec.analysis.findings.desync import find_desyncs
+from flightrec.analysis.findings.mismatch import find_mismatches
+from flightrec.analysis.findings.not_arrived import find_quiet_deaths, find_quiet_missing
+from flightrec.analysis.findings.p2p import find_unmatched
+from flightrec.analysis.findings.straggler import find_stragglers
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Finding
-from flightrec.analysis.not_arrived import find_quiet_deaths, find_quiet_missing
-from flightrec.analysis.p2p import find_unmatched
-from flightrec.analysis.rootcause import explained_groups, root_causes
-from flightrec.analysis.skips import annotate_shifts
 from flightrec.analysis.states import RankState, rank_states
-from flightrec.analysis.straggler import find_stragglers
-from flightrec.analysis.waits import build_wait_graph, mark_below_timeout
+from flightrec.analysis.timing.clocks import Clocks
+from flightrec.analysis.verdict.fold import fold_consequences
+from flightrec.analysis.verdict.rootcause import explained_groups, root_causes
+from flightrec.analysis.verdict.skips import annotate_shifts
+from flightrec.analysis.waitgraph.waits import build_wait_graph, mark_below_timeout
 
 BESIDE_FROM = 256
 """Ranks from which the straggler candidate runs in a forked process beside the others (it

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from flightrec.analysis import analyze
-from flightrec.analysis.matching import match
-from flightrec.analysis.mismatch import find_mismatches
+from flightrec.analysis.findings.mismatch import find_mismatches
+from flightrec.analysis.matching.matching import match
 from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import EntryValues

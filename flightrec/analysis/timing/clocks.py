@@ -31,8 +31,8 @@ from operator import itemgetter
 from statistics import median
 from typing import NamedTuple
 
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.signature import Taker, taker
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.matching.signature import Taker, taker
 from flightrec.format import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED

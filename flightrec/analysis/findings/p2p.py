@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from flightrec.analysis.graph import DiGraph, NoCycle, find_cycle
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
-from flightrec.analysis.routine import Departure
-from flightrec.analysis.waits import Node
+from flightrec.analysis.waitgraph.graph import DiGraph, NoCycle, find_cycle
+from flightrec.analysis.waitgraph.routine import Departure
+from flightrec.analysis.waitgraph.waits import Node
 from flightrec.text import ranks_phrase
 
 

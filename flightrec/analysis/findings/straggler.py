@@ -22,16 +22,16 @@ from dataclasses import dataclass, field, replace
 from statistics import median
 from typing import ClassVar
 
-from flightrec.analysis.clocks import (
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
+from flightrec.analysis.timing.clocks import (
     ClockAlignment,
     Clocks,
     HostArrivals,
     enqueue_arrivals,
     may_share,
 )
-from flightrec.analysis.lastarrivals import GroupTally, members_of, tally, tally_arrivals
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
+from flightrec.analysis.timing.lastarrivals import GroupTally, members_of, tally, tally_arrivals
 from flightrec.text import compress
 
 # Words in a function or file name that say "extra work a coordinating rank does".

@@ -12,7 +12,16 @@ from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.matching.signature import (
+    FIELDS,
+    UNKNOWN,
+    RawSignature,
+    compared_tensors,
+    compatible,
+    raw_signatures,
+    resolve,
+)
 from flightrec.analysis.model import (
     CollectiveRecord,
     Evidence,
@@ -21,15 +30,6 @@ from flightrec.analysis.model import (
     ProcessGroupInfo,
     TensorInfo,
     user_frame,
-)
-from flightrec.analysis.signature import (
-    FIELDS,
-    UNKNOWN,
-    RawSignature,
-    compared_tensors,
-    compatible,
-    raw_signatures,
-    resolve,
 )
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase

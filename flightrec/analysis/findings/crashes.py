@@ -22,7 +22,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     Evidence,
     ExceptionEvidence,
@@ -32,7 +32,7 @@ from flightrec.analysis.model import (
     RankDump,
     user_frame,
 )
-from flightrec.analysis.waits import Wait
+from flightrec.analysis.waitgraph.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import ended as blackbox_ended
 from flightrec.text import ranks_phrase

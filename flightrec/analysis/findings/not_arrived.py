@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     CollectiveRecord,
     Consequence,
@@ -21,8 +21,8 @@ from flightrec.analysis.model import (
     Status,
     user_frame,
 )
-from flightrec.analysis.routine import Departure
-from flightrec.analysis.waits import Node
+from flightrec.analysis.waitgraph.routine import Departure
+from flightrec.analysis.waitgraph.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
 from flightrec.format.schema import RECORDER_SOURCE, SUMMARY_SOURCE

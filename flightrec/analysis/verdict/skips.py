@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import replace
 from typing import Literal
 
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import CallShift, Finding, FindingKind, user_frame
 
 # Peers sampled to establish the majority call site per seq; the shift must hold this long.

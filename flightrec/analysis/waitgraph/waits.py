@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from flightrec.analysis.graph import DiGraph
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import BelowTimeout, Finding, FindingKind, ProcessGroupInfo, op_label
+from flightrec.analysis.waitgraph.graph import DiGraph
 from flightrec.format import flightrec_pb2 as pb
 
 Node = tuple[object, ...]

@@ -30,9 +30,9 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from flightrec.analysis.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
-from flightrec.analysis.desync import DesyncEvidence
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.findings.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
+from flightrec.analysis.findings.desync import DesyncEvidence
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind, Folded
 from flightrec.readers.blackbox import died as blackbox_died
 from flightrec.text import ranks_phrase

@@ -15,10 +15,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
-from flightrec.analysis.graph import DiGraph, condensation
-from flightrec.analysis.graph import ancestors as graph_ancestors
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.mismatch import exchange_mismatch, relation_mismatch
+from flightrec.analysis.findings.mismatch import exchange_mismatch, relation_mismatch
+from flightrec.analysis.findings.not_arrived import (
+    LateArrivalEvidence,
+    RankEvidence,
+    culprit_state,
+    rank_finding,
+)
+from flightrec.analysis.findings.p2p import CycleEvidence, cycle_finding
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     Consequence,
     Evidence,
@@ -27,15 +32,10 @@ from flightrec.analysis.model import (
     Status,
     user_frame,
 )
-from flightrec.analysis.not_arrived import (
-    LateArrivalEvidence,
-    RankEvidence,
-    culprit_state,
-    rank_finding,
-)
-from flightrec.analysis.p2p import CycleEvidence, cycle_finding
-from flightrec.analysis.routine import Departure, routine
-from flightrec.analysis.waits import Node, Wait, WaitGraph
+from flightrec.analysis.waitgraph.graph import DiGraph, condensation
+from flightrec.analysis.waitgraph.graph import ancestors as graph_ancestors
+from flightrec.analysis.waitgraph.routine import Departure, routine
+from flightrec.analysis.waitgraph.waits import Node, Wait, WaitGraph
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
 

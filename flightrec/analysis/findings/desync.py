@@ -11,7 +11,7 @@ from collections import Counter
 from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind
 from flightrec.text import compress, ranks_phrase
 
