@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from flightrec.analysis.kinds import kinds_where
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     Evidence,
@@ -36,6 +37,9 @@ from flightrec.analysis.waitgraph.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import ended as blackbox_ended
 from flightrec.text import ranks_phrase
+
+KINDS = (FindingKind.DEAD_RANK,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 SUMMARY_MESSAGE_CHARS = 160
 """An exception's message in a verdict line is cut here; the evidence has it whole."""
@@ -279,7 +283,7 @@ def _with_thread_deaths(m: Matched, f: Finding) -> Finding:
     )
 
 
-_BLAMES = frozenset({FindingKind.DEAD_RANK, FindingKind.NOT_ARRIVED})
+_BLAMES = kinds_where("crash_explains")
 """Findings that blame ranks for what they did instead of arriving: a crash can explain it."""
 
 

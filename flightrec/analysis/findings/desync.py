@@ -15,6 +15,9 @@ from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind
 from flightrec.text import compress, ranks_phrase
 
+KINDS = (FindingKind.DESYNC,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
+
 
 @dataclass(frozen=True, slots=True)
 class DesyncEvidence(Evidence):

@@ -34,6 +34,9 @@ from flightrec.analysis.model import (
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
 
+KINDS = (FindingKind.MISMATCH,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ValueGroup:

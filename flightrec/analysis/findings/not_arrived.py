@@ -29,6 +29,9 @@ from flightrec.format.schema import RECORDER_SOURCE, SUMMARY_SOURCE
 from flightrec.readers.blackbox import died, ended
 from flightrec.text import compress, ranks_phrase
 
+KINDS = (FindingKind.NOT_ARRIVED, FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
+
 
 @dataclass(frozen=True, slots=True)
 class LastCall:

@@ -17,6 +17,9 @@ from flightrec.analysis.waitgraph.routine import Departure
 from flightrec.analysis.waitgraph.waits import Node
 from flightrec.text import ranks_phrase
 
+KINDS = (FindingKind.P2P_DEADLOCK, FindingKind.DEADLOCK, FindingKind.P2P_UNMATCHED)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
+
 
 @dataclass(frozen=True, slots=True)
 class CycleEvidence(Evidence):

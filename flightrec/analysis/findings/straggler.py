@@ -34,6 +34,9 @@ from flightrec.analysis.timing.clocks import (
 from flightrec.analysis.timing.lastarrivals import GroupTally, members_of, tally, tally_arrivals
 from flightrec.text import compress
 
+KINDS = (FindingKind.STRAGGLER,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
+
 # Words in a function or file name that say "extra work a coordinating rank does".
 _EXTRA_WORK = re.compile(
     r"log|print|save|checkpoint|ckpt|write|wandb|tensorboard|eval|metric", re.I

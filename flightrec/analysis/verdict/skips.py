@@ -13,8 +13,9 @@ from collections import Counter
 from dataclasses import replace
 from typing import Literal
 
+from flightrec.analysis.kinds import kinds_where
 from flightrec.analysis.matching.matching import Matched
-from flightrec.analysis.model import CallShift, Finding, FindingKind, user_frame
+from flightrec.analysis.model import CallShift, Finding, user_frame
 
 # Peers sampled to establish the majority call site per seq; the shift must hold this long.
 _SAMPLE = 8
@@ -98,8 +99,7 @@ def annotate_shifts(m: Matched, findings: list[Finding]) -> list[Finding]:
         The same findings, with ``call_shift`` set and a clause in the summary where a shift
         was found.
     """
-    kinds = {FindingKind.NOT_ARRIVED, FindingKind.DEAD_RANK, FindingKind.MISMATCH}
-    kinds |= {FindingKind.DESYNC}
+    kinds = kinds_where("shifted_by_skips")
     out: list[Finding] = []
     for f in findings:
         if f.kind in kinds and len(f.ranks) == 1 and f.process_group and f.ranks[0] in m.index:

@@ -17,8 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+from flightrec.analysis.kinds import KINDS
 from flightrec.analysis.matching.matching import Matched
-from flightrec.analysis.model import BelowTimeout, Finding, FindingKind, ProcessGroupInfo, op_label
+from flightrec.analysis.model import BelowTimeout, Finding, ProcessGroupInfo, op_label
 from flightrec.analysis.waitgraph.graph import DiGraph
 from flightrec.format import flightrec_pb2 as pb
 
@@ -202,7 +203,7 @@ def mark_below_timeout(waits: Sequence[Wait], findings: list[Finding]) -> list[F
             keys.add((f.process_group, f.seq))
         behind = [w for k in keys for w in by_key.get(k, ())]
         if (
-            f.kind is FindingKind.MISMATCH
+            not KINDS[f.kind].low_confidence_below_timeout
             or not behind
             or not all(w.below_timeout_s for w in behind)
         ):
