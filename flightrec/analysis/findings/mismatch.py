@@ -537,8 +537,8 @@ def _agree_by_fingerprint(m: Matched, group: str, holders: list[int]) -> bool | 
 def find_mismatches(m: Matched) -> list[Finding]:
     """Every group's first disagreement (later ones on that group are usually its echo).
 
-    The root-cause pass places these among the ends of the wait-for graph (through
-    its ``mismatches`` argument, ``pipeline.diagnose``).
+    A stage of its own in ``pipeline.diagnose``: the root-cause arbitration
+    (``rootcause.root_causes``) places these among the ends of the wait-for graph.
 
     Args:
         m: the lined-up histories.
