@@ -1,6 +1,6 @@
 """Ships ``flightrec-autostart.pth`` at the top of site-packages, and builds the optional C
 hot path ``flightrec.recorder.low_level._fast``, the dump reader's loops
-``flightrec.format._wire``, the straggler pass's ``flightrec.analysis._arrivals`` and the
+``flightrec.format._wire``, the straggler pass's ``flightrec.analysis.timing._arrivals`` and the
 native-dump reader's ``flightrec.readers.native._pickled``.
 
 Everything else lives in pyproject.toml. The extension is optional: where it cannot be built
@@ -45,8 +45,8 @@ WIRE = Extension(
 )
 
 ARRIVALS = Extension(
-    "flightrec.analysis._arrivals",
-    sources=["flightrec/analysis/_arrivals.c"],
+    "flightrec.analysis.timing._arrivals",
+    sources=["flightrec/analysis/timing/_arrivals.c"],
     optional=True,  # a failed build leaves the straggler pass's Python loops (same results)
 )
 

@@ -343,11 +343,10 @@ def phases(folder: Path, cpus: int) -> tuple[str, int]:
         The phases as one line, and how many rings the loader read whole.
     """
     sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
-    from flightrec.analysis import gc_paused
-    from flightrec.analysis.context import AnalysisContext
-    from flightrec.analysis.loader import load_dir
-    from flightrec.analysis.matching import match
-    from flightrec.analysis.passes import PASSES, REFINEMENTS
+    from flightrec.analysis import gc_paused, pipeline
+    from flightrec.analysis.loading.loader import load_dir
+    from flightrec.analysis.matching.matching import match
+    from flightrec.analysis.timing.clocks import Clocks
 
     spent: list[tuple[str, float]] = []
     with gc_paused():
@@ -355,17 +354,11 @@ def phases(folder: Path, cpus: int) -> tuple[str, int]:
         run = load_dir(folder, workers=cpus)
         spent.append((f"load ({cpus} processes)", time.perf_counter() - start))
         start = time.perf_counter()
-        ctx = AnalysisContext(match(run))
+        matched = match(run)
         spent.append(("match", time.perf_counter() - start))
-        for find in PASSES:
-            start = time.perf_counter()
-            ctx.earlier = ctx.earlier + find(ctx)
-            spent.append((find.__name__.removeprefix("find_"), time.perf_counter() - start))
-        findings = ctx.earlier
         start = time.perf_counter()
-        for refine in REFINEMENTS:
-            findings = refine(ctx, findings)
-        spent.append(("refinements", time.perf_counter() - start))
+        pipeline.diagnose(matched, Clocks(matched))
+        spent.append(("stages", time.perf_counter() - start))
     deep = sum(d.dump.older == 0 and len(d) > 256 for d in run.dumps.values())
     total = sum(t for _, t in spent)
     shown = ", ".join(f"{name} {t:.1f}" for name, t in spent if t >= 0.05 * total or t > 0.5)

@@ -33,8 +33,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
 
-from flightrec.analysis import AnalysisContext, analyze_dir  # noqa: E402 - after the source tree is on the path
-from flightrec.analysis.straggler import find_stragglers  # noqa: E402
+from flightrec.analysis import analyze_dir  # noqa: E402 - after the source tree is on the path
+from flightrec.analysis.findings.straggler import find_stragglers  # noqa: E402
+from flightrec.analysis.timing.clocks import Clocks  # noqa: E402
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate  # noqa: E402
 
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "straggler.py"
@@ -95,7 +96,7 @@ def bench_sim(healthy: int, slow: int, ranks: int, entries: int, work: Path) -> 
         report = analyze_dir(str(out))
         times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        find_stragglers(AnalysisContext(report.matched))
+        find_stragglers(report.matched, Clocks(report.matched))
         pass_times.append(time.perf_counter() - t0)
         blamed = tuple(r for f in report.findings if f.kind == "straggler" for r in f.ranks)
         if is_slow:

@@ -160,7 +160,7 @@ from pathlib import Path
 import flightrec.readers.native as N
 import flightrec.readers.native.view as V
 from flightrec.analysis.model import RankDump
-from flightrec.analysis.rankindex import index_rank
+from flightrec.analysis.loading.rankindex import index_rank
 spent = defaultdict(float)
 def timed(mod, name, label):
     f = getattr(mod, name)

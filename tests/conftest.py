@@ -4,7 +4,7 @@ pytest imports the source tree first (``pythonpath`` in pyproject.toml), where n
 extension lies after a fresh clone: without this, the C hot path would be tested only where
 someone remembered ``python setup.py build_ext --inplace``, and its tests would quietly skip. It
 is compiled from ``_fast.c`` (and the dump reader's loops from ``format/_wire.c``, the straggler
-pass's from ``analysis/_arrivals.c``, the native-pickle reader from
+pass's from ``analysis/timing/_arrivals.c``, the native-pickle reader from
 ``readers/native/_pickled.c``) when missing
 or older than the source (a few seconds, once), before
 any test imports flightrec; the subprocesses the integration tests start import the same tree.
@@ -29,7 +29,7 @@ SOURCE = ROOT / "flightrec" / "recorder" / "low_level" / "_fast.c"
 SOURCES = (
     SOURCE,
     ROOT / "flightrec" / "format" / "_wire.c",
-    ROOT / "flightrec" / "analysis" / "_arrivals.c",
+    ROOT / "flightrec" / "analysis" / "timing" / "_arrivals.c",
     ROOT / "flightrec" / "readers" / "native" / "_pickled.c",
 )
 

@@ -1,8 +1,8 @@
 """Merge every rank's dump and name the culprit.
 
 ``analyze_dir(path)`` loads the dumps (one view per rank), lines their histories up, runs the
-passes listed in ``passes.PASSES`` over one ``AnalysisContext`` and returns a ``Report``
-whose findings are ordered most likely root cause first. Renderers in ``flightrec.report``
+stages of ``pipeline.diagnose`` (wait graph, candidates, arbitration, refinements) and returns
+a ``Report`` whose findings are ordered most likely root cause first. Renderers in ``flightrec.report``
 turn it into text, JSON or a timeline.
 """
 
@@ -14,10 +14,8 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from flightrec.analysis.clocks import TimelineClock
-from flightrec.analysis.context import AnalysisContext
-from flightrec.analysis.loader import Progress, Run, View, default_workers, load_dir
-from flightrec.analysis.matching import Matched, match
+from flightrec.analysis.loading.loader import Progress, Run, View, default_workers, load_dir
+from flightrec.analysis.matching.matching import Matched, match
 from flightrec.analysis.model import (
     Consequence,
     FileProblem,
@@ -27,12 +25,12 @@ from flightrec.analysis.model import (
     RankDump,
     Status,
 )
-from flightrec.analysis.passes import run_passes
+from flightrec.analysis.pipeline import diagnose
 from flightrec.analysis.states import RankState
+from flightrec.analysis.timing.clocks import Clocks, TimelineClock
 from flightrec.format.location import is_url
 
 __all__ = [
-    "AnalysisContext",
     "AnalysisOptions",
     "Consequence",
     "FileProblem",
@@ -58,7 +56,7 @@ class AnalysisOptions:
 
     Attributes:
         view: which dump to use for ranks that dumped more than once.
-        workers: processes that read dump files and run passes beside each other (None:
+        workers: processes that read dump files and run candidates beside each other (None:
             the usable CPUs; 1: this process only).
         progress: called as ``progress(files_done, files_total)`` while files are read.
         tail: read only the newest entries of dumps that allow it, deeper where needed
@@ -85,8 +83,8 @@ class Report:
     """The lined-up histories, for renderers that show evidence."""
     states: dict[int, RankState]
     """Where every rank was at dump time."""
-    context: AnalysisContext = field(repr=False, compare=False)
-    """What the passes derived, for what a renderer may ask for later (computed on demand)."""
+    clocks: Clocks = field(repr=False, compare=False)
+    """The run's clock alignment, for what a renderer may ask for later (computed on demand)."""
 
     @property
     def run(self) -> Run:
@@ -96,7 +94,7 @@ class Report:
     @property
     def notes(self) -> tuple[str, ...]:
         """The loader's notes about choices made, then what the analysis could not measure."""
-        return self.matched.run.notes + self.context.notes
+        return self.matched.run.notes + self.clocks.notes
 
     @property
     def world_size(self) -> int:
@@ -114,24 +112,25 @@ class Report:
 
         Estimated from the dumps on first use only: the text and JSON reports never pay for it.
         """
-        return self.context.timeline_clock
+        return self.clocks.timeline_clock
 
 
 def analyze(run: Run, workers: int = 1) -> Report:
-    """Analyse already loaded dumps: run every pass of ``passes.PASSES`` over one context.
+    """Analyse already loaded dumps: match them, then every stage of ``pipeline.diagnose``.
 
     Args:
         run: one dump per rank, as ``load_dir`` returns.
-        workers: CPUs the passes may use (more than one: some run in forked processes,
-            ``passes.run_passes``); 1, the default, forks nothing (a verdict computed
+        workers: CPUs the candidates may use (more than one: one may run in a forked process,
+            ``pipeline.diagnose``); 1, the default, forks nothing (a verdict computed
             inside a training job).
 
     Returns:
         The report.
     """
-    ctx = AnalysisContext(match(run))
-    findings = run_passes(ctx, workers)
-    return Report(findings, ctx.matched, ctx.states, ctx)
+    matched = match(run)
+    clocks = Clocks(matched)
+    findings, states = diagnose(matched, clocks, workers)
+    return Report(findings, matched, states, clocks)
 
 
 def analyze_dir(path: str | os.PathLike[str], options: AnalysisOptions | None = None) -> Report:
@@ -152,7 +151,7 @@ def analyze_dir(path: str | os.PathLike[str], options: AnalysisOptions | None = 
     options = options or AnalysisOptions()
     with gc_paused():
         if isinstance(path, str) and is_url(path):  # s3://bucket/prefix: downloaded, then loaded
-            from flightrec.analysis.remote import load_url
+            from flightrec.analysis.loading.remote import load_url
 
             run = load_url(
                 path,

@@ -11,7 +11,7 @@ analysing process's CPU (of 6.3 s), besides the result-handler thread that unpic
 alongside the caller and took the GIL from it. Tasks are taken as processes come free, so a
 process that a busy machine slows down takes fewer of them.
 
-``Background`` runs one analysis pass beside the others (``passes.run_passes``): the forked
+``Background`` runs one analysis candidate beside the others (``pipeline.diagnose``): the forked
 process reads the loaded job without anything being copied to it.
 
 A process that raises sends the exception instead of a result, and the caller re-raises it;

@@ -6,7 +6,7 @@ group's members up on one clock (``clocks.align_lanes``: completions of one coll
 simultaneous), counts who arrived last and by how much (``lastarrivals.tally_arrivals``, as
 ``flightrec analyze`` does), and keeps each member's lateness per collective as history, so
 that the onset and the shape come from the same change-point test as in ``analyze``
-(``flightrec.analysis.trend``).
+(``flightrec.analysis.timing.trend``).
 
 A rank is late in a check's window when it arrived last, by at least ``floor_ms`` behind
 the next-latest member, at ``min_late`` or more of the window's collectives, and either
@@ -35,10 +35,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from statistics import median
 
-from flightrec.analysis.clocks import Lane, align_lanes
-from flightrec.analysis.lastarrivals import tally_arrivals
-from flightrec.analysis.straggler import chance_of_as_many, percentile
-from flightrec.analysis.trend import (
+from flightrec.analysis.findings.straggler import chance_of_as_many, percentile
+from flightrec.analysis.timing.clocks import Lane, align_lanes
+from flightrec.analysis.timing.lastarrivals import tally_arrivals
+from flightrec.analysis.timing.trend import (
     GROWING,
     Trend,
     describe_trend,

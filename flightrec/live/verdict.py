@@ -16,7 +16,7 @@ from pathlib import Path
 from rich.console import Console
 
 from flightrec.analysis import FileProblem, RankDump, Report, analyze
-from flightrec.analysis.loader import Run
+from flightrec.analysis.loading.loader import Run
 from flightrec.errors import DumpError, printable
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.summary import Summary, SummaryError, decode

@@ -23,8 +23,8 @@ from flightrec.text import compress
 
 if TYPE_CHECKING:
     from flightrec.analysis import Report
+    from flightrec.analysis.loading.rankindex import RankGroupIndex
     from flightrec.analysis.model import GroupProgress, RankDump
-    from flightrec.analysis.rankindex import RankGroupIndex
 
 SEQS = 24
 """Sequence numbers a group's grid shows: the newest, and the one a finding points at."""

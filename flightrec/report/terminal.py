@@ -15,13 +15,13 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
+from flightrec.analysis.findings.straggler import LatenessRow, StragglerEvidence
 from flightrec.analysis.model import (
     Consequence,
     Finding,
     FrameInfo,
     is_library_frame,
 )
-from flightrec.analysis.straggler import LatenessRow, StragglerEvidence
 from flightrec.report.layout import code_line, hanging
 from flightrec.text import compress, ranks_phrase
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+from flightrec.analysis.kinds import KINDS
 from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress
@@ -93,9 +94,11 @@ class TraceRenderer:
         clock.origin = min(starts, default=0)
         hosts = sorted({d.header.hostname or "host not recorded" for d in dumps.values()})
         pid_of = {h: i + 1 for i, h in enumerate(hosts)}
-        stragglers = {
-            r for f in report.findings if f.kind is FindingKind.STRAGGLER for r in f.ranks
-        }
+        marks: dict[int, set[str]] = {}  # ranks whose lane names the kind (a straggler)
+        for f in report.findings:
+            if KINDS[f.kind].marks_lanes:
+                for r in f.ranks:
+                    marks.setdefault(r, set()).add(str(f.kind))
         meta: list[dict[str, Any]] = []
         for h, pid in pid_of.items():
             meta.append(_meta("process_name", pid, 0, {"name": h}))
@@ -107,8 +110,8 @@ class TraceRenderer:
             for lane, label in enumerate(labels):
                 if d.header.device:
                     label += f" ({d.header.device})"
-                if rank in stragglers and not lane:
-                    label += " straggler"
+                if rank in marks and not lane:
+                    label += " " + " ".join(sorted(marks[rank]))
                 tid = rank * _LANES + lane
                 meta.append(_meta("thread_name", pid, tid, {"name": label}))
                 meta.append(_meta("thread_sort_index", pid, tid, {"sort_index": tid}))
@@ -304,7 +307,7 @@ class TraceRenderer:
     def _hang_point(self, report: Report, clock: _Clock) -> list[dict[str, Any]]:
         """A global instant where the first hang finding's collective stalled."""
         f = next(
-            (x for x in report.findings if x.kind is not FindingKind.STRAGGLER and x.process_group),
+            (x for x in report.findings if KINDS[x.kind].hang and x.process_group),
             None,
         )
         if f is None or f.process_group is None or f.seq is None:
@@ -351,7 +354,7 @@ def _straggler_onsets(
     report: Report, clock: _Clock, pid_of: dict[str, int]
 ) -> list[dict[str, Any]]:
     """Per straggler whose lateness has a trend: an instant on its track where it began
-    (``flightrec.analysis.trend``), named by its shape, with the trend in its arguments."""
+    (``flightrec.analysis.timing.trend``), named by its shape, with the trend in its arguments."""
     out: list[dict[str, Any]] = []
     for f in report.findings:
         trend = getattr(f.evidence, "trend", None)

@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from flightrec.analysis import analyze_dir
+from flightrec.analysis.findings.straggler import StragglerEvidence
 from flightrec.analysis.model import FindingKind
-from flightrec.analysis.straggler import StragglerEvidence
 from flightrec.format import flightrec_pb2 as pb
 from tests.integration.jobs import SCRIPTS, child_env, start_job
 from tests.integration.test_cli_analyze import flightrec

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flightrec.analysis.loader import Run
+from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.model import RankDump
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import (

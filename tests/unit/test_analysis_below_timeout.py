@@ -8,7 +8,7 @@ import json
 from rich.console import Console
 
 from flightrec.analysis import analyze
-from flightrec.analysis.loader import Run
+from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.report.json import JsonRenderer

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.analysis.loader import load_dir
+from flightrec.analysis.loading.loader import load_dir
 from flightrec.errors import NoDumpsError, UsageError
 from flightrec.format.read import read_dump
 from flightrec.format.write import write_dump

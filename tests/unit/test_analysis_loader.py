@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze_dir
-from flightrec.analysis.loader import View, load_dir
+from flightrec.analysis.loading.loader import View, load_dir
 from flightrec.errors import NoDumpsError, UsageError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.members import members_of

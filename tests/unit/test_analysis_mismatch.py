@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from flightrec.analysis import AnalysisContext, analyze
-from flightrec.analysis.matching import match
-from flightrec.analysis.mismatch import find_mismatches
+from flightrec.analysis import analyze
+from flightrec.analysis.findings.mismatch import find_mismatches
+from flightrec.analysis.matching.matching import match
 from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import EntryValues
@@ -30,7 +30,7 @@ def test_gather_root_only_outputs_are_not_a_mismatch() -> None:
     job.collective("gather", root=0)
     for r in (1, 2, 3):  # only the root receives the gathered list
         _edit(job, r, -1, outputs=[])
-    assert find_mismatches(AnalysisContext(match(job.run()))) == []
+    assert find_mismatches(match(job.run())) == []
 
 
 def test_scatter_compares_what_every_rank_receives() -> None:
@@ -38,9 +38,9 @@ def test_scatter_compares_what_every_rank_receives() -> None:
     job.collective("scatter", root=0)
     for r in (1, 2, 3):  # only the root passes the list to scatter
         _edit(job, r, -1, inputs=[])
-    assert find_mismatches(AnalysisContext(match(job.run()))) == []
+    assert find_mismatches(match(job.run())) == []
     _edit(job, 2, -1, outputs=[((9,), "float32")])
-    (finding,) = find_mismatches(AnalysisContext(match(job.run())))
+    (finding,) = find_mismatches(match(job.run()))
     assert (finding.field, finding.ranks) == ("shape", (2,))
 
 
@@ -49,7 +49,7 @@ def test_object_collectives_sizes_differ_by_design() -> None:
     job.collective("broadcast_object_list", root=0, override={2: {"shape": (77,)}})
     for r in range(4):
         _edit(job, r, -1, flags=pb.OBJECT_API)
-    assert find_mismatches(AnalysisContext(match(job.run()))) == []
+    assert find_mismatches(match(job.run())) == []
 
 
 def test_even_split_has_no_majority() -> None:
@@ -67,7 +67,7 @@ def test_group_membership_disagreement() -> None:
     g = next(g for g in dumps.dumps[2].dump.groups if g.name == "7")
     del g.ranks[:]
     g.ranks.extend([1, 2, 3])
-    findings = find_mismatches(AnalysisContext(match(dumps)))
+    findings = find_mismatches(match(dumps))
     assert [(f.field, f.ranks, f.process_group) for f in findings] == [("group", (2,), "7")]
 
 
@@ -88,7 +88,7 @@ def test_a_rank_that_did_not_record_reduce_op_or_root_agrees_with_any() -> None:
     job.collective("broadcast", root=0, override={3: unknown})
     job.collective("all_reduce", reduce_op="AVG", override={3: unknown})
     job.collective("reduce", root=2, reduce_op="MAX", override={3: unknown})
-    assert find_mismatches(AnalysisContext(match(job.run()))) == []
+    assert find_mismatches(match(job.run())) == []
     job.collective("all_reduce", complete=False, override={3: unknown, 1: {"reduce_op": "MAX"}})
     first = analyze(job.run()).findings[0]
     assert (first.kind, first.field, first.ranks) == (FindingKind.MISMATCH, "reduce_op", (1,))

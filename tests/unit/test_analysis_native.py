@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze, analyze_dir
-from flightrec.analysis.loader import Run
+from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.model import FindingKind
 from flightrec.format.builder import EntryValues
 from flightrec.report.json import JsonRenderer

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from rich.console import Console
 
 from flightrec.analysis import analyze
-from flightrec.analysis.loader import Run
+from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.model import RankDump
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND, DumpBuilder, EntryValues

@@ -164,8 +164,8 @@ def test_a_deadlock_is_spelled_the_same_way_whatever_the_order_of_its_members() 
     graph's components are sets: their order changes with the process's hash seed)."""
     import random
 
-    from flightrec.analysis.graph import DiGraph
-    from flightrec.analysis.p2p import cycle_finding
+    from flightrec.analysis.findings.p2p import cycle_finding
+    from flightrec.analysis.waitgraph.graph import DiGraph
 
     graph = DiGraph()
     ops = [("p2p", f"g:{r}->{(r + 1) % 3}") for r in range(3)]

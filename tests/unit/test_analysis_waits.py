@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from flightrec.analysis import analyze
-from flightrec.analysis.matching import match
-from flightrec.analysis.waits import build_wait_graph, rank_node
+from flightrec.analysis.matching.matching import match
+from flightrec.analysis.waitgraph.waits import build_wait_graph, rank_node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import EntryValues
 from tests.unit.factories import Job, healthy

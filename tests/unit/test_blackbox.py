@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze
-from flightrec.analysis.loader import load_dir
+from flightrec.analysis.loading.loader import load_dir
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import BEAT, HEADER_SIZE, OFF_BEAT, Status, fixed
@@ -261,7 +261,7 @@ def _raise_in_compute_loss() -> None:
 
 
 def test_the_exception_a_process_died_of_is_in_its_black_box(tmp_path: Path) -> None:
-    from flightrec.analysis.crashes import exceptions_of
+    from flightrec.analysis.findings.crashes import exceptions_of
     from flightrec.analysis.model import RankDump
     from flightrec.recorder.exceptions import describe
 

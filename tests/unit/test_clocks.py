@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze_dir
-from flightrec.analysis.clocks import estimate_offsets, group_arrivals, local_offsets
-from flightrec.analysis.matching import match
+from flightrec.analysis.matching.matching import match
+from flightrec.analysis.timing.clocks import estimate_offsets, group_arrivals, local_offsets
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 from flightrec.simulate.job import _host_clock

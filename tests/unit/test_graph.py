@@ -1,4 +1,4 @@
-"""The wait-for graph's own structure (flightrec.analysis.graph) answers as networkx did: the
+"""The wait-for graph's own structure (flightrec.analysis.waitgraph.graph) answers as networkx did: the
 same components in the same order, the same ancestors, the same cycle."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from flightrec.analysis.graph import DiGraph, NoCycle, ancestors, condensation, find_cycle
+from flightrec.analysis.waitgraph.graph import DiGraph, NoCycle, ancestors, condensation, find_cycle
 
 nx = pytest.importorskip("networkx")
 

@@ -10,9 +10,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from flightrec.analysis import lastarrivals
-from flightrec.analysis.clocks import STABLE_NS
-from flightrec.analysis.lastarrivals import GroupTally, Member, last_arrivals, tally, tally_py
+from flightrec.analysis.timing import lastarrivals
+from flightrec.analysis.timing.clocks import STABLE_NS
+from flightrec.analysis.timing.lastarrivals import (
+    GroupTally,
+    Member,
+    last_arrivals,
+    tally,
+    tally_py,
+)
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.view import narrow
 
@@ -23,7 +29,7 @@ _MS = 1_000_000
 
 def _needs_c() -> None:
     if C_LOOPS is None:
-        pytest.skip("flightrec.analysis._arrivals is not built")
+        pytest.skip("flightrec.analysis.timing._arrivals is not built")
 
 
 def _as_lists(t: GroupTally | None) -> object:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.analysis.loader import load_dir
-from flightrec.analysis.matching import _progress, match
+from flightrec.analysis.loading.loader import load_dir
+from flightrec.analysis.loading.rankindex import RankIndex, index_rank
+from flightrec.analysis.matching.matching import _progress, match
+from flightrec.analysis.matching.signature import signature
 from flightrec.analysis.model import RankDump
-from flightrec.analysis.rankindex import RankIndex, index_rank
-from flightrec.analysis.signature import signature
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.read import read_dump
 from flightrec.format.wire import read_compact

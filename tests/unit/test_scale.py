@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from flightrec.analysis import AnalysisOptions, Report, analyze, analyze_dir
-from flightrec.analysis.loader import load_dir
+from flightrec.analysis.loading.loader import load_dir
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 
 FAULTS = [f for f in Fault if f is not Fault.NONE]

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
-from flightrec.analysis import analyze, analyze_dir, lastarrivals
+from flightrec.analysis import analyze, analyze_dir
+from flightrec.analysis.findings.straggler import StragglerEvidence, chance_of_as_many, percentile
 from flightrec.analysis.model import FindingKind
-from flightrec.analysis.straggler import StragglerEvidence, chance_of_as_many, percentile
+from flightrec.analysis.timing import lastarrivals
 from flightrec.report.json import JsonRenderer
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from flightrec.analysis import AnalysisOptions, RankDump, View, analyze, analyze_dir
-from flightrec.analysis.loader import Run
+from flightrec.analysis.loading.loader import Run
 from flightrec.errors import CONTROL, DumpError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format import summary as fs

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze
-from flightrec.analysis.loader import load_dir
+from flightrec.analysis.loading.loader import load_dir
 from flightrec.errors import CorruptDumpError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder, EntryValues
@@ -166,7 +166,7 @@ def test_tables_checked_once_are_trusted_only_as_identical_bytes(tmp_path: Path)
 def test_a_folder_of_a_few_thousand_dumps_or_fewer_is_read_whole(tmp_path: Path) -> None:
     """Reading tails is for the largest jobs: up to ``TAIL_FROM_FILES`` files every ring is
     read whole, so what only older entries show is never missed."""
-    from flightrec.analysis import loader
+    from flightrec.analysis.loading import loader
 
     job = Job()
     for _ in range(TAIL_ENTRIES + 100):

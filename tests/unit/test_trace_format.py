@@ -179,10 +179,10 @@ def test_recent_limits_entries_per_rank() -> None:
 
 def test_clock_alignment_is_estimated_only_when_a_timeline_asks() -> None:
     report = analyze(timed_job(offset_ms={1: 5.0}).run())
-    assert "timeline_clock" not in vars(report.context)  # analyze and JSON never pay for it
+    assert "timeline_clock" not in vars(report.clocks)  # analyze and JSON never pay for it
     TraceRenderer().to_dict(report)
     assert report.timeline_clock.alignment.clocks[1].offset_ns > 4_000_000
-    assert "timeline_clock" in vars(report.context)
+    assert "timeline_clock" in vars(report.clocks)
 
 
 def _with(entry: Any, **changes: Any) -> Any:

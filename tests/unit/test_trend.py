@@ -10,8 +10,8 @@ import jsonschema
 import pytest
 
 from flightrec.analysis import analyze
-from flightrec.analysis.straggler import StragglerEvidence
-from flightrec.analysis.trend import (
+from flightrec.analysis.findings.straggler import StragglerEvidence
+from flightrec.analysis.timing.trend import (
     GROWING,
     INTERMITTENT,
     STEADY,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from flightrec.analysis.loader import Progress, Run, View, load_dir
+from flightrec.analysis.loading.loader import Progress, Run, View, load_dir
 from flightrec.analysis.model import FileProblem
 from flightrec.errors import NoDumpsError
 from flightrec.readers.remote import Downloaded, download

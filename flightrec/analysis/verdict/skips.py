@@ -11,13 +11,11 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import replace
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import CallShift, Finding, FindingKind, user_frame
-
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
+from flightrec.analysis.kinds import kinds_where
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.model import CallShift, Finding, user_frame
 
 # Peers sampled to establish the majority call site per seq; the shift must hold this long.
 _SAMPLE = 8
@@ -90,20 +88,18 @@ def _short(site: str) -> str:
     return f"{'/'.join(parts[-2:])}:{line}"
 
 
-def annotate_shifts(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
+def annotate_shifts(m: Matched, findings: list[Finding]) -> list[Finding]:
     """Add the skipped (or extra) call behind a finding about one rank on one group.
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
         findings: the ordered findings.
 
     Returns:
         The same findings, with ``call_shift`` set and a clause in the summary where a shift
         was found.
     """
-    kinds = {FindingKind.NOT_ARRIVED, FindingKind.DEAD_RANK, FindingKind.MISMATCH}
-    kinds |= {FindingKind.DESYNC}
-    m = ctx.matched
+    kinds = kinds_where("shifted_by_skips")
     out: list[Finding] = []
     for f in findings:
         if f.kind in kinds and len(f.ranks) == 1 and f.process_group and f.ranks[0] in m.index:

@@ -26,12 +26,13 @@ import math
 import operator
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from operator import itemgetter
 from statistics import median
 from typing import NamedTuple
 
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.signature import Taker, taker
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.matching.signature import Taker, taker
 from flightrec.format import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED
@@ -628,3 +629,46 @@ def estimate_offsets(m: Matched, recent: int = 256) -> ClockAlignment:
                 heapq.heappush(heap, (v, b))
     unaligned = tuple(r for r in sorted(m.run.dumps) if r not in clocks)
     return ClockAlignment(reference, clocks, unaligned)
+
+
+TIMELINE_RECENT = 256
+"""Newest completed collectives per group that the timeline's clock alignment reads."""
+
+
+class Clocks:
+    """One run's clock alignment, estimated on first use and kept.
+
+    Nothing here changes a finding: each value is a function of the lined-up histories alone,
+    memoized so that the straggler candidate and a timeline renderer share one estimate, and
+    so that the text and JSON reports never pay for it.
+
+    Args:
+        matched: the lined-up histories.
+    """
+
+    def __init__(self, matched: Matched) -> None:
+        self.matched = matched
+        self._alignments: dict[int, ClockAlignment] = {}
+
+    def alignment(self, recent: int = TIMELINE_RECENT) -> ClockAlignment:
+        """Every rank's clock offset, from its newest ``recent`` collectives per group.
+
+        Args:
+            recent: completed collectives per group to read.
+
+        Returns:
+            The alignment (computed once per ``recent``).
+        """
+        if recent not in self._alignments:
+            self._alignments[recent] = estimate_offsets(self.matched, recent)
+        return self._alignments[recent]
+
+    @cached_property
+    def timeline_clock(self) -> TimelineClock:
+        """Each rank's shift from its monotonic clock to the aligned one, for timelines."""
+        return timeline(self.matched, self.alignment(TIMELINE_RECENT))
+
+    @cached_property
+    def notes(self) -> tuple[str, ...]:
+        """What the dumps cannot say that the report should (timing missing, for one)."""
+        return timing_notes(self.matched)

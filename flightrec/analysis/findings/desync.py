@@ -8,15 +8,15 @@ taken while the job runs) are in step.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind
 from flightrec.text import compress, ranks_phrase
 
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
+KINDS = (FindingKind.DESYNC,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,17 +27,18 @@ class DesyncEvidence(Evidence):
     """Collectives each member issued on the group, by rank."""
 
 
-def find_desyncs(ctx: AnalysisContext) -> list[Finding]:
+def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
     """Groups whose members' counters disagree, other than those a root cause or a mismatch
-    already explains (``ctx.explained_groups``).
+    already explains.
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
+        explained: groups a root cause or a mismatch accounts for
+            (``rootcause.explained_groups``).
 
     Returns:
         ``desync`` findings blaming the ranks off the most common counter.
     """
-    m, explained = ctx.matched, ctx.explained_groups
     findings: list[Finding] = []
     for key, info in m.groups.items():
         if key in explained:

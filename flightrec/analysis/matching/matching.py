@@ -10,9 +10,9 @@ from collections import defaultdict
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 
-from flightrec.analysis.loader import Run
+from flightrec.analysis.loading.loader import Run
+from flightrec.analysis.loading.rankindex import RankGroupIndex, index_rank
 from flightrec.analysis.model import CollectiveRecord, GroupProgress, ProcessGroupInfo, RankDump
-from flightrec.analysis.rankindex import RankGroupIndex, index_rank
 from flightrec.format import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED

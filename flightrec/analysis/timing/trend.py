@@ -25,8 +25,8 @@ from statistics import median
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from flightrec.analysis.clocks import GroupArrivals
-    from flightrec.analysis.matching import Matched
+    from flightrec.analysis.matching.matching import Matched
+    from flightrec.analysis.timing.clocks import GroupArrivals
 
 STEADY = "steady"
 GROWING = "growing"
@@ -290,7 +290,7 @@ def straggler_trend(
     Returns:
         The trend; None when the group's arrivals cannot be lined up on one clock.
     """
-    from flightrec.analysis.clocks import group_arrivals
+    from flightrec.analysis.timing.clocks import group_arrivals
 
     ga = group_arrivals(m, group, history)
     if ga is None or rank not in ga.arrivals:

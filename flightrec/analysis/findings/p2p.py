@@ -9,16 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from flightrec.analysis.graph import DiGraph, NoCycle, find_cycle
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
-from flightrec.analysis.routine import Departure
-from flightrec.analysis.waits import Node
+from flightrec.analysis.waitgraph.graph import DiGraph, NoCycle, find_cycle
+from flightrec.analysis.waitgraph.routine import Departure
+from flightrec.analysis.waitgraph.waits import Node
 from flightrec.text import ranks_phrase
 
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
+KINDS = (FindingKind.P2P_DEADLOCK, FindingKind.DEADLOCK, FindingKind.P2P_UNMATCHED)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,19 +137,19 @@ def cycle_finding(
     )
 
 
-def find_unmatched(ctx: AnalysisContext) -> list[Finding]:
+def find_unmatched(m: Matched, graph: DiGraph) -> list[Finding]:
     """Sends without receives and receives without sends, where nobody is blocked on them.
 
-    Blocked transfers are already in the wait-for graph and explained through it; this pass
-    reports what the counters show once no wait explains the difference.
+    Blocked transfers are already in the wait-for graph and explained through it; this
+    candidate reports what the counters show once no wait explains the difference.
 
     Args:
-        ctx: the analysis context (transfers in its wait-for graph are skipped).
+        m: the lined-up histories.
+        graph: the wait-for graph (transfers in it are skipped).
 
     Returns:
         ``p2p_unmatched`` findings blaming the side that issued fewer operations.
     """
-    m, graph = ctx.matched, ctx.wait_graph.graph
     blocked = {(n[1], n[2], n[3]) for n in graph.nodes if n[0] == "p2p"}
     findings: list[Finding] = []
     for (group, rank, peer), (sends, _) in sorted(m.p2p_counts.items()):

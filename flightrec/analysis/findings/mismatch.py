@@ -11,9 +11,17 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.matching.signature import (
+    FIELDS,
+    UNKNOWN,
+    RawSignature,
+    compared_tensors,
+    compatible,
+    raw_signatures,
+    resolve,
+)
 from flightrec.analysis.model import (
     CollectiveRecord,
     Evidence,
@@ -23,20 +31,11 @@ from flightrec.analysis.model import (
     TensorInfo,
     user_frame,
 )
-from flightrec.analysis.signature import (
-    FIELDS,
-    UNKNOWN,
-    RawSignature,
-    compared_tensors,
-    compatible,
-    raw_signatures,
-    resolve,
-)
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
 
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
+KINDS = (FindingKind.MISMATCH,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -535,19 +534,18 @@ def _agree_by_fingerprint(m: Matched, group: str, holders: list[int]) -> bool | 
     return True
 
 
-def find_mismatches(ctx: AnalysisContext) -> list[Finding]:
+def find_mismatches(m: Matched) -> list[Finding]:
     """Every group's first disagreement (later ones on that group are usually its echo).
 
-    The root-cause pass places these among the ends of the wait-for graph (through
-    ``ctx.mismatches``), so they are not a pass of their own in ``passes.PASSES``.
+    A stage of its own in ``pipeline.diagnose``: the root-cause arbitration
+    (``rootcause.root_causes``) places these among the ends of the wait-for graph.
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
 
     Returns:
         ``mismatch`` findings, one per group at most plus membership disagreements.
     """
-    m = ctx.matched
     canon: dict[Hashable, int] = {}
     findings: list[Finding] = []
     for info in m.groups.values():

@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flightrec.analysis.depth import needs_depth
 from flightrec.analysis.fanout import can_fork, ordered_map
+from flightrec.analysis.loading.depth import needs_depth
+from flightrec.analysis.loading.rankindex import RankIndex, index_rank
 from flightrec.analysis.model import FileProblem, RankDump
-from flightrec.analysis.rankindex import RankIndex, index_rank
 from flightrec.errors import DumpError, NoDumpsError, NotADumpError, UsageError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE

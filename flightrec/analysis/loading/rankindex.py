@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
 
+from flightrec.analysis.matching.signature import RawSignature, raw_signatures, resolve, taker
 from flightrec.analysis.model import RankDump
-from flightrec.analysis.signature import RawSignature, raw_signatures, resolve, taker
 from flightrec.format import flightrec_pb2 as pb
 
 _COMPLETED = pb.COMPLETED

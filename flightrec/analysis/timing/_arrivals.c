@@ -7,7 +7,7 @@
  * collective; here it is a few hundred nanoseconds.
  *
  * What it computes is defined in Python, which stays the reference and the fallback where
- * this extension is not built (flightrec/analysis/lastarrivals.py: ``tally_py``, composed of
+ * this extension is not built (flightrec/analysis/timing/lastarrivals.py: ``tally_py``, composed of
  * ``clocks.lane``, ``clocks.align_lanes`` and ``lastarrivals.last_arrivals``). Every integer
  * step is done in integers and every floating-point step in the same IEEE operations, in the
  * same order, so the two return the same values, which

@@ -4,7 +4,7 @@ work, over every member of every group.
 One call per group (``tally``) takes each member's entry columns and window, and returns the
 members' arrivals on the anchor's clock (``clocks.align_lanes``) and, per collective, who
 arrived last and whether by a margin that counts. It runs in C where the optional extension
-``flightrec.analysis._arrivals`` is built: at 131,072 ranks (tp=8, pp=8) that is 262,144
+``flightrec.analysis.timing._arrivals`` is built: at 131,072 ranks (tp=8, pp=8) that is 262,144
 lanes of 64 collectives, about 17 s in Python. ``tally_py`` is the definition, composed of
 the Python steps (``clocks.lane``, ``clocks.align_lanes``, ``last_arrivals``); the C path
 returns the same values (``tests/unit/test_lastarrivals.py`` compares them on arbitrary
@@ -17,7 +17,8 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from flightrec.analysis.clocks import (
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.timing.clocks import (
     GroupArrivals,
     Lane,
     Window,
@@ -27,11 +28,10 @@ from flightrec.analysis.clocks import (
     lane,
     window_of,
 )
-from flightrec.analysis.matching import Matched
 from flightrec.format import flightrec_pb2 as pb
 
 try:
-    import flightrec.analysis._arrivals as _arrivals
+    import flightrec.analysis.timing._arrivals as _arrivals
 except ImportError:  # not built: the Python path (same results)
     _arrivals = None  # type: ignore[assignment]
 

@@ -19,11 +19,11 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.kinds import kinds_where
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     Evidence,
     ExceptionEvidence,
@@ -33,12 +33,13 @@ from flightrec.analysis.model import (
     RankDump,
     user_frame,
 )
+from flightrec.analysis.waitgraph.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import ended as blackbox_ended
 from flightrec.text import ranks_phrase
 
-if TYPE_CHECKING:  # the context imports states, which imports this module
-    from flightrec.analysis.context import AnalysisContext
+KINDS = (FindingKind.DEAD_RANK,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 SUMMARY_MESSAGE_CHARS = 160
 """An exception's message in a verdict line is cut here; the evidence has it whole."""
@@ -165,19 +166,25 @@ def thread_deaths(m: Matched, rank: int) -> list[RaisedException]:
     return [x for x in exceptions_of(d) if not x.is_main] if d is not None else []
 
 
-def find_crashes(ctx: AnalysisContext) -> list[Finding]:
+def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
     """One ``dead_rank`` finding per exception (type and line) ranks died of, earliest first.
 
-    ``place_crashes`` then puts each where it explains most (after every pass has run).
+    ``place_crashes`` then puts each where it explains most (after every candidate has run).
+
+    Args:
+        m: the lined-up histories.
+        waits: every blocked entry (``waits.build_wait_graph``).
+
+    Returns:
+        The crashes, earliest first.
     """
-    m = ctx.matched
     hang = m.run.hang_wall_ns
     # Where each rank waits in an operation it never completed: an exception raised at that
     # very line came out of the operation (``work.wait()`` of an irecv raises with no frame of
     # torch's Python code on the stack), as gloo's timeouts and resets do.
     raised = {rank: x for rank in sorted(m.run.dumps) if (x := died_of(m, rank)) is not None}
     pending: dict[int, set[str]] = defaultdict(set)
-    for w in ctx.wait_graph.waits if raised else ():
+    for w in waits if raised else ():
         if w.rank in raised:  # (a record is materialised only for a rank that raised)
             frame = user_frame(m.dump(w.rank).record(w.position).stack)
             if frame is not None:
@@ -217,7 +224,7 @@ def find_crashes(ctx: AnalysisContext) -> list[Finding]:
     return findings
 
 
-def place_crashes(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
+def place_crashes(m: Matched, findings: list[Finding]) -> list[Finding]:
     """Put each crash ``find_crashes`` found where it explains most.
 
     The earliest crash, raised in the program's own code before any hang, is why the job
@@ -228,13 +235,12 @@ def place_crashes(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding
     thread died of an exception (its data loader, say) gets that said in its verdict.
 
     Args:
-        ctx: the analysis context.
-        findings: every pass's findings, most likely root cause first.
+        m: the lined-up histories.
+        findings: every candidate's findings, most likely root cause first.
 
     Returns:
         All findings, most likely root cause first.
     """
-    m = ctx.matched
     crashes = [f for f in findings if isinstance(f.evidence, CrashEvidence)]
     out = [f for f in findings if not isinstance(f.evidence, CrashEvidence)]
     root: Finding | None = None
@@ -301,7 +307,7 @@ def _with_thread_deaths(m: Matched, f: Finding) -> Finding:
     )
 
 
-_BLAMES = frozenset({FindingKind.DEAD_RANK, FindingKind.NOT_ARRIVED})
+_BLAMES = kinds_where("crash_explains")
 """Findings that blame ranks for what they did instead of arriving: a crash can explain it."""
 
 

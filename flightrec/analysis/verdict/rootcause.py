@@ -11,36 +11,30 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, NamedTuple
+from collections.abc import Iterable, Sequence
+from dataclasses import replace
+from typing import NamedTuple
 
-from flightrec.analysis.graph import DiGraph, condensation
-from flightrec.analysis.graph import ancestors as graph_ancestors
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.mismatch import exchange_mismatch, relation_mismatch
+from flightrec.analysis.findings.mismatch import exchange_mismatch, relation_mismatch
+from flightrec.analysis.findings.not_arrived import (
+    RankEvidence,
+    culprit_state,
+    rank_finding,
+)
+from flightrec.analysis.findings.p2p import CycleEvidence, cycle_finding
+from flightrec.analysis.findings.stuck import stuck_finding
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     Consequence,
-    Evidence,
     Finding,
     FindingKind,
     Status,
     user_frame,
 )
-from flightrec.analysis.not_arrived import (
-    LateArrivalEvidence,
-    RankEvidence,
-    culprit_state,
-    rank_finding,
-)
-from flightrec.analysis.p2p import CycleEvidence, cycle_finding
-from flightrec.analysis.routine import Departure, routine
-from flightrec.analysis.waits import Node, Wait
-from flightrec.format import flightrec_pb2 as pb
-from flightrec.text import compress, ranks_phrase
-
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
+from flightrec.analysis.waitgraph.graph import DiGraph, condensation
+from flightrec.analysis.waitgraph.graph import ancestors as graph_ancestors
+from flightrec.analysis.waitgraph.routine import Departure, routine
+from flightrec.analysis.waitgraph.waits import Node, Wait, WaitGraph
 
 # Ranks of one wait cycle whose histories are read to find who left its routine.
 MAX_ROUTINE_CHECKS = 64
@@ -62,7 +56,7 @@ class Tie(enum.IntEnum):
 
 
 class RootCauses(NamedTuple):
-    """The root-cause pass's findings and the groups they account for."""
+    """The root-cause arbitration's findings and the groups they account for."""
 
     findings: list[Finding]
     """Most explanatory first, mismatches placed among them."""
@@ -95,161 +89,21 @@ def _op_nodes(nodes: Iterable[Node]) -> list[Node]:
     return sorted((n for n in nodes if n[0] != "rank"), key=repr)
 
 
-def _late_arrivals(m: Matched, group: str, seq: int) -> tuple[list[int], float] | None:
-    """Ranks that entered collective ``seq`` long after the others, and by how much.
-
-    Arrival times are compared on the wall clock (each rank's monotonic time shifted by its
-    dump's wall/monotonic anchor). Only a gap far above clock skew and ordinary jitter counts:
-    one second, or half the watchdog timeout when that is longer.
-    """
-    arrivals: list[tuple[int, int]] = []
-    timeouts: list[float] = []
-    for rank in m.groups[group].ranks:
-        d = m.run.dumps.get(rank)
-        gi = m.index.get(rank, {}).get(group)
-        pos = gi.position_of(seq) if gi else None
-        if d is None or pos is None:
-            return None
-        enq = d.dump.entries.enqueue_ns[pos]
-        if not enq or not d.header.wall_time_ns:
-            return None
-        arrivals.append((d.wall_ns(enq), rank))
-        if d.header.timeout_s > 0:
-            timeouts.append(d.header.timeout_s)
-    arrivals.sort()
-    threshold_ns = int(max(1.0, 0.5 * min(timeouts, default=0.0)) * 1e9)
-    gaps = [(arrivals[i + 1][0] - arrivals[i][0], i) for i in range(len(arrivals) - 1)]
-    if not gaps:
-        return None
-    gap, at = max(gaps)
-    if gap < threshold_ns:
-        return None
-    return sorted(r for _, r in arrivals[at + 1 :]), gap / 1e9
-
-
-@dataclass(frozen=True, slots=True)
-class FailedAloneEvidence(Evidence):
-    """Evidence of a ``stuck`` finding where only some members' entries failed (raised)."""
-
-    failed_ranks: tuple[int, ...]
-    """The members whose entry failed: their own call raised."""
-    waiting_ranks: tuple[int, ...]
-    """The members still inside the collective."""
-    errors: Mapping[int, str]
-    """Per failed rank with an error dump (reason COLLECTIVE_ERROR), what it says."""
-
-
-def _failed_alone(m: Matched, group: str, seq: int, members: tuple[int, ...]) -> list[int]:
-    """Members whose entry at (group, seq) FAILED while the other members' are in flight.
-
-    A collective that fails on one member alone, at once, failed there before any exchange:
-    a local validation error (wrong output size, wrong device), not the transport. One that
-    failed after half the timeout or more timed out first, which says nothing about who is
-    wrong. Empty when none failed that way, or when they are not a strict minority.
-    """
-    failed: list[int] = []
-    for rank in members:
-        d = m.run.dumps.get(rank)
-        gi = m.index.get(rank, {}).get(group)
-        pos = gi.position_of(seq) if gi else None
-        if d is None or pos is None or not d.tracks_completion:
-            return []
-        if d.columns["state"][pos] != pb.FAILED:
-            continue
-        e = d.dump.entries
-        took_s = (e.complete_ns[pos] - e.enqueue_ns[pos]) / 1e9
-        if not e.complete_ns[pos] or took_s >= max(1.0, 0.5 * d.header.timeout_s):
-            return []
-        failed.append(rank)
-    # Only a minority: where most members failed, the peers of the first one to fail were
-    # cut off by it (connection closed) before their own dumps were taken.
-    return failed if len(failed) * 2 < len(members) else []
-
-
-def _stuck_finding(
-    m: Matched, graph: DiGraph, node: Node, consequences: list[Consequence]
-) -> Finding:
-    attrs = graph.nodes[node]
-    members = tuple(attrs["pg_ranks"])
-    group, seq, op = str(attrs["group"]), int(attrs["seq"]), str(attrs["op"])
-    failed = _failed_alone(m, group, seq, members)
-    if failed:
-        staying = tuple(r for r in members if r not in failed)
-        who = ranks_phrase(failed)
-        ident = f" ({m.dump(failed[0]).describe()})" if len(failed) == 1 else ""
-        errors = {
-            r: h.reason_detail
-            for r in failed
-            if (h := m.dump(r).header).reason == pb.COLLECTIVE_ERROR and h.reason_detail
-        }
-        said = f": {next(iter(errors.values()))}" if len(errors) == 1 else ""
-        return Finding(
-            kind=FindingKind.STUCK,
-            ranks=tuple(failed),
-            summary=(
-                f"{who[0].upper()}{who[1:]}{ident} failed {op} #{seq} on group {group} "
-                f"[ranks {compress(members)}] on its own while {ranks_phrase(staying)} entered "
-                f"it and wait: a local error on {who}, not the transport{said}"
-            ),
-            process_group=group,
-            pg_ranks=members,
-            seq=seq,
-            op=op,
-            consequences=tuple(consequences),
-            evidence=FailedAloneEvidence(tuple(failed), staying, errors),
-        )
-    late = _late_arrivals(m, group, seq)
-    if late is not None:
-        # Everyone is in the collective now, but some arrived long after the others: in a
-        # later dump (after timeouts fired) that is what a rank that did not arrive looks like.
-        ranks, gap = late
-        others = [r for r in members if r not in ranks]
-        who = ranks_phrase(ranks)
-        ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
-        return Finding(
-            kind=FindingKind.NOT_ARRIVED,
-            ranks=tuple(ranks),
-            summary=(
-                f"{who[0].upper()}{who[1:]}{ident} entered {op} #{seq} on group {group} "
-                f"[ranks {compress(members)}] {gap:.1f} s after {ranks_phrase(others)}, too late: "
-                "none completed it"
-            ),
-            process_group=group,
-            pg_ranks=members,
-            seq=seq,
-            op=op,
-            consequences=tuple(consequences),
-            evidence=LateArrivalEvidence(round(gap, 3), tuple(others)),
-        )
-    return Finding(
-        kind=FindingKind.STUCK,
-        ranks=members,
-        summary=(
-            f"every member of group {group} [ranks {compress(members)}] entered "
-            f"{op} #{seq} and none completed it, with no disagreement in what "
-            "they passed (a transport failure or a collective issued from outside the recorder)"
-        ),
-        process_group=group,
-        pg_ranks=members,
-        seq=seq,
-        op=op,
-        consequences=tuple(consequences),
-    )
-
-
-def find_root_causes(ctx: AnalysisContext) -> list[Finding]:
-    """The ends of the wait-for graph, with the mismatches, most explanatory first.
+def explained_groups(roots: RootCauses, mismatches: Sequence[Finding]) -> frozenset[str]:
+    """Groups a root cause or a mismatch already accounts for (the desync candidate skips them).
 
     Args:
-        ctx: the analysis context (its ``root_causes``, computed once).
+        roots: what ``root_causes`` returned.
+        mismatches: every mismatch (``mismatch.find_mismatches``).
 
     Returns:
-        The ordered root findings (with consequences) and every mismatch.
+        The group keys.
     """
-    return list(ctx.root_causes.findings)
+    found = {f.process_group for f in mismatches if f.process_group}
+    return frozenset(roots.explained | found)
 
 
-def root_causes(ctx: AnalysisContext) -> RootCauses:
+def root_causes(m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]) -> RootCauses:
     """Findings for the ends of the wait-for graph, most explanatory first.
 
     A mismatch at a stuck collective becomes that collective's root; the other mismatches go
@@ -257,14 +111,14 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
     later collective) or sit where a dead rank's peers wait, after them otherwise.
 
     Args:
-        ctx: the analysis context: its wait-for graph and mismatches are read.
+        m: the lined-up histories.
+        wait_graph: who waits on whom (``waits.build_wait_graph``).
+        mismatches: every group's first disagreement (``mismatch.find_mismatches``).
 
     Returns:
         The ordered findings, and the group keys they explain.
     """
-    m = ctx.matched
-    graph, waits = ctx.wait_graph
-    mismatches = ctx.mismatches
+    graph, waits = wait_graph
     longest: dict[Node, float] = defaultdict(float)
     earliest: dict[Node, int] = {}
     for w in waits:
@@ -330,7 +184,7 @@ def root_causes(ctx: AnalysisContext) -> RootCauses:
             used_mismatches.add(id(mismatch))
             scored.append((weight, Tie.MISMATCH, _with_consequences(mismatch, consequences)))
         else:
-            scored.append((weight, Tie.STUCK, _stuck_finding(m, graph, node, consequences)))
+            scored.append((weight, Tie.STUCK, stuck_finding(m, graph, node, consequences)))
 
     for (state, _, primary), ranks in rank_roots.items():
         nodes = [n for r in ranks for n in ancestors(_component(cond, ("rank", r)))]

@@ -29,46 +29,32 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
-from flightrec.analysis.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
-from flightrec.analysis.desync import DesyncEvidence
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.findings.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
+from flightrec.analysis.findings.desync import DesyncEvidence
+from flightrec.analysis.kinds import kinds_where
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind, Folded
 from flightrec.readers.blackbox import died as blackbox_died
 from flightrec.text import ranks_phrase
 
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
-
-ROOT_KINDS = frozenset(
-    {
-        FindingKind.NOT_ARRIVED,
-        FindingKind.DEAD_RANK,
-        FindingKind.MISSING_DUMP,
-        FindingKind.MISMATCH,
-        FindingKind.P2P_DEADLOCK,
-        FindingKind.DEADLOCK,
-        FindingKind.STUCK,
-    }
-)
+ROOT_KINDS = kinds_where("root_cause")
 """Kinds that name why a job stopped; a finding of another kind explains nothing after it."""
 
-_OUT_OF_STEP = frozenset({FindingKind.DESYNC, FindingKind.P2P_UNMATCHED})
+_OUT_OF_STEP = kinds_where("out_of_step")
 """Kinds that describe counters out of step, which a rank held up by the root cause shows."""
 
 
-def fold_consequences(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
+def fold_consequences(m: Matched, findings: list[Finding]) -> list[Finding]:
     """Fold the findings the first one explains into it; mark waits of ended processes.
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
         findings: every finding, most likely root cause first (after ``place_crashes``).
 
     Returns:
         The findings left standing, the first carrying what it explains.
     """
-    m = ctx.matched
     gone: dict[int, bool] = {}
 
     def ended(rank: int) -> bool:

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from flightrec.analysis.loading.rankindex import RankGroupIndex, RankIndex, index_rank
 from flightrec.analysis.model import RankDump
-from flightrec.analysis.rankindex import RankGroupIndex, RankIndex, index_rank
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.view import GroupView
 

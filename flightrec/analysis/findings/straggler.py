@@ -20,17 +20,23 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from statistics import median
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
-from flightrec.analysis.clocks import ClockAlignment, HostArrivals, enqueue_arrivals, may_share
-from flightrec.analysis.lastarrivals import GroupTally, members_of, tally, tally_arrivals
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
-from flightrec.analysis.trend import Trend, median_rule, straggler_trend, trend_phrase
+from flightrec.analysis.timing.clocks import (
+    ClockAlignment,
+    Clocks,
+    HostArrivals,
+    enqueue_arrivals,
+    may_share,
+)
+from flightrec.analysis.timing.lastarrivals import GroupTally, members_of, tally, tally_arrivals
+from flightrec.analysis.timing.trend import Trend, median_rule, straggler_trend, trend_phrase
 from flightrec.text import compress
 
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
+KINDS = (FindingKind.STRAGGLER,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 # Words in a function or file name that say "extra work a coordinating rank does".
 _EXTRA_WORK = re.compile(
@@ -131,7 +137,7 @@ class StragglerEvidence(Evidence):
     assumption that made them comparable."""
     trend: Trend | None = None
     """Onset and shape of its lateness in its main group over the whole history the dumps
-    hold (``flightrec.analysis.trend``); None where arrivals cannot be lined up."""
+    hold (``flightrec.analysis.timing.trend``); None where arrivals cannot be lined up."""
 
 
 @dataclass(slots=True)
@@ -276,17 +282,19 @@ def _extra_work_hint(m: Matched, rank: int) -> str | None:
     return None
 
 
-def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = None) -> list[Finding]:
+def find_stragglers(
+    m: Matched, clocks: Clocks, options: StragglerOptions | None = None
+) -> list[Finding]:
     """Ranks that consistently arrive last at completed collectives.
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
+        clocks: the run's clock alignment (read only for the ranks found late).
         options: thresholds; defaults when None.
 
     Returns:
         ``straggler`` findings, the most consistent straggler first; empty for a healthy job.
     """
-    m = ctx.matched
     opt = options or StragglerOptions()
     floor_ns = opt.min_margin_ms * 1e6
     tallies: dict[int, _Tally] = defaultdict(_Tally)
@@ -325,7 +333,7 @@ def find_stragglers(ctx: AnalysisContext, options: StragglerOptions | None = Non
     blamed_ranks = {r for _, r in blamed}
     for p in pending:
         _add_evidence(p, blamed_ranks, tallies)
-    alignment = ctx.clock_alignment(opt.recent)
+    alignment = clocks.alignment(opt.recent)
     table = lateness_table(tallies, [r for _, r in blamed], alignment)
     clock = clock_summary(alignment)
     return [_finding(m, r, tallies[r], table, clock, assumed.get(r)) for _, r in blamed]

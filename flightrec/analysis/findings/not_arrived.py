@@ -7,11 +7,10 @@ without one, the evidence is what its peers were waiting for from it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
-from flightrec.analysis.matching import Matched
+from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     CollectiveRecord,
     Consequence,
@@ -22,16 +21,16 @@ from flightrec.analysis.model import (
     Status,
     user_frame,
 )
-from flightrec.analysis.routine import Departure
-from flightrec.analysis.waits import Node
+from flightrec.analysis.waitgraph.routine import Departure
+from flightrec.analysis.waitgraph.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
 from flightrec.format.schema import RECORDER_SOURCE, SUMMARY_SOURCE
 from flightrec.readers.blackbox import died, ended
 from flightrec.text import compress, ranks_phrase
 
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
+KINDS = (FindingKind.NOT_ARRIVED, FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,34 +376,34 @@ def rank_finding(
     )
 
 
-def find_quiet_deaths(ctx: AnalysisContext) -> list[Finding]:
+def find_quiet_deaths(m: Matched, blamed: Set[int]) -> list[Finding]:
     """Ranks whose black box says they died, though nobody was left waiting on them.
 
-    A death is news even then; ranks an earlier pass already blamed are not repeated.
+    A death is news even then; ranks an earlier finding already blames are not repeated.
 
     Args:
-        ctx: the analysis context (its ``earlier`` findings say who is blamed already).
+        m: the lined-up histories.
+        blamed: ranks the findings of higher priority blame (``pipeline.blamed_by``).
 
     Returns:
         One ``dead_rank`` finding per such rank, in rank order.
     """
-    blamed = ctx.blamed
     return [
-        rank_finding(ctx.matched, [rank], Status.EXITED, None, ())
-        for rank, d in sorted(ctx.run.dumps.items())
+        rank_finding(m, [rank], Status.EXITED, None, ())
+        for rank, d in sorted(m.run.dumps.items())
         if rank not in blamed and died(d.header)
     ]
 
 
-def find_quiet_missing(ctx: AnalysisContext) -> list[Finding]:
+def find_quiet_missing(m: Matched, blamed: Set[int]) -> list[Finding]:
     """Ranks without a dump that no earlier finding blames (nobody waited on them).
 
     Args:
-        ctx: the analysis context.
+        m: the lined-up histories.
+        blamed: ranks the findings of higher priority blame (``pipeline.blamed_by``).
 
     Returns:
         One ``missing_dump`` finding for all of them, or none.
     """
-    blamed = ctx.blamed
-    quiet = [r for r in ctx.run.missing_ranks if r not in blamed]
-    return [rank_finding(ctx.matched, quiet, Status.NO_DUMP, None, ())] if quiet else []
+    quiet = [r for r in m.run.missing_ranks if r not in blamed]
+    return [rank_finding(m, quiet, Status.NO_DUMP, None, ())] if quiet else []

@@ -13,16 +13,15 @@ completed (mismatch, or stuck). Cycles are deadlocks.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
-from flightrec.analysis.graph import DiGraph
-from flightrec.analysis.matching import Matched
-from flightrec.analysis.model import BelowTimeout, Finding, FindingKind, ProcessGroupInfo, op_label
+from flightrec.analysis.kinds import KINDS
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.model import BelowTimeout, Finding, ProcessGroupInfo, op_label
+from flightrec.analysis.waitgraph.graph import DiGraph
 from flightrec.format import flightrec_pb2 as pb
-
-if TYPE_CHECKING:
-    from flightrec.analysis.context import AnalysisContext
 
 Node = tuple[object, ...]
 
@@ -89,7 +88,14 @@ def _someone_missing(m: Matched, info: ProcessGroupInfo | None, seq: int) -> boo
     return False
 
 
-def build_wait_graph(m: Matched) -> tuple[DiGraph, list[Wait]]:
+class WaitGraph(NamedTuple):
+    """The wait-for graph and every blocked entry behind it."""
+
+    graph: DiGraph
+    waits: list[Wait]
+
+
+def build_wait_graph(m: Matched) -> WaitGraph:
     """Build the wait-for graph of the run.
 
     Args:
@@ -162,7 +168,7 @@ def build_wait_graph(m: Matched) -> tuple[DiGraph, list[Wait]]:
                             graph.add_edge(node, rank_node(q))
                 graph.add_edge(rank_node(rank), node)
             waits.append(Wait(rank, pos, node, waited, d.wall_ns(enq), below))
-    return graph, waits
+    return WaitGraph(graph, waits)
 
 
 def _key(node: Node) -> tuple[str, int]:
@@ -170,7 +176,7 @@ def _key(node: Node) -> tuple[str, int]:
     return (str(node[1]), int(node[2] if node[0] == "coll" else node[4]))  # type: ignore[call-overload]
 
 
-def mark_below_timeout(ctx: AnalysisContext, findings: list[Finding]) -> list[Finding]:
+def mark_below_timeout(waits: Sequence[Wait], findings: list[Finding]) -> list[Finding]:
     """Say so where every wait behind a finding is shorter than the job's hang timeout.
 
     A snapshot requested from a running job (``flightrec trigger``, SIGUSR1, the API) before
@@ -179,16 +185,16 @@ def mark_below_timeout(ctx: AnalysisContext, findings: list[Finding]) -> list[Fi
     as it is: ranks that disagree are wrong however long they have waited.
 
     Args:
-        ctx: the analysis context (its wait-for graph's waits are read).
+        waits: every blocked entry (``build_wait_graph``).
         findings: the ordered findings.
 
     Returns:
         The findings, those built on such waits rewritten.
     """
     by_key: dict[tuple[str, int], list[Wait]] = {}
-    for w in ctx.wait_graph.waits:
+    for w in waits:
         by_key.setdefault(_key(w.node), []).append(w)
-    if not any(w.below_timeout_s for w in ctx.wait_graph.waits):
+    if not any(w.below_timeout_s for w in waits):
         return findings
     out: list[Finding] = []
     for f in findings:
@@ -197,7 +203,7 @@ def mark_below_timeout(ctx: AnalysisContext, findings: list[Finding]) -> list[Fi
             keys.add((f.process_group, f.seq))
         behind = [w for k in keys for w in by_key.get(k, ())]
         if (
-            f.kind is FindingKind.MISMATCH
+            not KINDS[f.kind].low_confidence_below_timeout
             or not behind
             or not all(w.below_timeout_s for w in behind)
         ):

@@ -1,0 +1,74 @@
+"""One row per finding kind: where it is made, where it is listed, and the traits that the
+arbitration, the refinements and the renderers read instead of lists of their own.
+
+A new kind is a ``model.FindingKind`` member, a row here, a candidate module under
+``analysis/findings/`` that makes it (named in ``made_by``, listing it in its ``KINDS``) and
+called at its priority in ``pipeline.diagnose``, and a scenario test; ``test_kinds_table``
+fails while any of them is missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flightrec.analysis.model import FindingKind
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """What the analysis and the renderers know about one finding kind."""
+
+    kind: FindingKind
+    made_by: tuple[str, ...]
+    """Modules of ``flightrec.analysis.findings`` whose code builds findings of this kind."""
+    priority: int
+    """Where ``pipeline.diagnose`` lists the kind, lower first; kinds of equal priority are
+    weighed against each other by the root-cause arbitration (``rootcause.Tie``)."""
+    root_cause: bool
+    """Names why a job stopped: what follows it may be folded into it (``fold``)."""
+    out_of_step: bool
+    """Describes counters out of step, which a rank held up by the root cause shows: folded
+    into that root cause when it explains them (``fold``)."""
+    crash_explains: bool
+    """Blames ranks for what they did instead of arriving: an exception of that rank is its
+    verdict (``crashes.place_crashes``)."""
+    shifted_by_skips: bool
+    """About one rank on one group: a skipped or extra call there is looked for (``skips``)."""
+    low_confidence_below_timeout: bool
+    """Built on waits: low confidence where every wait behind it is shorter than the hang
+    timeout (``waits.mark_below_timeout``); a disagreement is wrong however short the wait."""
+    hang: bool
+    """Describes a hang: a timeline marks where its collective stalled (``report.trace``)."""
+    marks_lanes: bool
+    """Renderers mark the blamed ranks' own lanes with the kind (a timeline's thread names)."""
+
+
+KINDS: dict[FindingKind, KindSpec] = {
+    s.kind: s
+    for s in (
+        #        kind                       made_by                     prio root  step   crash  skips  timeout hang   lanes
+        KindSpec(FindingKind.NOT_ARRIVED, ("not_arrived", "stuck"), 0, True, False, True, True, True, True, False),
+        KindSpec(FindingKind.DEAD_RANK, ("not_arrived", "crashes"), 0, True, False, True, True, True, True, False),
+        KindSpec(FindingKind.MISSING_DUMP, ("not_arrived",), 0, True, False, False, False, True, True, False),
+        KindSpec(FindingKind.MISMATCH, ("mismatch",), 0, True, False, False, True, False, True, False),
+        KindSpec(FindingKind.P2P_DEADLOCK, ("p2p",), 0, True, False, False, False, True, True, False),
+        KindSpec(FindingKind.DEADLOCK, ("p2p",), 0, True, False, False, False, True, True, False),
+        KindSpec(FindingKind.STUCK, ("stuck",), 0, True, False, False, False, True, True, False),
+        KindSpec(FindingKind.P2P_UNMATCHED, ("p2p",), 1, False, True, False, False, True, True, False),
+        KindSpec(FindingKind.DESYNC, ("desync",), 2, False, True, False, True, True, True, False),
+        KindSpec(FindingKind.STRAGGLER, ("straggler",), 3, False, False, False, False, True, False, True),
+    )
+}  # fmt: skip
+"""Every kind's row (``test_kinds_table`` checks that none is missing)."""
+
+
+def kinds_where(trait: str) -> frozenset[FindingKind]:
+    """The kinds whose row has ``trait`` (a boolean field of ``KindSpec``) set.
+
+    Args:
+        trait: the field's name, ``"root_cause"`` for one.
+
+    Returns:
+        Those kinds.
+    """
+    return frozenset(k for k, s in KINDS.items() if getattr(s, trait))
