@@ -71,15 +71,19 @@ def _make(ranks: range) -> list[tuple[int, bytes, bytes]]:
     return out
 
 
-def generate(cache: Path, world: int, layout: str, fault: str) -> dict[str, Any]:
+def generate(cache: Path, world: int, layout: str, fault: str, entries: int) -> dict[str, Any]:
     """Every rank's (rank, summary, progress) and the expected verdict, cached in ``cache``."""
     global _PLAN
-    path = cache / f"inlog-{world}-{layout.replace('=', '').replace(',', '-')}-{fault}.pickle"
+    shape = layout.replace("=", "").replace(",", "-")
+    path = cache / f"inlog-{world}x{entries}-{shape}-{fault}.pickle"
     if path.exists():
         with path.open("rb") as f:
             return pickle.load(f)  # type: ignore[no-any-return]  # (our own cache file)
     start = time.perf_counter()
-    _PLAN = plan(SimConfig(parse_layout(layout, world), fault=Fault(fault), fault_rank=world // 3))
+    config = SimConfig(
+        parse_layout(layout, world), entries=entries, fault=Fault(fault), fault_rank=world // 3
+    )
+    _PLAN = plan(config)
     chunks = [range(lo, min(world, lo + 2048)) for lo in range(0, world, 2048)]
     procs = max(1, min(len(os.sched_getaffinity(0)), 4))
     with multiprocessing.get_context("fork").Pool(procs) as pool:
@@ -180,13 +184,19 @@ def main() -> int:
     parser.add_argument("--layout", default="tp=8,pp=8")
     parser.add_argument("--fault", default="stall")
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--entries", type=int, default=256, help="ring entries per rank (a summary keeps 21)"
+    )
+    parser.add_argument("--generate-only", action="store_true")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flightrec-bench"))
     parser.add_argument("--show", action="store_true", help="print the verdict text")
     args = parser.parse_args()
     cpus = sorted(os.sched_getaffinity(0))
     for world in args.ranks:
-        data = generate(args.cache, world, args.layout, args.fault)
+        data = generate(args.cache, world, args.layout, args.fault, args.entries)
         rows = data["rows"]
+        if args.generate_only:
+            continue
         server = Server(cpus[-1] if len(cpus) > 1 else None)
         try:
             os.sched_setaffinity(0, {cpus[0]})  # the reporter: one core

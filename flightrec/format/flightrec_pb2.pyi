@@ -815,6 +815,7 @@ class Progress(google.protobuf.message.Message):
     WAIT_PEER_FIELD_NUMBER: builtins.int
     WAIT_FLAGS_FIELD_NUMBER: builtins.int
     WAITED_MS_FIELD_NUMBER: builtins.int
+    SIZE_FIELD_NUMBER: builtins.int
     round: builtins.int
     """as in Summary"""
     rank: builtins.int
@@ -848,6 +849,10 @@ class Progress(google.protobuf.message.Message):
     def pending(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
         """per group: seq of its oldest incomplete collective; 0 when none"""
 
+    @property
+    def size(self) -> google.protobuf.internal.containers.RepeatedScalarFieldContainer[builtins.int]:
+        """per group: its members (so that members that never answer count)"""
+
     def __init__(
         self,
         *,
@@ -864,7 +869,8 @@ class Progress(google.protobuf.message.Message):
         wait_peer: builtins.int = ...,
         wait_flags: builtins.int = ...,
         waited_ms: builtins.int = ...,
+        size: collections.abc.Iterable[builtins.int] | None = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["flags", b"flags", "group", b"group", "issued", b"issued", "pending", b"pending", "rank", b"rank", "round", b"round", "wait_flags", b"wait_flags", "wait_group", b"wait_group", "wait_op", b"wait_op", "wait_peer", b"wait_peer", "wait_seq", b"wait_seq", "waited_ms", b"waited_ms", "world_size", b"world_size"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["flags", b"flags", "group", b"group", "issued", b"issued", "pending", b"pending", "rank", b"rank", "round", b"round", "size", b"size", "wait_flags", b"wait_flags", "wait_group", b"wait_group", "wait_op", b"wait_op", "wait_peer", b"wait_peer", "wait_seq", b"wait_seq", "waited_ms", b"waited_ms", "world_size", b"world_size"]) -> None: ...
 
 global___Progress = Progress

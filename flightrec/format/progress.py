@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from flightrec.errors import printable
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.members import members_of
 from flightrec.format.summary import MAX_RANK, MAX_TEXT, SummaryError
 
 MAX_GROUPS = 64
@@ -69,6 +70,7 @@ def progress(dump: pb.Dump, round_: int) -> pb.Progress:
     msg.group.extend(groups[g].name[:MAX_NAME] for g in order)
     msg.issued.extend(groups[g].last_seq for g in order)
     msg.pending.extend(pending.get(g, 0) for g in order)
+    msg.size.extend(group_size(groups[g]) for g in order)
     if wait >= 0 and e.group[wait] in order:
         msg.wait_group = order.index(e.group[wait]) + 1
         msg.wait_op = s[e.op[wait]][:MAX_TEXT]
@@ -83,6 +85,16 @@ def progress(dump: pb.Dump, round_: int) -> pb.Progress:
     return msg
 
 
+def group_size(g: pb.ProcessGroup) -> int:
+    """Members of a group as written (a grid's without expanding it)."""
+    if g.HasField("rank_grid"):
+        size = 1
+        for n in g.rank_grid.shape:
+            size *= n
+        return size
+    return len(members_of(g))
+
+
 def encode_progress(msg: pb.Progress) -> bytes:
     """The record on the wire (within ``MAX_BYTES``: names are cut until it fits)."""
     data = msg.SerializeToString()
@@ -91,7 +103,7 @@ def encode_progress(msg: pb.Progress) -> bytes:
         keep = len(msg.group) // 2
         trimmed = pb.Progress()
         trimmed.CopyFrom(msg)
-        for name in ("group", "issued", "pending"):
+        for name in ("group", "issued", "pending", "size"):
             del getattr(trimmed, name)[keep:]
         if trimmed.wait_group > keep:
             trimmed.wait_group = 0
@@ -130,12 +142,14 @@ def _problem(msg: pb.Progress, rank: int, world_size: int) -> str:
         return f"says it is rank {msg.rank}"
     if msg.world_size != world_size or world_size > MAX_RANK + 1:
         return f"says the world has {msg.world_size} ranks, not {world_size}"
-    if n > MAX_GROUPS or len(msg.issued) != n or len(msg.pending) != n:
+    if n > MAX_GROUPS or not len(msg.issued) == len(msg.pending) == len(msg.size) == n:
         return "its group columns disagree"
     if msg.wait_group > n:
         return "waits in a group it does not list"
     if not -1 <= msg.wait_peer < world_size:
         return "waits on a peer outside the world"
+    if any(s > world_size for s in msg.size):
+        return "a group larger than the world"
     if len(msg.wait_op) > MAX_TEXT or any(len(g) > MAX_NAME for g in msg.group):
         return "a text longer than a progress record keeps"
     return ""

@@ -71,6 +71,7 @@ def find_frontier(
     gid: dict[str, int] = {}
     members: list[list[int]] = []
     issued: list[list[int]] = []
+    size: list[int] = []
     coll_waits: dict[tuple[int, int], list[int]] = defaultdict(list)
     """(group id, seq) -> the ranks waiting in that collective"""
     p2p_wait: dict[int, tuple[int, int, bool, int]] = {}
@@ -79,12 +80,13 @@ def find_frontier(
     for rank, p in progress.items():
         names = p.group
         ids = []
-        for name, n in zip(names, p.issued, strict=True):
+        for name, n, k in zip(names, p.issued, p.size, strict=True):
             g = gid.get(name)
             if g is None:
                 g = gid[name] = len(members)
                 members.append([])
                 issued.append([])
+                size.append(k)
             members[g].append(rank)
             issued[g].append(n)
             ids.append(g)
@@ -105,10 +107,16 @@ def find_frontier(
     blocking: dict[int, list[tuple[int, int]]] = defaultdict(list)
     """rank waited on -> the collectives it holds up, (group id, seq); (-1, waiter) for P2P"""
     stuck: list[int] = []  # ranks of operations every party entered and none finished
+    silent: list[tuple[int, int]] = []  # collectives whose missing parties never answered
     for (g, seq), waiters in coll_waits.items():
         behind = [m for m, n in zip(members[g], issued[g], strict=True) if n < seq]
         if not behind:
-            stuck.extend(waiters)
+            if len(members[g]) < size[g]:
+                silent.append((g, seq))
+                for r in waiters:
+                    waits_on[r] = []
+            else:
+                stuck.extend(waiters)
             continue
         for r in waiters:
             waits_on[r] = behind
@@ -123,7 +131,7 @@ def find_frontier(
             blocking[peer].append((-1, rank))
 
     roots = {m for m in blocking if m not in waits_on and m not in stuck}
-    if not roots and not stuck and waits_on:
+    if not roots and not stuck and not silent and waits_on:
         roots = _loop(waits_on)
     detail: list[int] = []
     chosen: set[int] = set()
@@ -151,6 +159,10 @@ def find_frontier(
                 take(sorted(members[g]))
             else:
                 take(sorted(coll_waits[(g, seq)])[:2])
+    # Ranks that never answered are named by the analysis from the groups of the ranks that
+    # wait on them: a few waiters of each such collective, its group whole when small.
+    for g, seq in sorted(silent, key=lambda k: len(members[k[0]]))[:8]:
+        take(sorted(members[g]) if len(members[g]) <= WHOLE_GROUP else coll_waits[(g, seq)][:2])
     take(sorted(stuck)[:MAX_DETAIL])
     if not detail:  # nothing waits: the lowest ranks and the longest waits speak for the job
         take(sorted(progress, key=lambda r: -progress[r].waited_ms)[:8])
@@ -170,7 +182,7 @@ def _loop(waits_on: Mapping[int, list[int]]) -> set[int]:
     index: dict[int, int] = {}
     path: list[int] = []
     r = min(waits_on)
-    while r in waits_on and r not in index:
+    while waits_on.get(r) and r not in index:
         index[r] = len(path)
         path.append(r)
         r = waits_on[r][0]

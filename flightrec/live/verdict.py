@@ -128,7 +128,7 @@ def load(
         except SummaryError as exc:
             problems.append(FileProblem(label, printable(str(exc)).split(": ", 1)[-1]))
     if seen:
-        _restrict(summaries)
+        _restrict(summaries, seen)
     for rank, s in summaries.items():
         dumps[rank] = RankDump(f"rank {rank}'s summary", summary_view(s))
     gone = frozenset(r for r in exited if r not in dumps)
@@ -136,16 +136,16 @@ def load(
     return Run(dumps, world_size, tuple(problems), (), exited=gone, seen=seen), summaries
 
 
-def _restrict(summaries: Mapping[int, pb.Summary]) -> None:
-    """Restrict every group to the ranks analysed (members not analysed answered with their
-    progress and are no culprit the first pass saw: the analysis must not wait on them)."""
-    kept = set(summaries)
+def _restrict(summaries: Mapping[int, pb.Summary], seen: AbstractSet[int]) -> None:
+    """Take the ranks in ``seen`` out of every group: they answered with their progress and
+    are no culprit the first pass saw, so the analysis must not wait on them (ranks that never
+    answered stay: the analysis names them)."""
     for s in summaries.values():
         for g in s.dump.groups:
             ranks = members_of(g)
-            if all(r in kept for r in ranks):
+            if not any(r in seen for r in ranks):
                 continue
-            inside = [r for r in ranks if r in kept]
+            inside = [r for r in ranks if r not in seen]
             g.ClearField("ranks")
             g.ClearField("rank_grid")
             set_members(g, inside)
