@@ -229,7 +229,9 @@ def main() -> int:
         target = TARGETS.get(world)
         total = statistics.median(r[0]["total"] for r in runs)
         if target:
-            print(f"  total {total:.2f} s, target {target} s: {'met' if total <= target else 'MISSED'}")
+            print(
+                f"  total {total:.2f} s, target {target} s: {'met' if total <= target else 'MISSED'}"
+            )
         print(f"  verdict names the simulated culprit: {right} ({expected})")
         print(f"  {line.strip('│ ').strip()}")
         if args.show:

@@ -318,16 +318,16 @@ def to_dump(s: Summary) -> pb.Dump:
             g.name, g.ranks if listed else (), desc=g.desc, backend=g.backend,
             last_seq=g.last_seq, p2p=g.p2p, members_known=g.members_known and listed,
         )  # fmt: skip
-        for e in g.entries:
-            entries.append(
-                EntryValues(
-                    record_id=e.record_id, group=index, op=e.op, seq=e.seq, p2p_seq=e.p2p_seq,
-                    reduce_op=e.reduce_op, peer=e.peer, state=e.state, enqueue_ns=e.enqueue_ns,
-                    complete_ns=e.complete_ns, flags=e.flags, stack=[_raw(f) for f in e.stack],
-                    inputs=[(t.shape, t.dtype) for t in e.inputs],
-                    outputs=[(t.shape, t.dtype) for t in e.outputs],
-                )  # fmt: skip
+        entries.extend(
+            EntryValues(
+                record_id=e.record_id, group=index, op=e.op, seq=e.seq, p2p_seq=e.p2p_seq,
+                reduce_op=e.reduce_op, peer=e.peer, state=e.state, enqueue_ns=e.enqueue_ns,
+                complete_ns=e.complete_ns, flags=e.flags, stack=[_raw(f) for f in e.stack],
+                inputs=[(t.shape, t.dtype) for t in e.inputs],
+                outputs=[(t.shape, t.dtype) for t in e.outputs],
             )
+            for e in g.entries
+        )  # fmt: skip
     # Ring order. Entries only PyTorch's recorder saw (DDP's C++ reducer, functional
     # collectives) were merged in by time and carry record id 0: order by enqueue time.
     entries.sort(key=lambda e: (e.enqueue_ns, e.record_id))

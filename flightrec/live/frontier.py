@@ -21,7 +21,7 @@ every rank is, from all the ranks' progress, for the lines after the panel.
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping, Set
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from flightrec.format import flightrec_pb2 as pb
@@ -44,16 +44,13 @@ class Frontier:
         detail: ranks whose summaries the analysis needs, sorted (at most ``MAX_DETAIL``).
         roots: the ranks that end the wait-for chains (a subset of ``detail`` where they
             answered; ranks without an answer too).
-        where: "ranks 0-639 wait in reduce_scatter_tensor #153 (group 513 and 63 more)"
-            lines, the largest classes first: where every answering rank is.
-        groups: per group name, its members as the progress records list them (what the
-            analysis of a partial run restricts each group to).
+        where: "ranks 0-639 wait in reduce_scatter_tensor #153", "rank 682 is in no collective
+            or transfer" lines, the largest classes first: where every answering rank is.
     """
 
     detail: tuple[int, ...]
     roots: tuple[int, ...]
     where: tuple[str, ...]
-    groups: Mapping[str, Set[int]]
 
 
 def find_frontier(
@@ -167,13 +164,7 @@ def find_frontier(
     if not detail:  # nothing waits: the lowest ranks and the longest waits speak for the job
         take(sorted(progress, key=lambda r: -progress[r].waited_ms)[:8])
         take(sorted(progress)[:8])
-    names = {g: name for name, g in gid.items()}
-    return Frontier(
-        tuple(sorted(detail)),
-        tuple(sorted(roots)),
-        tuple(_where(progress)),
-        {names[g]: frozenset(ms) for g, ms in enumerate(members)},
-    )
+    return Frontier(tuple(sorted(detail)), tuple(sorted(roots)), tuple(_where(progress)))
 
 
 def _loop(waits_on: Mapping[int, list[int]]) -> set[int]:
@@ -207,7 +198,9 @@ def _where(progress: Mapping[int, pb.Progress]) -> list[str]:
         if op:
             out.append(f"{ranks_phrase(ranks)} {verb} in {op} #{seq}")
         else:
-            out.append(f"{ranks_phrase(ranks)} {'is' if len(ranks) == 1 else 'are'} in no collective or transfer")
+            out.append(
+                f"{ranks_phrase(ranks)} {'is' if len(ranks) == 1 else 'are'} in no collective or transfer"
+            )
     if len(ordered) > MAX_WHERE:
         rest = sum(len(r) for _, r in ordered[MAX_WHERE:])
         out.append(f"... and {rest} more ranks in {len(ordered) - MAX_WHERE} other places")

@@ -250,8 +250,7 @@ def render(
     if partial and selection is not None and selection.frontier is not None:
         out.write(f"Where all {len(selection.progress)} answering ranks are (their progress)\n")
         out.write("".join(f"  {line}\n" for line in selection.frontier.where))
-    answered = set(summaries) | set(run.seen)
-    lines = dump_lines(summaries, world_size, run.exited, answered)
+    lines = dump_lines(summaries, world_size, run.exited, set(summaries) | set(run.seen))
     out.write("".join(f"{line}\n" for line in lines))
     return out.getvalue()
 

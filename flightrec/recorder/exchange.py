@@ -38,8 +38,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.progress import encode_progress, progress
+from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
 from flightrec.recorder.store import DEFAULT_NAMESPACE, RANK_DIED, own_connection
 

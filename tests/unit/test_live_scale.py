@@ -154,7 +154,7 @@ def test_a_damaged_progress_record_costs_its_rank_and_one_line(data: bytes, word
 
 
 def test_a_progress_record_is_small_and_bounded() -> None:
-    summaries, records = published(Fault.STALL, 85)
+    _, records = published(Fault.STALL, 85)
     assert max(len(b) for b in records.values()) < 120
     huge = record(1, [(f"group-{i}-" + "n" * 40, i, 2) for i in range(64)])
     data = encode_progress(huge)

@@ -16,7 +16,7 @@ import pytest
 
 from flightrec.analysis import AnalysisOptions, RankDump, View, analyze, analyze_dir
 from flightrec.analysis.loader import Run
-from flightrec.errors import CONTROL, DumpError
+from flightrec.errors import CONTROL
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format import summary as fs
 from flightrec.format.builder import DumpBuilder, EntryValues
