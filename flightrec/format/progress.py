@@ -148,8 +148,8 @@ def _problem(msg: pb.Progress, rank: int, world_size: int) -> str:
         return "waits in a group it does not list"
     if not -1 <= msg.wait_peer < world_size:
         return "waits on a peer outside the world"
-    if any(s > world_size for s in msg.size):
+    if n and max(msg.size) > world_size:
         return "a group larger than the world"
-    if len(msg.wait_op) > MAX_TEXT or any(len(g) > MAX_NAME for g in msg.group):
+    if len(msg.wait_op) > MAX_TEXT or (n and max(map(len, msg.group)) > MAX_NAME):
         return "a text longer than a progress record keeps"
     return ""

@@ -64,51 +64,49 @@ def find_frontier(
     Returns:
         The ranks to read in detail, the roots, and where every rank is.
     """
-    # Columns: group ids, their members, what each member issued.
-    gid: dict[str, int] = {}
-    members: list[list[int]] = []
-    issued: list[list[int]] = []
-    size: list[int] = []
-    coll_waits: dict[tuple[int, int], list[int]] = defaultdict(list)
-    """(group id, seq) -> the ranks waiting in that collective"""
-    p2p_wait: dict[int, tuple[int, int, bool, int]] = {}
-    """rank -> (group id, peer, sends, p2p_seq)"""
+    # Columns per group name: its members and what each issued (one pass, two appends per
+    # rank and group: the cost that grows with the job).
+    members: dict[str, tuple[list[int], list[int]]] = {}
+    size: dict[str, int] = {}
+    """group -> its members as a waiting rank says (for members that never answered)"""
+    coll_waits: dict[tuple[str, int], list[int]] = defaultdict(list)
+    """(group, seq) -> the ranks waiting in that collective"""
+    p2p_wait: dict[int, tuple[str, int, bool, int]] = {}
+    """rank -> (group, peer, sends, p2p_seq)"""
     flagged: list[int] = []
     for rank, p in progress.items():
         names = p.group
-        ids = []
-        for name, n, k in zip(names, p.issued, p.size, strict=True):
-            g = gid.get(name)
-            if g is None:
-                g = gid[name] = len(members)
-                members.append([])
-                issued.append([])
-                size.append(k)
-            members[g].append(rank)
-            issued[g].append(n)
-            ids.append(g)
+        for name, n in zip(names, p.issued, strict=True):
+            col = members.get(name)
+            if col is None:
+                col = members[name] = ([], [])
+            col[0].append(rank)
+            col[1].append(n)
         if p.flags & (pb.DIED | pb.OP_FAILED):
             flagged.append(rank)
         w = p.wait_group
         if not w:
             continue
+        name = names[w - 1]
         if p.wait_flags & pb.IS_P2P:
-            p2p_wait[rank] = (ids[w - 1], p.wait_peer, bool(p.wait_flags & pb.SEND), p.wait_seq)
+            p2p_wait[rank] = (name, p.wait_peer, bool(p.wait_flags & pb.SEND), p.wait_seq)
         elif p.wait_seq:
-            coll_waits[(ids[w - 1], p.wait_seq)].append(rank)
+            coll_waits[(name, p.wait_seq)].append(rank)
+            size[name] = max(size.get(name, 0), p.size[w - 1])
 
     # Edges through operation nodes (linear in the ranks even when thousands wait on
     # thousands): a waiting rank -> its operation -> the ranks that have not entered it.
     waits_on: dict[int, list[int]] = {}
     """waiting rank -> the ranks it waits on (one shared list per collective)"""
-    blocking: dict[int, list[tuple[int, int]]] = defaultdict(list)
-    """rank waited on -> the collectives it holds up, (group id, seq); (-1, waiter) for P2P"""
+    blocking: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    """rank waited on -> the collectives it holds up, (group, seq); ("", waiter) for P2P"""
     stuck: list[int] = []  # ranks of operations every party entered and none finished
-    silent: list[tuple[int, int]] = []  # collectives whose missing parties never answered
+    silent: list[tuple[str, int]] = []  # collectives whose missing parties never answered
     for (g, seq), waiters in coll_waits.items():
-        behind = [m for m, n in zip(members[g], issued[g], strict=True) if n < seq]
+        ranks, counts = members[g]
+        behind = [m for m, n in zip(ranks, counts, strict=True) if n < seq]
         if not behind:
-            if len(members[g]) < size[g]:
+            if len(ranks) < size[g]:
                 silent.append((g, seq))
                 for r in waiters:
                     waits_on[r] = []
@@ -125,7 +123,7 @@ def find_frontier(
             stuck.append(rank)  # both ends entered: the transfer itself is stuck
         else:
             waits_on[rank] = [peer]
-            blocking[peer].append((-1, rank))
+            blocking[peer].append(("", rank))
 
     roots = {m for m in blocking if m not in waits_on and m not in stuck}
     if not roots and not stuck and not silent and waits_on:
@@ -148,18 +146,19 @@ def find_frontier(
     # whole, a few waiters of a large one (the analysis sees each group restricted to the
     # ranks read); the ranks waiting on it in a send or receive.
     for root in ordered_roots[:32]:
-        held = sorted(blocking.get(root, []), key=lambda k: len(members[k[0]]) if k[0] >= 0 else 2)
+        held = sorted(blocking.get(root, []), key=lambda k: len(members[k[0]][0]) if k[0] else 2)
         for g, seq in held[:8]:
-            if g < 0:
+            if not g:
                 take([seq])  # (the waiting rank of a transfer)
-            elif len(members[g]) <= WHOLE_GROUP:
-                take(sorted(members[g]))
+            elif len(members[g][0]) <= WHOLE_GROUP:
+                take(sorted(members[g][0]))
             else:
                 take(sorted(coll_waits[(g, seq)])[:2])
     # Ranks that never answered are named by the analysis from the groups of the ranks that
     # wait on them: a few waiters of each such collective, its group whole when small.
-    for g, seq in sorted(silent, key=lambda k: len(members[k[0]]))[:8]:
-        take(sorted(members[g]) if len(members[g]) <= WHOLE_GROUP else coll_waits[(g, seq)][:2])
+    for g, seq in sorted(silent, key=lambda k: len(members[k[0]][0]))[:8]:
+        ranks = members[g][0]
+        take(sorted(ranks) if len(ranks) <= WHOLE_GROUP else coll_waits[(g, seq)][:2])
     take(sorted(stuck)[:MAX_DETAIL])
     if not detail:  # nothing waits: the lowest ranks and the longest waits speak for the job
         take(sorted(progress, key=lambda r: -progress[r].waited_ms)[:8])

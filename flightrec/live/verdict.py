@@ -140,12 +140,17 @@ def _restrict(summaries: Mapping[int, pb.Summary], seen: AbstractSet[int]) -> No
     """Take the ranks in ``seen`` out of every group: they answered with their progress and
     are no culprit the first pass saw, so the analysis must not wait on them (ranks that never
     answered stay: the analysis names them)."""
+    done: dict[tuple[str, bytes], list[int] | None] = {}  # (the ranks share their groups)
     for s in summaries.values():
         for g in s.dump.groups:
-            ranks = members_of(g)
-            if not any(r in seen for r in ranks):
+            key = (g.name, g.SerializeToString())
+            if key not in done:
+                ranks = members_of(g)
+                touched = any(r in seen for r in ranks)
+                done[key] = [r for r in ranks if r not in seen] if touched else None
+            inside = done[key]
+            if inside is None:
                 continue
-            inside = [r for r in ranks if r not in seen]
             g.ClearField("ranks")
             g.ClearField("rank_grid")
             set_members(g, inside)
