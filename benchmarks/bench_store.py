@@ -25,7 +25,6 @@ Run: ``python benchmarks/bench_store.py [--ranks 1024] [--seconds 10] [--mode po
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import resource
 import statistics
@@ -180,8 +179,8 @@ def run(mode: str, ranks: int, seconds: float, requests: int) -> None:
 def run_exchange(ranks: int, requests: int) -> None:
     """Every rank's summary through the real exchange, and the report, ``requests`` times."""
     from flightrec import live
-    from flightrec.format.progress import progress
-    from flightrec.format.summary import summarize
+    from flightrec.format.progress import encode_progress, progress
+    from flightrec.format.summary import encode, summarize
     from flightrec.recorder import exchange
     from flightrec.recorder.exchange import GATHER_S, Exchange
     from flightrec.simulate.faults import Fault
@@ -191,22 +190,25 @@ def run_exchange(ranks: int, requests: int) -> None:
     sim = plan(SimConfig(parse_layout("tp=8,pp=8", ranks), entries=64, fault=Fault.STALL,
                          fault_rank=ranks // 3))  # fmt: skip
     dumps = {r: build_rank_dump(sim, r) for r in range(ranks)}
-    # Each rank summarises its dump in its own process (about 3 ms); here 1,024 threads would
-    # take turns at one interpreter for it: made beforehand, handed over as each rank answers.
-    made = {id(d): (summarize(d, 1, f"/var/flightrec/rank{r}.frdump"), progress(d, 1))
-            for r, d in dumps.items()}  # fmt: skip
+    # Each rank summarises and encodes its dump in its own process (about 3 ms); here 1,024
+    # threads would take turns at one interpreter for it: made beforehand for each request,
+    # handed over as each rank answers.
+    made: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+    for n in range(1, requests + 1):
+        for r, d in dumps.items():
+            s = summarize(d, n, f"/var/flightrec/rank{r}.frdump")
+            made[(r, n)] = (encode(s), encode_progress(progress(d, n)))
 
-    def summarize_made(dump: Any, n: int, path: str) -> Any:
-        return dataclasses.replace(made[id(dump)][0], round=n)
-
-    def progress_made(dump: Any, n: int) -> Any:
-        record = type(made[id(dump)][1])()
-        record.CopyFrom(made[id(dump)][1])
-        record.round = n
-        return record
+    def summarize_made(dump: Any, n: int, path: str) -> tuple[int, int]:
+        return (dump.header.rank, n)
 
     exchange.summarize = summarize_made  # type: ignore[assignment]
+    exchange.encode = lambda key: made[key][0]  # type: ignore[assignment]
+    def progress_made(dump: Any, n: int) -> tuple[int, int]:
+        return (dump.header.rank, n)
+
     exchange.progress = progress_made  # type: ignore[assignment]
+    exchange.encode_progress = lambda key: made[key][1]  # type: ignore[assignment]
     server = Server()
     texts: list[tuple[float, str]] = []
     answered: dict[int, list[float]] = {}
@@ -256,7 +258,7 @@ def run_exchange(ranks: int, requests: int) -> None:
         head = text.splitlines()[0] if text else "(no verdict)"
         culprit = next((x.strip("│ ") for x in text.splitlines() if "never entered" in x), "")
         print(
-            f"exchange {ranks:5d} ranks, request {n}: {len(got)} answered, the last "
+            f"exchange {ranks:5d} ranks, request {n}: {len(got)} published, the last "
             f"{max(got, default=float('nan')):.2f} s after the request (window "
             f"{GATHER_S:.0f} s from the reporter's own answer); verdict printed "
             f"{done:.2f} s after the request\n  {head}\n  {culprit}",
