@@ -204,6 +204,7 @@ def run_exchange(ranks: int, requests: int) -> None:
 
     exchange.summarize = summarize_made  # type: ignore[assignment]
     exchange.encode = lambda key: made[key][0]  # type: ignore[assignment]
+
     def progress_made(dump: Any, n: int) -> tuple[int, int]:
         return (dump.header.rank, n)
 
