@@ -7,13 +7,19 @@ connection and thread that a traced rank has. Two modes:
   poll     what flightrec did before issue 17, kept here for the comparison: every rank reads
            the request counter every 0.25 s on a connection of its own.
   current  ``flightrec.recorder.store.Poller`` as the recorder runs it.
+  exchange the verdict's exchange end to end: each rank also has the recorder's ``Exchange``
+           with its dump of a simulated hang (``flightrec simulate``'s tp=8,pp=8 stall); a
+           request makes every rank publish its summary and progress record, and the lowest
+           rank reports with ``flightrec.live.report``. Printed: when the last rank's answer
+           landed, whether the reporter gathered every rank within the window
+           (``exchange.GATHER_S``), when its verdict was ready, and the culprit it names.
 
 Printed per mode: the server's requests per second in steady state (its read system calls
 from /proc/PID/io: one per request from a client that waits for each answer, which every
 TCPStore client does), its CPU use, and the latency from posting a request (as
 ``flightrec trigger`` does) to each rank's callback, over a few requests.
 
-Run: ``python benchmarks/bench_store.py [--ranks 1024] [--seconds 10] [--mode poll current]``
+Run: ``python benchmarks/bench_store.py [--ranks 1024] [--seconds 10] [--mode poll current exchange]``
 """
 
 from __future__ import annotations
@@ -171,18 +177,122 @@ def run(mode: str, ranks: int, seconds: float, requests: int) -> None:
     )
 
 
+def run_exchange(ranks: int, requests: int) -> None:
+    """Every rank's summary through the real exchange, and the report, ``requests`` times."""
+    from flightrec import live
+    from flightrec.format.progress import encode_progress, progress
+    from flightrec.format.summary import encode, summarize
+    from flightrec.recorder import exchange
+    from flightrec.recorder.exchange import GATHER_S, Exchange
+    from flightrec.simulate.faults import Fault
+    from flightrec.simulate.job import SimConfig, build_rank_dump, plan
+    from flightrec.simulate.layout import parse_layout
+
+    sim = plan(SimConfig(parse_layout("tp=8,pp=8", ranks), entries=64, fault=Fault.STALL,
+                         fault_rank=ranks // 3))  # fmt: skip
+    dumps = {r: build_rank_dump(sim, r) for r in range(ranks)}
+    # Each rank summarises and encodes its dump in its own process (about 3 ms); here 1,024
+    # threads would take turns at one interpreter for it: made beforehand for each request,
+    # handed over as each rank answers.
+    made: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+    for n in range(1, requests + 1):
+        for r, d in dumps.items():
+            s = summarize(d, n, f"/var/flightrec/rank{r}.frdump")
+            made[(r, n)] = (encode(s), encode_progress(progress(d, n)))
+
+    def summarize_made(dump: Any, n: int, path: str) -> tuple[int, int]:
+        return (dump.header.rank, n)
+
+    exchange.summarize = summarize_made  # type: ignore[assignment]
+    exchange.encode = lambda key: made[key][0]  # type: ignore[assignment]
+
+    def progress_made(dump: Any, n: int) -> tuple[int, int]:
+        return (dump.header.rank, n)
+
+    exchange.progress = progress_made  # type: ignore[assignment]
+    exchange.encode_progress = lambda key: made[key][1]  # type: ignore[assignment]
+    server = Server()
+    texts: list[tuple[float, str]] = []
+    answered: dict[int, list[float]] = {}
+    exchanges: dict[int, Exchange] = {}
+    lock = threading.Lock()
+
+    def reporter(rnd: Any) -> None:
+        captured: list[str] = []
+        original = live._write_stderr
+        live._write_stderr = captured.append  # type: ignore[assignment]
+        try:
+            live.report(rnd)
+        finally:
+            live._write_stderr = original
+        if captured:  # (a rank that found a lower one reporting stepped aside)
+            with lock:
+                texts.append((time.monotonic(), "".join(captured)))
+
+    base = client(server.port)
+
+    def start(r: int) -> Any:
+        def on_request(n: int, requester: int, reason: str) -> None:
+            # As the recorder does: dump (here: the simulated dump), then answer the round.
+            ex = exchanges[r]
+            ex.on_dump(dumps[r], Path(f"/var/flightrec/rank{r}.frdump"))
+            ex.after_request(n, "WATCHDOG_TIMEOUT")
+            with lock:
+                answered.setdefault(n, []).append(time.monotonic())
+
+        poller = channel.Poller(base, NAMESPACE, on_request, rank=r, world_size=ranks)
+        exchanges[r] = Exchange(poller, r, ranks, NAMESPACE, reporter)
+        return poller
+
+    with ThreadPoolExecutor(128) as pool:
+        pollers = list(pool.map(start, range(ranks)))
+    time.sleep(2.0)
+    for _ in range(requests):
+        texts.clear()
+        posted = time.monotonic()
+        n = channel.request_dump("127.0.0.1", server.port, NAMESPACE)
+        deadline = posted + GATHER_S + 20
+        while not texts and time.monotonic() < deadline:
+            time.sleep(0.01)
+        got = sorted(t - posted for t in answered.get(n, []))
+        done = texts[0][0] - posted if texts else float("nan")
+        text = texts[0][1] if texts else ""
+        head = text.splitlines()[0] if text else "(no verdict)"
+        culprit = next((x.strip("│ ") for x in text.splitlines() if "never entered" in x), "")
+        print(
+            f"exchange {ranks:5d} ranks, request {n}: {len(got)} published, the last "
+            f"{max(got, default=float('nan')):.2f} s after the request (window "
+            f"{GATHER_S:.0f} s from the reporter's own answer); verdict printed "
+            f"{done:.2f} s after the request\n  {head}\n  {culprit}",
+            flush=True,
+        )
+        time.sleep(1.2)
+    for p in pollers:
+        p.stop()
+    for p in pollers:
+        p.stop(wait_s=5.0)
+    for ex in exchanges.values():
+        ex.close(5.0)
+    server.close()
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[1024])
     p.add_argument("--seconds", type=float, default=10.0, help="steady-state measurement")
     p.add_argument("--requests", type=int, default=3)
-    p.add_argument("--mode", nargs="+", default=["poll", "current"], choices=["poll", "current"])
+    p.add_argument(
+        "--mode", nargs="+", default=["poll", "current"], choices=["poll", "current", "exchange"]
+    )
     args = p.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     for ranks in args.ranks:
         for mode in args.mode:
-            run(mode, ranks, args.seconds, args.requests)
+            if mode == "exchange":
+                run_exchange(ranks, args.requests)
+            else:
+                run(mode, ranks, args.seconds, args.requests)
 
 
 if __name__ == "__main__":

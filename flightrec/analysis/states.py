@@ -57,7 +57,7 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
         waits: the blocked entries from the wait-for graph.
 
     Returns:
-        One state per rank of the world.
+        One state per rank of the world (but the ranks in ``run.seen``, not analysed here).
     """
     newest: dict[int, Wait] = {}
     for w in waits:
@@ -66,6 +66,8 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
     states: dict[int, RankState] = {}
     for rank in range(m.run.world_size):
         d = m.run.dumps.get(rank)
+        if d is None and rank in m.run.seen:
+            continue  # not analysed here: where it is was said from its progress
         if d is None:
             how = "exited cleanly, no dump" if rank in m.run.exited else ""
             states[rank] = RankState(rank, Status.NO_DUMP, how=how)

@@ -13,31 +13,33 @@ needs to name the culprit, taken from the dump the rank just built:
   the crash and not a rank that left nothing);
 - who it is (rank, host, pid, device) and where its full dump went.
 
-On the wire: ``MAGIC`` + zlib-compressed compact JSON, at most ``MAX_BYTES``. ``encode`` trims
-(source text first, then outer frames, then groups with nothing pending) until it fits.
-``decode`` trusts nothing: anyone who can reach the store can write these keys, so size,
-structure, types, ranges and lengths are checked and any violation is one ``SummaryError``
-line, never a traceback.
+On the wire: a serialized ``Summary`` message of ``proto/flightrec.proto`` (schema 1.4), its
+``dump`` field the summary as a small ``Dump`` (``to_dump``), at most ``MAX_BYTES``. ``encode``
+trims (source text first, then outer frames, then groups with nothing pending) until it fits.
+``decode`` trusts nothing: anyone who can reach the store can write these keys, so the bytes go
+through the dump validator (``flightrec.format.read.validate``) and the limits a summary keeps
+are checked; any violation is one ``SummaryError`` line, never a traceback. The reporter reads
+it as it comes (``flightrec.readers.summary.summary_view``): no per-entry Python objects.
+
+What the reporter reads from every rank first is smaller still: ``flightrec.format.progress``.
 """
 
 from __future__ import annotations
 
-import json
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
-from flightrec.errors import FlightrecError, printable
+from flightrec.errors import DumpError, FlightrecError, printable
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.members import members_of
+from flightrec.format.read import validate
+from flightrec.format.schema import SUMMARY_SOURCE
 from flightrec.frames import keep_user_frames
 
-MAGIC = b"FRS1"
-MAX_BYTES = 2048
-"""Largest summary on the wire: 16,384 ranks hold at most 32 MiB in the store at once."""
-MAX_JSON_BYTES = 32 * 1024
-"""Largest decompressed summary (a zlib bomb stops here)."""
+MAGIC = "flightrec.summary"
+MAX_BYTES = 3072
+"""Largest summary on the wire. The store holds one per rank (overwritten by the next)."""
 MAX_GROUPS = 16
 MAX_PENDING = 4
 """Incomplete entries kept per group, oldest first."""
@@ -65,7 +67,7 @@ MAX_PATH = 512
 MAX_RANK = (1 << 24) - 1
 MAX_INT = (1 << 63) - 1
 STATES = frozenset(pb.State.values())
-REASONS = frozenset(pb.DumpReason.keys())
+REASONS = frozenset(pb.DumpReason.values())
 
 
 class SummaryError(FlightrecError):
@@ -282,61 +284,69 @@ def members(ranks: Sequence[int]) -> Sequence[int]:
 
 
 # -- the wire ---------------------------------------------------------------------------------
-def _frame_table(s: Summary) -> tuple[list[Frame], dict[Frame, int]]:
-    table: list[Frame] = []
-    index: dict[Frame, int] = {}
-    for f in [
+def _frames(s: Summary) -> list[Frame]:
+    return [
         *s.stack,
         *(f for g in s.groups for en in g.entries for f in en.stack),
         *(f for x in s.exceptions for f in x.stack),
-    ]:
-        if f not in index:
-            index[f] = len(table)
-            table.append(f)
-    return table, index
+    ]
 
 
-def _ranks_json(ranks: Sequence[int], known: bool) -> dict[str, Any]:
-    if isinstance(ranks, range):
-        return {"r": [ranks.start, ranks.stop, ranks.step]}
-    if len(ranks) <= MAX_MEMBERS:
-        return {"m": list(ranks)} if known else {"m": list(ranks), "u": 1}
-    return {"u": 1}  # too long to list and not a range: the reader treats members as unknown
+def _raw(f: Frame) -> tuple[str, str, int]:
+    return (f.file, f.function, f.line)
 
 
-def _to_json(s: Summary) -> bytes:
-    table, index = _frame_table(s)
-
-    def spec(ts: tuple[Tensor, ...]) -> list[Any]:
-        return [[list(t.shape), t.dtype] for t in ts]
-
-    groups = []
+def to_dump(s: Summary) -> pb.Dump:
+    """The summary as a ``Dump``: what travels inside the ``Summary`` message and what the
+    analysis reads (entries in ring order; earlier ones read as overwritten)."""
+    code = {(f.file, f.line): f.code for f in _frames(s) if f.code}
+    b = DumpBuilder(source=lambda file, line: code.get((file, line), ""))
+    h = b.header
+    h.rank, h.world_size, h.hostname, h.pid = s.rank, s.world_size, s.host, s.pid
+    h.local_rank, h.device, h.job_id, h.backend = s.local_rank, s.device, s.job_id, s.backend
+    h.reason = pb.DumpReason.Value(s.reason)  # type: ignore[assignment]
+    h.reason_detail = f"summary through the job's store, request {s.round}"
+    h.wall_time_ns, h.mono_time_ns, h.timeout_s = s.wall_ns, s.mono_ns, s.timeout_s
+    h.requested_by = -1
+    h.source = SUMMARY_SOURCE
+    entries: list[EntryValues] = []
     for g in s.groups:
-        entries = [
-            [en.record_id, en.seq, en.p2p_seq, en.op, en.reduce_op, en.peer, en.state, en.flags,
-             en.enqueue_ns, en.complete_ns, spec(en.inputs), spec(en.outputs),
-             [index[f] for f in en.stack]]
-            for en in g.entries
-        ]  # fmt: skip
-        groups.append(
-            {"n": g.name, "d": g.desc, "b": g.backend, **_ranks_json(g.ranks, g.members_known),
-             "s": g.last_seq, "p": [list(p) for p in g.p2p], "e": entries}
+        # An irregular member list too long to carry is sent as unknown (the analysis then
+        # takes the members from the ranks that name the group).
+        listed = isinstance(g.ranks, range) or len(g.ranks) <= MAX_MEMBERS
+        index = b.group(
+            g.name, g.ranks if listed else (), desc=g.desc, backend=g.backend,
+            last_seq=g.last_seq, p2p=g.p2p, members_known=g.members_known and listed,
         )  # fmt: skip
-    doc = {
-        "round": s.round, "rank": s.rank, "world": s.world_size, "host": s.host, "pid": s.pid,
-        "lr": s.local_rank, "dev": s.device, "job": s.job_id, "be": s.backend, "why": s.reason,
-        "wall": s.wall_ns, "mono": s.mono_ns, "to": s.timeout_s, "dump": s.dump_path,
-        "f": [[f.file, f.function, f.line, f.code] for f in table],
-        "st": [index[f] for f in s.stack], "g": groups,
-        "x": [[x.type, x.message, x.thread, int(x.is_main), x.wall_ns, [index[f] for f in x.stack]]
-              for x in s.exceptions],
-    }  # fmt: skip
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False).encode()
+        entries.extend(
+            EntryValues(
+                record_id=e.record_id, group=index, op=e.op, seq=e.seq, p2p_seq=e.p2p_seq,
+                reduce_op=e.reduce_op, peer=e.peer, state=e.state, enqueue_ns=e.enqueue_ns,
+                complete_ns=e.complete_ns, flags=e.flags, stack=[_raw(f) for f in e.stack],
+                inputs=[(t.shape, t.dtype) for t in e.inputs],
+                outputs=[(t.shape, t.dtype) for t in e.outputs],
+            )
+            for e in g.entries
+        )  # fmt: skip
+    # Ring order. Entries only PyTorch's recorder saw (DDP's C++ reducer, functional
+    # collectives) were merged in by time and carry record id 0: order by enqueue time.
+    entries.sort(key=lambda e: (e.enqueue_ns, e.record_id))
+    for values in entries:
+        b.entry(values)
+    h.entries_recorded = max((e.record_id for e in entries), default=0)
+    pending = any(e.state != pb.COMPLETED for e in entries)
+    b.thread(1, "MainThread", [_raw(f) for f in s.stack], is_main=True, holds_recorder=pending)
+    for x in s.exceptions:
+        b.exception(
+            x.type, x.message, [_raw(f) for f in x.stack], thread=x.thread, is_main=x.is_main,
+            wall_time_ns=x.wall_ns, via="summary",
+        )  # fmt: skip
+    return b.build()
 
 
 def _trimmed(s: Summary, step: int) -> Summary:
     """``s`` with less detail, more at each step; the last step keeps only who the rank is."""
-    no_code = {f: replace(f, code="") for f in _frame_table(s)[0]}
+    no_code = {f: replace(f, code="") for f in _frames(s)}
     if step == 1:  # source text only for the innermost frames
         return replace(s, stack=s.stack[:2] + tuple(no_code[f] for f in s.stack[2:]))
     if step == 2:  # groups with nothing pending go
@@ -357,161 +367,30 @@ def _trimmed(s: Summary, step: int) -> Summary:
 
 
 def encode(s: Summary) -> bytes:
-    """The summary on the wire, trimmed until it fits ``MAX_BYTES``."""
+    """The summary on the wire (a serialized ``Summary`` message), trimmed until it fits
+    ``MAX_BYTES``."""
     for cut in (s, _trimmed(s, 1), _trimmed(s, 2), _trimmed(_trimmed(s, 2), 3), _trimmed(s, 4)):
-        data = MAGIC + zlib.compress(_to_json(cut), 9)
+        msg = pb.Summary(magic=MAGIC, round=cut.round, dump_path=cut.dump_path, dump=to_dump(cut))
+        data = msg.SerializeToString()
         if len(data) <= MAX_BYTES:
             return data
     raise ValueError("summary does not fit even without groups")  # pragma: no cover
 
 
 # -- reading (untrusted) ----------------------------------------------------------------------
-class _Bad(Exception):
-    pass
+def decode(data: bytes, source: str = "summary") -> pb.Summary:
+    """Read a summary that came from the store, and check it.
 
-
-def _int(v: object, lo: int = -MAX_INT, hi: int = MAX_INT) -> int:
-    if type(v) is not int or not lo <= v <= hi:
-        raise _Bad(f"expected an integer in {lo}..{hi}, got {_show(v)}")
-    return v
-
-
-def _str(v: object, limit: int = MAX_TEXT) -> str:
-    if type(v) is not str or len(v) > limit:
-        raise _Bad(f"expected text of at most {limit} characters, got {_show(v)}")
-    return v
-
-
-def _list(v: object, limit: int) -> list[Any]:
-    if type(v) is not list or len(v) > limit:
-        raise _Bad(f"expected a list of at most {limit} items, got {_show(v)}")
-    return v
-
-
-def _show(v: object) -> str:
-    return printable(repr(v)[:40])
-
-
-def _tensors(v: object) -> tuple[Tensor, ...]:
-    out = []
-    for t in _list(v, MAX_TENSORS):
-        shape, dtype = _fixed(t, 2)
-        dims = tuple(_list(shape, MAX_DIMS))
-        if not all(type(d) is int and 0 <= d <= MAX_INT for d in dims):
-            raise _Bad(f"a tensor shape holds {_show(shape)}")
-        out.append(Tensor(dims, _str(dtype, 32)))
-    return tuple(out)
-
-
-def _ranks(doc: dict[str, Any], world: int) -> tuple[Sequence[int], bool]:
-    if "r" in doc:
-        start, stop, step = (_int(x, -1, MAX_RANK + 1) for x in _fixed(doc["r"], 3))
-        if step == 0:
-            raise _Bad("a member range has step 0")
-        ranks: Sequence[int] = range(start, stop, step)
-        if len(ranks) > max(world, 1) or (ranks and not 0 <= min(ranks) <= max(ranks) < world):
-            raise _Bad("a member range lies outside the world")
-        return ranks, "u" not in doc
-    listed = tuple(_int(r, 0, max(world - 1, 0)) for r in _list(doc.get("m", []), MAX_MEMBERS))
-    return listed, "u" not in doc
-
-
-def _fixed(v: object, n: int) -> list[Any]:
-    items = _list(v, n)
-    if len(items) != n:
-        raise _Bad(f"expected {n} items, got {len(items)}")
-    return items
-
-
-def _parse(doc: object) -> Summary:
-    if type(doc) is not dict:
-        raise _Bad("not an object")
-    world = _int(doc.get("world"), 1, MAX_RANK + 1)
-    rank = _int(doc.get("rank"), 0, world - 1)
-    raw_frames = _list(doc.get("f", []), MAX_FRAMES)
-    table = []
-    for f in raw_frames:
-        file, func, line, code = _fixed(f, 4)
-        table.append(Frame(_str(file), _str(func), _int(line, 0, 1 << 31), _str(code)))
-
-    def stack(v: object, limit: int) -> tuple[Frame, ...]:
-        return tuple(table[_int(i, 0, len(table) - 1)] for i in _list(v, limit))
-
-    groups = []
-    for g in _list(doc.get("g", []), MAX_GROUPS):
-        if type(g) is not dict:
-            raise _Bad("a group is not an object")
-        ranks, known = _ranks(g, world)
-        p2p = tuple(
-            (_int(p, 0, world - 1), _int(sends, 0), _int(recvs, 0))
-            for p, sends, recvs in (_fixed(x, 3) for x in _list(g.get("p", []), MAX_PEERS))
-        )
-        entries = []
-        for en in _list(g.get("e", []), MAX_ENTRIES):
-            rid, seq, p2p_seq, op, red, peer, state, flags, enq, comp, ins, outs, st = _fixed(
-                en, 13
-            )
-            state = _int(state, 0, 255)
-            if state not in STATES:
-                raise _Bad(f"unknown entry state {state}")
-            entries.append(
-                Entry(
-                    _int(rid, 0),  # 0: an entry only PyTorch's recorder saw (merged at dump)
-                    _int(seq, 0),
-                    _int(p2p_seq, 0),
-                    _str(op),
-                    _str(red, 32),
-                    _int(peer, -1, world - 1),
-                    state,
-                    _int(flags, 0, 255),
-                    _int(enq),
-                    _int(comp),
-                    _tensors(ins),
-                    _tensors(outs),
-                    stack(st, MAX_ENTRY_FRAMES),
-                )
-            )
-        groups.append(
-            Group(
-                _str(g.get("n")),
-                _str(g.get("d", "")),
-                _str(g.get("b", ""), 32),
-                ranks,
-                known,
-                _int(g.get("s"), 0),
-                p2p,
-                tuple(entries),
-            )
-        )
-    exceptions = []
-    for x in _list(doc.get("x", []), MAX_EXCEPTIONS):
-        kind, message, thread, is_main, wall, st = _fixed(x, 6)
-        exceptions.append(
-            Raised(_str(kind), _str(message), _str(thread), bool(_int(is_main, 0, 1)),
-                   _int(wall), stack(st, MAX_EXCEPTION_FRAMES))
-        )  # fmt: skip
-    reason = _str(doc.get("why"), 32)
-    if reason not in REASONS:
-        raise _Bad(f"unknown dump reason {_show(reason)}")
-    timeout = doc.get("to")
-    if type(timeout) not in (int, float) or not 0 <= timeout <= 1e7:  # type: ignore[operator]
-        raise _Bad("timeout out of range")
-    return Summary(
-        _int(doc.get("round"), 0), rank, world, _str(doc.get("host")),
-        _int(doc.get("pid"), 0, 1 << 31), _int(doc.get("lr"), -1, MAX_RANK),
-        _str(doc.get("dev")), _str(doc.get("job")), _str(doc.get("be"), 32), reason,
-        _int(doc.get("wall")), _int(doc.get("mono")), float(timeout),  # type: ignore[arg-type]
-        _str(doc.get("dump"), MAX_PATH), tuple(groups), stack(doc.get("st", []), MAX_STACK),
-        tuple(exceptions),
-    )  # fmt: skip
-
-
-def decode(data: bytes, source: str = "summary") -> Summary:
-    """Read a summary that came from the store.
+    Anyone who can reach the store can write these keys: beyond what the one validator of
+    dumps checks (``flightrec.format.read.validate``: tables, indices, members), the size and
+    the limits a summary keeps are checked here.
 
     Args:
         data: the value as read.
         source: names the value in errors ("rank 3's summary").
+
+    Returns:
+        The message; its ``dump`` is what ``flightrec.readers.summary.summary_view`` reads.
 
     Raises:
         SummaryError: one line saying what is wrong; nothing else escapes.
@@ -519,14 +398,52 @@ def decode(data: bytes, source: str = "summary") -> Summary:
     try:
         if len(data) > MAX_BYTES:
             raise _Bad(f"{len(data)} bytes, more than the {MAX_BYTES} a summary may have")
-        if not data.startswith(MAGIC):
-            raise _Bad("not a flightrec summary (wrong magic bytes)")
-        z = zlib.decompressobj()
-        text = z.decompress(data[len(MAGIC) :], MAX_JSON_BYTES)
-        if z.unconsumed_tail or not z.eof:
-            raise _Bad("damaged or larger than any summary once decompressed")
-        return _parse(json.loads(text))
+        msg = pb.Summary()
+        try:
+            msg.ParseFromString(data)
+        except Exception:  # protobuf's DecodeError, or worse on hostile bytes
+            raise _Bad("not a flightrec summary (unparseable)") from None
+        if msg.magic != MAGIC:
+            raise _Bad("not a flightrec summary (wrong magic)")
+        _check(msg)
+        try:
+            validate(msg.dump, source)
+        except DumpError as exc:
+            raise _Bad(str(exc).split(": ", 1)[-1]) from None
+        return msg
     except _Bad as exc:
-        raise SummaryError(f"{source}: {exc}") from None
-    except (zlib.error, ValueError, RecursionError) as exc:  # bad zlib, bad JSON, bad UTF-8
-        raise SummaryError(f"{source}: unreadable ({printable(str(exc))[:80]})") from None
+        raise SummaryError(f"{source}: {printable(str(exc))[:200]}") from None
+
+
+class _Bad(Exception):
+    pass
+
+
+def _check(msg: pb.Summary) -> None:
+    """The limits a summary keeps that a dump file need not (``validate`` does the rest)."""
+    d = msg.dump
+    h = d.header
+    if h.source != SUMMARY_SOURCE:
+        raise _Bad(f"source is {printable(h.source)[:40]!r}, not {SUMMARY_SOURCE!r}")
+    if not 1 <= h.world_size <= MAX_RANK + 1 or not 0 <= h.rank < h.world_size:
+        raise _Bad(f"rank {h.rank} of world size {h.world_size} is no rank")
+    if h.reason not in REASONS:
+        raise _Bad(f"unknown dump reason {h.reason}")
+    if not 0 <= h.timeout_s <= 1e7:  # (NaN fails too)
+        raise _Bad("timeout out of range")
+    n = len(d.entries.record_id)
+    if len(d.groups) > MAX_GROUPS or n > MAX_GROUPS * MAX_ENTRIES:
+        raise _Bad(f"{len(d.groups)} groups and {n} entries, more than a summary keeps")
+    if len(d.exceptions) > MAX_EXCEPTIONS or len(d.threads) > 1:
+        raise _Bad("more exceptions or threads than a summary keeps")
+    if any(s not in STATES for s in d.entries.state):
+        raise _Bad("an entry has an unknown state")
+    if any(p < -1 or p >= h.world_size for p in d.entries.peer):
+        raise _Bad("an entry's peer lies outside the world")
+    for g in d.groups:
+        if any(not 0 <= p.peer < h.world_size for p in g.p2p) or len(g.p2p) > MAX_PEERS:
+            raise _Bad(f"group {printable(g.name)[:40]!r} has a P2P peer outside the world")
+        if len(g.ranks) > MAX_MEMBERS or any(not 0 <= r < h.world_size for r in g.ranks):
+            raise _Bad(f"group {printable(g.name)[:40]!r} lists ranks outside the world")
+    if any(len(s) > MAX_PATH for s in d.strings) or len(msg.dump_path) > MAX_PATH:
+        raise _Bad("a text longer than a summary keeps")

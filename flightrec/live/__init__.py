@@ -1,9 +1,11 @@
 """The verdict in the job's own log, seconds after a hang, with no shared filesystem.
 
-The recorder publishes each rank's summary through the job's store and runs ``report`` on a
-flightrec thread of the one rank that reports (``flightrec.recorder.exchange``). ``report``
-waits, time-boxed, for the other ranks' summaries, runs the analysis on them and prints the
-verdict panel to stderr (``flightrec.live.verdict``). Nothing is imported from the analysis
+The recorder publishes each rank's progress record and summary through the job's store and
+runs ``report`` on a flightrec thread of the one rank that reports
+(``flightrec.recorder.exchange``). ``report`` waits, time-boxed, for the other ranks to
+answer, reads every rank's progress record, then the summaries of the ranks those implicate
+(every rank's in a small job), runs the analysis on them and prints the verdict panel to
+stderr (``flightrec.live.verdict``; the design and its figures: docs/inlog.md). Nothing is imported from the analysis
 or the renderer until a hang is declared (then while the summaries arrive).
 """
 
@@ -65,7 +67,7 @@ def report(rnd: Round) -> None:
     try:
         # The analysis and the renderer load while the other ranks answer, not after.
         from flightrec.live.rounds import earlier
-        from flightrec.live.verdict import render
+        from flightrec.live.verdict import render, select
 
         answered, died, left = rnd.answered(), rnd.died(), rnd.left()
         while len({*answered, *died, *left}) < rnd.world_size and time.monotonic() < rnd.deadline:
@@ -77,13 +79,19 @@ def report(rnd: Round) -> None:
             return
         dead = sorted(set(died) - set(answered))
         exited = frozenset(left) - set(answered) - set(dead)
-        raw = rnd.summaries(sorted({*answered, *dead}))
+        # Every rank's progress first; then the summaries of the ranks it implicates (all of
+        # them in a small job).
+        chosen = select(
+            rnd.progress(sorted({*answered, *dead})), rnd.number, rnd.world_size, frozenset(dead)
+        )
+        raw = rnd.summaries(list(chosen.ranks))
         gathered = time.monotonic() - started
         before = earlier(rnd.store, rnd.namespace, rnd.restart)
         panels: list[Report] = []
         text = render(
             raw, rnd.number, rnd.reason, rnd.world_size, gathered, frozenset(dead), exited,
             on_panel=panels.append, blackbox_dir=getattr(rnd, "blackbox_dir", ""),
+            selection=chosen,
         )  # fmt: skip
         if panels:
             text = _one_verdict(rnd, text, panels[0], before, len(answered), dead, exited)

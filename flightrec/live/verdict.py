@@ -1,6 +1,12 @@
 """Summaries in, the verdict panel out: the same analysis and the same renderer as
 ``flightrec analyze``, fed with one view per rank built from its summary.
 
+Up to ``FULL_RANKS`` ranks, every rank's summary is analysed. Beyond, the reporter first reads
+every rank's progress record (``select``: ``flightrec.live.frontier`` finds the ranks that hold
+the job up), then the summaries of those ranks only, and the analysis runs on them while the
+other ranks count as seen, not missing (``flightrec.analysis.loader.Run.seen``); where every
+rank is comes from the progress records.
+
 Pure (no store, no clock): ``flightrec.live.report`` gathers the bytes and prints the text.
 """
 
@@ -11,6 +17,7 @@ import os
 from collections import defaultdict
 from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
+from dataclasses import dataclass
 from pathlib import Path
 
 from rich.console import Console
@@ -19,7 +26,10 @@ from flightrec.analysis import FileProblem, RankDump, Report, analyze
 from flightrec.analysis.loading.loader import Run
 from flightrec.errors import DumpError, printable
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.summary import Summary, SummaryError, decode
+from flightrec.format.members import members_of, set_members
+from flightrec.format.progress import decode_progress
+from flightrec.format.summary import SummaryError, decode
+from flightrec.live.frontier import Frontier, find_frontier
 from flightrec.readers.summary import summary_view
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.text import ranks_phrase
@@ -29,6 +39,58 @@ WIDTH = 100
 MAX_DUMP_LINES = 16
 TERM_STUCK_S = 5.0
 """In a round started by SIGTERM, an operation pending this long is a hang worth reporting."""
+FULL_RANKS = 96
+"""Jobs of at most this many ranks have every summary analysed (well under a second)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Selection:
+    """What the first pass decided: whose summaries to read, and what it saw of the rest.
+
+    Attributes:
+        ranks: the ranks whose summaries the analysis reads, sorted.
+        progress: every answering rank's checked progress record.
+        problems: progress records refused (one line each, naming the rank).
+        frontier: the first pass's findings; None when every summary is read.
+    """
+
+    ranks: tuple[int, ...]
+    progress: Mapping[int, pb.Progress]
+    problems: tuple[FileProblem, ...]
+    frontier: Frontier | None
+
+
+def select(
+    raw: Mapping[int, bytes], number: int, world_size: int, dead: AbstractSet[int] = frozenset()
+) -> Selection:
+    """Decide whose summaries to read, from every answering rank's progress record.
+
+    Args:
+        raw: per rank, the bytes read from its progress key.
+        number: the round; a record answering an older one is refused (unless the rank is in
+            ``dead``: it published on its way out).
+        world_size: ranks expected.
+        dead: ranks that died of an exception (``load``).
+    """
+    progress: dict[int, pb.Progress] = {}
+    problems: list[FileProblem] = []
+    for rank, data in raw.items():
+        try:
+            p = decode_progress(data, rank, world_size)
+        except SummaryError as exc:
+            problems.append(FileProblem(f"rank {rank}'s progress", str(exc).split(": ", 1)[-1]))
+            continue
+        if p.round < number and rank not in dead:
+            problems.append(
+                FileProblem(f"rank {rank}'s progress", f"answers request {p.round}, not {number}")
+            )
+            continue
+        progress[rank] = p
+    if world_size <= FULL_RANKS:
+        return Selection(tuple(sorted(raw)), progress, tuple(problems), None)
+    frontier = find_frontier(progress)
+    wanted = set(frontier.detail) | (set(dead) & set(raw))
+    return Selection(tuple(sorted(wanted)), progress, tuple(problems), frontier)
 
 
 def load(
@@ -37,40 +99,48 @@ def load(
     world_size: int,
     dead: AbstractSet[int] = frozenset(),
     exited: AbstractSet[int] = frozenset(),
+    seen: AbstractSet[int] = frozenset(),
     blackbox_dir: str = "",
-) -> tuple[Run, dict[int, Summary]]:
-    """Decode every rank's summary and build the run the analysis takes.
+) -> tuple[Run, dict[int, pb.Summary]]:
+    """Decode the summaries read and build the run the analysis takes.
 
     A summary that does not decode, or that answers an older round (the rank published nothing
     for this one in time), leaves its rank missing, with one line saying why. Ranks in
     ``dead`` listed themselves as dead of an exception: their summary, published on the way
     out, stands whatever round it names, if it says what ended the main thread. Ranks in
     ``exited`` said they ended cleanly; without a summary, that is what the verdict says.
-    A rank that published nothing and left a black box of this job in ``blackbox_dir`` (the
-    reporter's host) is read from it (``local_blackboxes``).
+    Ranks in ``seen`` answered but are not analysed here (the first pass found nothing of
+    theirs that the verdict needs): they are not missing, and every group is restricted to
+    the members analysed. A rank that published nothing and left a black box of this job in
+    ``blackbox_dir`` (the reporter's host) is read from it (``local_blackboxes``).
     """
     dumps: dict[int, RankDump] = {}
-    summaries: dict[int, Summary] = {}
+    summaries: dict[int, pb.Summary] = {}
     problems: list[FileProblem] = []
     for rank, data in sorted(raw.items()):
         label = f"rank {rank}'s summary"
         try:
             s = decode(data, label)
-            if s.rank != rank:
-                raise SummaryError(f"{label}: says it is rank {s.rank}")
-            died = rank in dead and any(x.is_main for x in s.exceptions)
+            h = s.dump.header
+            if h.rank != rank:
+                raise SummaryError(f"{label}: says it is rank {h.rank}")
+            died = rank in dead and any(x.is_main for x in s.dump.exceptions)
             if s.round < number and not died:
                 raise SummaryError(f"{label}: answers request {s.round}, not {number}")
-            dumps[rank] = RankDump(label, summary_view(s, label))
             summaries[rank] = s
-        except (SummaryError, DumpError) as exc:
+        except SummaryError as exc:
             problems.append(FileProblem(label, printable(str(exc)).split(": ", 1)[-1]))
+    if seen:
+        _restrict(summaries, seen)
+    for rank, s in summaries.items():
+        dumps[rank] = RankDump(f"rank {rank}'s summary", summary_view(s))
     if blackbox_dir:
-        jobs = {sm.job_id for sm in summaries.values()}
-        missing = set(range(world_size)) - set(dumps) - set(exited)
+        jobs = {sm.dump.header.job_id for sm in summaries.values()}
+        missing = set(range(world_size)) - set(dumps) - set(exited) - set(seen)
         dumps.update(local_blackboxes(blackbox_dir, missing, jobs))
     gone = frozenset(r for r in exited if r not in dumps)
-    return Run(dumps, world_size, tuple(problems), (), exited=gone), summaries
+    seen = frozenset(r for r in seen if r not in dumps and r not in gone)
+    return Run(dumps, world_size, tuple(problems), (), exited=gone, seen=seen), summaries
 
 
 def local_blackboxes(
@@ -102,7 +172,32 @@ def local_blackboxes(
     return {rank: dump for rank, (_, dump) in found.items()}
 
 
-def worth_printing(report: Report, reason: str, summaries: Mapping[int, Summary]) -> bool:
+def _restrict(summaries: Mapping[int, pb.Summary], seen: AbstractSet[int]) -> None:
+    """Take the ranks in ``seen`` out of every group: they answered with their progress and
+    are no culprit the first pass saw, so the analysis must not wait on them (ranks that never
+    answered stay: the analysis names them)."""
+    done: dict[tuple[str, bytes], list[int] | None] = {}  # (the ranks share their groups)
+    for s in summaries.values():
+        for g in s.dump.groups:
+            key = (g.name, g.SerializeToString())
+            if key not in done:
+                ranks = members_of(g)
+                touched = any(r in seen for r in ranks)
+                done[key] = [r for r in ranks if r not in seen] if touched else None
+            inside = done[key]
+            if inside is None:
+                continue
+            g.ClearField("ranks")
+            g.ClearField("rank_grid")
+            set_members(g, inside)
+
+
+def worth_printing(
+    report: Report,
+    reason: str,
+    summaries: Mapping[int, pb.Summary],
+    progress: Mapping[int, pb.Progress] | None = None,
+) -> bool:
     """A hang always is. A round started by SIGTERM (a job being stopped) is when a rank is
     missing, an operation failed, or one has been pending for ``TERM_STUCK_S``: a healthy job
     stopped mid-step has operations in flight that are no hang."""
@@ -112,15 +207,19 @@ def worth_printing(report: Report, reason: str, summaries: Mapping[int, Summary]
         return False
     if report.run.missing_ranks:
         return True
-    if any(x.is_main for s in summaries.values() for x in s.exceptions):
-        return True  # a rank died of an exception: why the job is being stopped
+    for p in (progress or {}).values():
+        if p.flags & (pb.DIED | pb.OP_FAILED) or p.waited_ms > TERM_STUCK_S * 1e3:
+            return True
     for s in summaries.values():
-        for g in s.groups:
-            for e in g.entries:
-                if e.state == pb.FAILED:
-                    return True
-                if e.state != pb.COMPLETED and s.mono_ns - e.enqueue_ns > TERM_STUCK_S * 1e9:
-                    return True
+        d = s.dump
+        if any(x.is_main for x in d.exceptions):
+            return True  # a rank died of an exception: why the job is being stopped
+        now = d.header.mono_time_ns
+        for state, enq in zip(d.entries.state, d.entries.enqueue_ns, strict=True):
+            if state == pb.FAILED:
+                return True
+            if state != pb.COMPLETED and now - enq > TERM_STUCK_S * 1e9:
+                return True
     return False
 
 
@@ -134,11 +233,13 @@ def render(
     exited: AbstractSet[int] = frozenset(),
     on_panel: Callable[[Report], None] | None = None,
     blackbox_dir: str = "",
+    selection: Selection | None = None,
 ) -> str:
     """The text to print for one round ("" when there is nothing worth printing).
 
     Args:
-        raw: per rank, the bytes read from its summary key.
+        raw: per rank, the bytes read from its summary key (every answering rank's, or the
+            ranks ``selection`` names).
         number: the round (dump request) number.
         reason: what started the round (``WATCHDOG_TIMEOUT``, ``SIGNAL_TERM``, ``RANK_DIED``).
         world_size: ranks expected.
@@ -147,17 +248,27 @@ def render(
         exited: ranks that said they ended cleanly (``load``).
         on_panel: called with the report when the text is a verdict panel.
         blackbox_dir: the reporter's black-box folder, for ranks that answered nothing.
+        selection: the first pass (``select``) when it chose whose summaries to read.
     """
-    run, summaries = load(raw, number, world_size, dead, exited, blackbox_dir)
+    partial = selection is not None and selection.frontier is not None
+    seen = frozenset(selection.progress) - set(raw) if selection and partial else frozenset()
+    run, summaries = load(raw, number, world_size, dead, exited, seen, blackbox_dir)
+    if selection is not None:
+        run = Run(
+            run.dumps, run.world_size, selection.problems + run.problems, run.notes,
+            exited=run.exited, seen=run.seen,
+        )  # fmt: skip
     if not run.dumps:
         return (
             f"flightrec verdict: none, no rank's summary could be read for request {number} "
             f"({len(run.problems)} unreadable of {world_size})\n"
         )
     report = analyze(run)
-    if not worth_printing(report, reason, summaries):
+    progress = selection.progress if selection is not None else None
+    if not worth_printing(report, reason, summaries, progress):
+        answered = len(run.dumps) + len(run.seen)
         return (
-            f"flightrec verdict: {len(run.dumps)} of {world_size} ranks answered request {number} "
+            f"flightrec verdict: {answered} of {world_size} ranks answered request {number} "
             "(SIGTERM); none was stuck\n"
         )
     if on_panel is not None:
@@ -170,39 +281,61 @@ def render(
     # Plain lines around the panel: rich would wrap them at the console's width.
     boxes = len(run.dumps) - len(summaries)  # ranks read from black boxes on this host
     read = f" and {boxes} black box{'es' if boxes > 1 else ''} on this host" if boxes else ""
-    out.write(
-        f"flightrec verdict: {what}; from {len(summaries)} of {world_size} ranks' summaries"
-        f"{read}, gathered through the job's store in {gathered_s:.1f} s (request {number})\n"
-    )
+    if partial:
+        out.write(
+            f"flightrec verdict: {what}; from {len(summaries) + len(run.seen)} of {world_size} "
+            f"ranks' progress and the summaries of the {len(summaries)} it implicates{read}, "
+            f"gathered through the job's store in {gathered_s:.1f} s (request {number})\n"
+        )
+    else:
+        out.write(
+            f"flightrec verdict: {what}; from {len(summaries)} of {world_size} ranks' "
+            f"summaries{read}, gathered through the job's store in {gathered_s:.1f} s "
+            f"(request {number})\n"
+        )
     TerminalRenderer(console).render(report)
     for p in run.problems:
         out.write(f"flightrec verdict: {p.path}: {p.reason}\n")
-    lines = dump_lines(summaries, world_size, run.exited)
+    if partial and selection is not None and selection.frontier is not None:
+        out.write(f"Where all {len(selection.progress)} answering ranks are (their progress)\n")
+        out.write("".join(f"  {line}\n" for line in selection.frontier.where))
+    lines = dump_lines(summaries, world_size, run.exited, set(summaries) | set(run.seen))
     out.write("".join(f"{line}\n" for line in lines))
     return out.getvalue()
 
 
 def dump_lines(
-    summaries: Mapping[int, Summary], world_size: int, exited: AbstractSet[int] = frozenset()
+    summaries: Mapping[int, pb.Summary],
+    world_size: int,
+    exited: AbstractSet[int] = frozenset(),
+    answered: AbstractSet[int] | None = None,
 ) -> list[str]:
     """Where each rank's dump went: one line per rank, or per host and folder at scale ("-":
-    the rank could not write it)."""
+    the rank could not write it). Ranks in ``answered`` without a summary here wrote theirs
+    on their own host as well (said in one line)."""
     lines = ["Dumps (on each rank's host)"]
-    missing = [r for r in range(world_size) if r not in summaries and r not in exited]
+    answered = set(summaries) if answered is None else answered
+    missing = [
+        r for r in range(world_size) if r not in summaries and r not in exited and r not in answered
+    ]
     if len(summaries) <= MAX_DUMP_LINES:
         for r, s in sorted(summaries.items()):
             # Host and path come from the store: untrusted, never printed raw.
-            lines.append(f"  rank {r} on {printable(s.host)}: {printable(s.dump_path) or '-'}")
+            host = printable(s.dump.header.hostname)
+            lines.append(f"  rank {r} on {host}: {printable(s.dump_path) or '-'}")
     else:
         places: dict[tuple[str, str], list[int]] = defaultdict(list)
         for r, s in sorted(summaries.items()):
             folder = os.path.dirname(s.dump_path) if s.dump_path else "-"
-            places[(printable(s.host), printable(folder))].append(r)
+            places[(printable(s.dump.header.hostname), printable(folder))].append(r)
         for shown, ((host, folder), ranks) in enumerate(sorted(places.items()), start=1):
             if shown > MAX_DUMP_LINES:
                 lines.append(f"  ... and {len(places) - MAX_DUMP_LINES} more hosts or folders")
                 break
             lines.append(f"  {ranks_phrase(ranks)} on {host}: {folder}")
+    rest = sorted(set(answered) - set(summaries))
+    if rest:
+        lines.append(f"  {ranks_phrase(rest)}: on each one's host, beside the above")
     if exited:
         lines.append(f"  {ranks_phrase(sorted(exited))} exited cleanly, no dump")
     if missing:

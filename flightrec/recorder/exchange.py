@@ -9,8 +9,10 @@ printing) is not the recorder's business: it is a callback handed in at enable t
 
 Keys, under ``flightrec/<namespace>/``:
 
-- ``summary/<rank>``: the rank's latest summary (at most ``summary.MAX_BYTES``), overwritten by
-  the next, so the store never holds more than one per rank;
+- ``summary/<rank>``: the rank's latest summary (at most ``summary.MAX_BYTES``, 3 KiB), and
+  ``progress/<rank>``: its progress record (at most ``progress.MAX_BYTES``, 1 KiB; typically
+  about 60 bytes), each overwritten by the next, so the store never holds more than one of
+  each per rank (at most 4 KiB a rank, 512 MiB at 131,072 ranks; typically 2 KB a rank);
 - ``round/<n>/ranks``: ``"<rank>,"`` appended by each rank that published for request ``n``;
 - ``round/<n>/reporter``: the lowest such rank (a ``compare_set`` loop);
 - ``died/<restart>``: ``"<rank>,"`` appended by each rank whose main thread died of an
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flightrec.format.progress import encode_progress, progress
 from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
 from flightrec.recorder.store import DEFAULT_NAMESPACE, RANK_DIED, ROUND_REASONS, own_connection
@@ -61,6 +64,11 @@ LOOK_EVERY_NS = 1_000_000_000
 def summary_key(namespace: str, rank: int) -> str:
     """Where rank ``rank`` publishes its summary."""
     return f"flightrec/{namespace or DEFAULT_NAMESPACE}/summary/{rank}"
+
+
+def progress_key(namespace: str, rank: int) -> str:
+    """Where rank ``rank`` publishes its progress record."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/progress/{rank}"
 
 
 def round_key(namespace: str, n: int, what: str) -> str:
@@ -144,13 +152,24 @@ class Round:
 
     def summaries(self, ranks: list[int]) -> dict[int, bytes]:
         """The published summaries of ``ranks`` (which all answered), as raw bytes."""
+        return self._gather(summary_key, ranks)
+
+    def progress(self, ranks: list[int]) -> dict[int, bytes]:
+        """The published progress records of ``ranks`` (which all answered), as raw bytes:
+        what the reporter reads from every rank before it reads any summary."""
+        return self._gather(progress_key, ranks)
+
+    def _gather(self, key: Callable[[str, int], str], ranks: list[int]) -> dict[int, bytes]:
+        """One value per rank, in store calls of 4,096 keys (a rank whose key is absent,
+        listed by someone else, is left out: ``get`` would block on it)."""
         out: dict[int, bytes] = {}
-        for i in range(0, len(ranks), 1024):
-            chunk = ranks[i : i + 1024]
-            keys = [summary_key(self.namespace, r) for r in chunk]
-            if not self.store.check(keys):  # a rank listed by someone else: get would block
+        for i in range(0, len(ranks), 4096):
+            chunk = ranks[i : i + 4096]
+            keys = [key(self.namespace, r) for r in chunk]
+            if not self.store.check(keys):
                 chunk = [r for r, k in zip(chunk, keys, strict=True) if self.store.check([k])]
-            values = self.store.multi_get([summary_key(self.namespace, r) for r in chunk])
+                keys = [key(self.namespace, r) for r in chunk]
+            values = self.store.multi_get(keys)
             out.update(zip(chunk, (bytes(v) for v in values), strict=True))
         return out
 
@@ -333,9 +352,11 @@ class Exchange:
             dump, path = latest
             try:
                 data = encode(summarize(dump, n, str(path) if path else ""))
+                brief = encode_progress(progress(dump, n))
                 with self._lock:
                     store = self._connection()
                     store.set(summary_key(self.namespace, self.rank), data)
+                    store.set(progress_key(self.namespace, self.rank), brief)
                     if n not in self._answered:
                         store.append(round_key(self.namespace, n, "ranks"), f"{self.rank},")
                     self._answered[n] = time.monotonic()
@@ -411,6 +432,7 @@ __all__ = [
     "Round",
     "died_key",
     "left_key",
+    "progress_key",
     "round_key",
     "summary_key",
 ]

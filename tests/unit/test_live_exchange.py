@@ -56,7 +56,7 @@ def test_a_hostile_or_stale_summary_costs_its_rank_and_one_line() -> None:
     raw[0] = fs.encode(fs.summarize(d, 7, p))
     text = render(raw, 7, "WATCHDOG_TIMEOUT", 4, 0.1)
     assert "from 2 of 4 ranks' summaries" in text
-    assert "flightrec verdict: rank 1's summary: 5004 bytes, more than the 2048" in text
+    assert "flightrec verdict: rank 1's summary: 5004 bytes, more than the 3072" in text
     assert "flightrec verdict: rank 3's summary: answers request 6, not 7" in text
     assert "no answer from ranks 1,3" in text
     assert not CONTROL.search(text.replace("\n", ""))

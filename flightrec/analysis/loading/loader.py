@@ -62,6 +62,9 @@ class Run:
     exited: frozenset[int] = frozenset()
     """Ranks without a dump known to have ended cleanly (the verdict in the log: they said so
     through the job's store as their process ended)."""
+    seen: frozenset[int] = frozenset()
+    """Ranks without a dump here that are not missing: the verdict in the log at scale read
+    their progress and analyses the summaries of the ranks it implicates only."""
 
     @property
     def ranks_with_dump(self) -> tuple[int, ...]:
@@ -71,6 +74,10 @@ class Run:
     @property
     def missing_ranks(self) -> tuple[int, ...]:
         """Ranks below ``world_size`` without a dump."""
+        if self.seen:
+            return tuple(
+                r for r in range(self.world_size) if r not in self.dumps and r not in self.seen
+            )
         return tuple(r for r in range(self.world_size) if r not in self.dumps)
 
 

@@ -107,8 +107,10 @@ def build_wait_graph(m: Matched) -> WaitGraph:
     graph = DiGraph()
     waits: list[Wait] = []
     present = m.run.dumps
+    seen = m.run.seen  # (ranks not analysed here, and not missing: no node of their own)
     for rank in range(m.run.world_size):
-        graph.add_node(rank_node(rank), kind="rank", rank=rank, present=rank in present)
+        if rank not in seen:
+            graph.add_node(rank_node(rank), kind="rank", rank=rank, present=rank in present)
     for rank in present:
         d = m.dump(rank)
         cols = d.columns
