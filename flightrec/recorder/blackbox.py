@@ -206,7 +206,9 @@ class BlackBox:
         watchdog's thread only, when they change; at most ``UNSEEN_ROWS``."""
         if not self.owned():
             return
-        rows = rows[:UNSEEN_ROWS]
+        # torch says -1 where it has no number (a P2P-only group, a group its recorder has not
+        # numbered yet): such a row tells nothing, and would not fit the row's unsigned fields.
+        rows = [r for r in rows if _fits_unseen(r)][:UNSEEN_ROWS]
         _, generation = UNSEEN_COUNT.unpack_from(self.head, OFF_UNSEEN)
         at = OFF_UNSEEN + UNSEEN_COUNT.size
         for i, (group, flags, issued, pending, op, since_ns) in enumerate(rows):
@@ -326,3 +328,20 @@ class BlackBox:
         """A new process group (a ``GroupInfo``)."""
         with self._lock:
             self._append([["g", info.index, info.name, info.desc, list(info.ranks), info.backend]])
+
+
+_U32 = 0xFFFFFFFF
+_U64 = 0xFFFFFFFFFFFFFFFF
+
+
+def _fits_unseen(row: tuple[int, int, int, int, str, int]) -> bool:
+    """Whether ``row`` fits ``UNSEEN_ROW`` (group and flags 32-bit, sequence numbers 64-bit,
+    all unsigned; the time signed 64-bit)."""
+    group, flags, issued, pending, _, since_ns = row
+    return (
+        0 <= group <= _U32
+        and 0 <= flags <= _U32
+        and 0 <= issued <= _U64
+        and 0 <= pending <= _U64
+        and -(1 << 63) <= since_ns < (1 << 63)
+    )

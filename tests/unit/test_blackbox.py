@@ -331,6 +331,17 @@ def test_an_unseen_row_at_or_below_what_the_ring_holds_adds_nothing(tmp_path: Pa
     assert list(d.entries.seq) == [1, 2, 3] and d.groups[0].last_seq == 3
 
 
+def test_an_unseen_row_torch_gave_no_number_is_left_out(tmp_path: Path) -> None:
+    """torch answers -1 for a group it has not numbered (P2P only, as in a pipelining job):
+    that row is dropped, the others are written, and nothing is raised into the watchdog."""
+    rec = Recording(tmp_path)
+    rec.bb.identify(0, 4, "job-7", "gloo", "2.x")
+    train_step(rec, 2)
+    rec.bb.unseen([(1, 0, -1, 0, "", 0), (0, 0, 4, 0, "", 0), (2, 0, 3, -1, "send", 5)])
+    d = read_blackbox(rec.bb.path)
+    assert d.groups[0].last_seq == 4
+
+
 def test_the_verdict_in_the_log_reads_black_boxes_of_ranks_that_answered_nothing(
     tmp_path: Path,
 ) -> None:
