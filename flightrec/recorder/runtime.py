@@ -459,8 +459,8 @@ class Runtime:
             if rows != self._unseen:
                 self._unseen = rows
                 bb.unseen(rows)
-        except Exception as exc:
-            self._warn_once("unseen", "the black box cannot show waits torch alone saw", exc)
+        except Exception as exc:  # flightrec's own fault: one warning per process, in all
+            self.recorder.internal_error("the black box's table of torch's counts", exc)
 
     def _close_rawstacks(self) -> None:
         """Disarm; keep a file faulthandler wrote into only while its black box stays."""
