@@ -177,7 +177,7 @@ def run(mode: str, ranks: int, seconds: float, requests: int) -> None:
     )
 
 
-def run_exchange(ranks: int, requests: int) -> None:
+def run_exchange(ranks: int, requests: int, connected: bool) -> None:
     """Every rank's summary through the real exchange, and the report, ``requests`` times."""
     from flightrec import live
     from flightrec.format.progress import encode_progress, progress
@@ -212,7 +212,8 @@ def run_exchange(ranks: int, requests: int) -> None:
     exchange.progress = progress_made  # type: ignore[assignment]
     exchange.encode_progress = lambda key: made[key][1]  # type: ignore[assignment]
     server = Server()
-    texts: list[tuple[float, str]] = []
+    texts: dict[int, list[tuple[float, str]]] = {}
+    """Round number -> (when, text) of each verdict printed for it."""
     answered: dict[int, list[float]] = {}
     exchanges: dict[int, Exchange] = {}
     lock = threading.Lock()
@@ -227,7 +228,7 @@ def run_exchange(ranks: int, requests: int) -> None:
             live._write_stderr = original
         if captured:  # (a rank that found a lower one reporting stepped aside)
             with lock:
-                texts.append((time.monotonic(), "".join(captured)))
+                texts.setdefault(rnd.number, []).append((time.monotonic(), "".join(captured)))
 
     base = client(server.port)
 
@@ -246,17 +247,21 @@ def run_exchange(ranks: int, requests: int) -> None:
 
     with ThreadPoolExecutor(128) as pool:
         pollers = list(pool.map(start, range(ranks)))
+        if connected:  # as a rank's recorder does once an operation is half-way to a hang
+            list(pool.map(lambda ex: ex.connect(), exchanges.values()))
     time.sleep(2.0)
+    client = channel.connect("127.0.0.1", server.port)  # as ``flightrec trigger`` connects
+    posts: dict[int, float] = {}
     for _ in range(requests):
-        texts.clear()
         posted = time.monotonic()
-        n = channel.request_dump("127.0.0.1", server.port, NAMESPACE)
+        n = channel.post_request(client, NAMESPACE, -1, "CLI_TRIGGER")
+        posts[n] = posted
         deadline = posted + GATHER_S + 20
-        while not texts and time.monotonic() < deadline:
+        while n not in texts and time.monotonic() < deadline:
             time.sleep(0.01)
         got = sorted(t - posted for t in answered.get(n, []))
-        done = texts[0][0] - posted if texts else float("nan")
-        text = texts[0][1] if texts else ""
+        done = texts[n][0][0] - posted if n in texts else float("nan")
+        text = texts[n][0][1] if n in texts else ""
         head = text.splitlines()[0] if text else "(no verdict)"
         culprit = next((x.strip("│ ") for x in text.splitlines() if "never entered" in x), "")
         print(
@@ -267,6 +272,14 @@ def run_exchange(ranks: int, requests: int) -> None:
             flush=True,
         )
         time.sleep(1.2)
+    time.sleep(GATHER_S + 2.0)  # a late second reporter of the last round would print by now
+    for n, posted in posts.items():
+        late = [f"{t - posted:.2f} s" for t, _ in texts.get(n, [])[1:]]
+        print(
+            f"  request {n}: {len(texts.get(n, []))} verdict(s) printed"
+            + (f" (the later ones {', '.join(late)} after the request)" if late else ""),
+            flush=True,
+        )
     for p in pollers:
         p.stop()
     for p in pollers:
@@ -284,13 +297,19 @@ def main() -> None:
     p.add_argument(
         "--mode", nargs="+", default=["poll", "current"], choices=["poll", "current", "exchange"]
     )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="exchange mode: each rank opens its exchange's store connection at its first "
+        "answer (not beforehand, as a rank does once an operation is half-way to a hang)",
+    )
     args = p.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     for ranks in args.ranks:
         for mode in args.mode:
             if mode == "exchange":
-                run_exchange(ranks, args.requests)
+                run_exchange(ranks, args.requests, not args.cold)
             else:
                 run(mode, ranks, args.seconds, args.requests)
 
