@@ -12,7 +12,10 @@ connection and thread that a traced rank has. Two modes:
            request makes every rank publish its summary and progress record, and the lowest
            rank reports with ``flightrec.live.report``. Printed: when the last rank's answer
            landed, whether the reporter gathered every rank within the window
-           (``exchange.GATHER_S``), when its verdict was ready, and the culprit it names.
+           (``exchange.GATHER_S``), when its verdict was ready, the culprit it names, and at
+           the end how many verdicts each request printed (one). Each rank's exchange opens
+           its store connection before the first request, as the recorder does once an
+           operation is half-way to a hang (``--cold``: at the rank's first answer).
 
 Printed per mode: the server's requests per second in steady state (its read system calls
 from /proc/PID/io: one per request from a client that waits for each answer, which every
@@ -250,11 +253,11 @@ def run_exchange(ranks: int, requests: int, connected: bool) -> None:
         if connected:  # as a rank's recorder does once an operation is half-way to a hang
             list(pool.map(lambda ex: ex.connect(), exchanges.values()))
     time.sleep(2.0)
-    client = channel.connect("127.0.0.1", server.port)  # as ``flightrec trigger`` connects
+    trigger = channel.connect("127.0.0.1", server.port)  # as ``flightrec trigger`` connects
     posts: dict[int, float] = {}
     for _ in range(requests):
         posted = time.monotonic()
-        n = channel.post_request(client, NAMESPACE, -1, "CLI_TRIGGER")
+        n = channel.post_request(trigger, NAMESPACE, -1, "CLI_TRIGGER")
         posts[n] = posted
         deadline = posted + GATHER_S + 20
         while n not in texts and time.monotonic() < deadline:
