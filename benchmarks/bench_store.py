@@ -221,14 +221,16 @@ def run_exchange(ranks: int, requests: int, connected: bool) -> None:
     exchanges: dict[int, Exchange] = {}
     lock = threading.Lock()
 
+    # Captured per reporting thread: several ranks may report at once for a moment (each
+    # steps aside when it sees a lower one), and swapping the writer around each report
+    # would hand one's text to another's list, or to the real stderr.
+    local = threading.local()
+    live._write_stderr = lambda text: local.captured.append(text)  # type: ignore[assignment]
+
     def reporter(rnd: Any) -> None:
         captured: list[str] = []
-        original = live._write_stderr
-        live._write_stderr = captured.append  # type: ignore[assignment]
-        try:
-            live.report(rnd)
-        finally:
-            live._write_stderr = original
+        local.captured = captured
+        live.report(rnd)
         if captured:  # (a rank that found a lower one reporting stepped aside)
             with lock:
                 texts.setdefault(rnd.number, []).append((time.monotonic(), "".join(captured)))
