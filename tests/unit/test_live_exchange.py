@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,6 +19,7 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format import summary as fs
 from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.read import read_dump
+from flightrec.format.slot import STARTED
 from flightrec.live.verdict import render
 from flightrec.recorder import exchange
 from flightrec.recorder.exchange import Exchange, Round, died_key, left_key
@@ -235,6 +237,34 @@ def test_a_rank_answering_after_the_verdict_is_out_prints_no_second_one(
     assert err.getvalue() == first
     assert store.get("flightrec/job/round/5/reporter") == b"1!"
     assert b"0," in store.get("flightrec/job/round/5/ranks")  # still listed as having answered
+
+
+def test_the_store_connection_opens_once_an_operation_is_half_way_to_a_hang() -> None:
+    # Opened after the hang is declared, every rank's connection set-up would delay its answer.
+    class Source(MemoryStore):
+        clones = 0
+
+        def clone(self) -> MemoryStore:
+            Source.clones += 1
+            return self
+
+    prepared = threading.Event()
+
+    class Reporter:
+        def __call__(self, rnd: Round) -> None:
+            pass
+
+        def prepare(self) -> None:
+            prepared.set()
+
+    ex = Exchange(FakePoller(Source()), 0, 4, "job", Reporter())  # type: ignore[arg-type]
+    slot = SimpleNamespace(state=STARTED, enqueue_ns=0)
+    ring = SimpleNamespace(pending_slots=lambda: [0], read=lambda index: slot)
+    ex.tick(1_000_000_000, ring, 10.0)  # type: ignore[arg-type]  # 1 s into a 10 s timeout
+    assert Source.clones == 0
+    ex.tick(6_000_000_000, ring, 10.0)  # type: ignore[arg-type]
+    assert prepared.wait(10)
+    assert Source.clones == 1
 
 
 def test_a_store_that_is_gone_costs_one_warning(caplog: pytest.LogCaptureFixture) -> None:
