@@ -12,7 +12,10 @@ connection and thread that a traced rank has. Two modes:
            request makes every rank publish its summary and progress record, and the lowest
            rank reports with ``flightrec.live.report``. Printed: when the last rank's answer
            landed, whether the reporter gathered every rank within the window
-           (``exchange.GATHER_S``), when its verdict was ready, and the culprit it names.
+           (``exchange.GATHER_S``), when its verdict was ready, the culprit it names, and at
+           the end how many verdicts each request printed (one). Each rank's exchange opens
+           its store connection before the first request, as the recorder does once an
+           operation is half-way to a hang (``--cold``: at the rank's first answer).
 
 Printed per mode: the server's requests per second in steady state (its read system calls
 from /proc/PID/io: one per request from a client that waits for each answer, which every
@@ -177,7 +180,7 @@ def run(mode: str, ranks: int, seconds: float, requests: int) -> None:
     )
 
 
-def run_exchange(ranks: int, requests: int) -> None:
+def run_exchange(ranks: int, requests: int, connected: bool) -> None:
     """Every rank's summary through the real exchange, and the report, ``requests`` times."""
     from flightrec import live
     from flightrec.format.progress import encode_progress, progress
@@ -212,22 +215,25 @@ def run_exchange(ranks: int, requests: int) -> None:
     exchange.progress = progress_made  # type: ignore[assignment]
     exchange.encode_progress = lambda key: made[key][1]  # type: ignore[assignment]
     server = Server()
-    texts: list[tuple[float, str]] = []
+    texts: dict[int, list[tuple[float, str]]] = {}
+    """Round number -> (when, text) of each verdict printed for it."""
     answered: dict[int, list[float]] = {}
     exchanges: dict[int, Exchange] = {}
     lock = threading.Lock()
 
+    # Captured per reporting thread: several ranks may report at once for a moment (each
+    # steps aside when it sees a lower one), and swapping the writer around each report
+    # would hand one's text to another's list, or to the real stderr.
+    local = threading.local()
+    live._write_stderr = lambda text: local.captured.append(text)  # type: ignore[assignment]
+
     def reporter(rnd: Any) -> None:
         captured: list[str] = []
-        original = live._write_stderr
-        live._write_stderr = captured.append  # type: ignore[assignment]
-        try:
-            live.report(rnd)
-        finally:
-            live._write_stderr = original
+        local.captured = captured
+        live.report(rnd)
         if captured:  # (a rank that found a lower one reporting stepped aside)
             with lock:
-                texts.append((time.monotonic(), "".join(captured)))
+                texts.setdefault(rnd.number, []).append((time.monotonic(), "".join(captured)))
 
     base = client(server.port)
 
@@ -246,17 +252,21 @@ def run_exchange(ranks: int, requests: int) -> None:
 
     with ThreadPoolExecutor(128) as pool:
         pollers = list(pool.map(start, range(ranks)))
+        if connected:  # as a rank's recorder does once an operation is half-way to a hang
+            list(pool.map(lambda ex: ex.connect(), exchanges.values()))
     time.sleep(2.0)
+    trigger = channel.connect("127.0.0.1", server.port)  # as ``flightrec trigger`` connects
+    posts: dict[int, float] = {}
     for _ in range(requests):
-        texts.clear()
         posted = time.monotonic()
-        n = channel.request_dump("127.0.0.1", server.port, NAMESPACE)
+        n = channel.post_request(trigger, NAMESPACE, -1, "CLI_TRIGGER")
+        posts[n] = posted
         deadline = posted + GATHER_S + 20
-        while not texts and time.monotonic() < deadline:
+        while n not in texts and time.monotonic() < deadline:
             time.sleep(0.01)
         got = sorted(t - posted for t in answered.get(n, []))
-        done = texts[0][0] - posted if texts else float("nan")
-        text = texts[0][1] if texts else ""
+        done = texts[n][0][0] - posted if n in texts else float("nan")
+        text = texts[n][0][1] if n in texts else ""
         head = text.splitlines()[0] if text else "(no verdict)"
         culprit = next((x.strip("│ ") for x in text.splitlines() if "never entered" in x), "")
         print(
@@ -267,6 +277,14 @@ def run_exchange(ranks: int, requests: int) -> None:
             flush=True,
         )
         time.sleep(1.2)
+    time.sleep(GATHER_S + 2.0)  # a late second reporter of the last round would print by now
+    for n, posted in posts.items():
+        late = [f"{t - posted:.2f} s" for t, _ in texts.get(n, [])[1:]]
+        print(
+            f"  request {n}: {len(texts.get(n, []))} verdict(s) printed"
+            + (f" (the later ones {', '.join(late)} after the request)" if late else ""),
+            flush=True,
+        )
     for p in pollers:
         p.stop()
     for p in pollers:
@@ -284,13 +302,19 @@ def main() -> None:
     p.add_argument(
         "--mode", nargs="+", default=["poll", "current"], choices=["poll", "current", "exchange"]
     )
+    p.add_argument(
+        "--cold",
+        action="store_true",
+        help="exchange mode: each rank opens its exchange's store connection at its first "
+        "answer (not beforehand, as a rank does once an operation is half-way to a hang)",
+    )
     args = p.parse_args()
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     for ranks in args.ranks:
         for mode in args.mode:
             if mode == "exchange":
-                run_exchange(ranks, args.requests)
+                run_exchange(ranks, args.requests, not args.cold)
             else:
                 run(mode, ranks, args.seconds, args.requests)
 

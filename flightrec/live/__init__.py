@@ -75,7 +75,7 @@ def report(rnd: Round) -> None:
             if rnd.reporter() != rnd.rank:
                 return
             answered, died, left = rnd.answered(), rnd.died(), rnd.left()
-        if rnd.reporter() != rnd.rank:
+        if not rnd.close():  # (closed: a rank answering from now on starts no second verdict)
             return
         dead = sorted(set(died) - set(answered))
         exited = frozenset(left) - set(answered) - set(dead)

@@ -14,7 +14,9 @@ Keys, under ``flightrec/<namespace>/``:
   about 60 bytes), each overwritten by the next, so the store never holds more than one of
   each per rank (at most 4 KiB a rank, 512 MiB at 131,072 ranks; typically 2 KB a rank);
 - ``round/<n>/ranks``: ``"<rank>,"`` appended by each rank that published for request ``n``;
-- ``round/<n>/reporter``: the lowest such rank (a ``compare_set`` loop);
+- ``round/<n>/reporter``: the lowest such rank (a ``compare_set`` loop); ``"<rank>!"`` once
+  that rank has gathered and prints the round's verdict (``Round.close``): a rank that answers
+  later, lower or not, reports nothing, and the round gets one verdict;
 - ``died/<restart>``: ``"<rank>,"`` appended by each rank whose main thread died of an
   exception, after publishing its summary on the way out (``<restart>``: torchrun's restart
   count, so a crash of an earlier attempt is never read as this one's). A dead rank answers
@@ -57,6 +59,8 @@ REUSE_S = 30.0
 one: torchrun stopping a job whose hang was just reported, or the other ranks' SIGTERM round,
 whose request reached this rank's request thread just before its own SIGTERM did."""
 MAX_CLAIM_TRIES = 16
+CLOSED = "!"
+"""Appended to the reporter's rank once it prints: the round takes no further reporter."""
 LOOK_EVERY_NS = 1_000_000_000
 """How often ``tick`` looks for an operation pending long enough to load the reporter."""
 
@@ -90,6 +94,13 @@ def restart_count() -> str:
     """torchrun's restart count of this attempt ("0" outside torchrun, or when unreadable)."""
     value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
     return value if value.isdigit() and len(value) < 9 else "0"
+
+
+def _holder(raw: bytes) -> tuple[int | None, bool]:
+    """(the rank a reporter key names, whether the round is closed) (None: no rank)."""
+    closed = raw.endswith(CLOSED.encode())
+    digits = raw[:-1] if closed else raw
+    return (int(digits) if digits.isdigit() and len(digits) < 9 else None), closed
 
 
 def _ranks_in(raw: bytes, world_size: int) -> list[int]:
@@ -127,8 +138,19 @@ class Round:
 
     def reporter(self) -> int:
         """The lowest rank that answered so far (-1 when the key is unreadable)."""
-        raw = bytes(self.store.get(round_key(self.namespace, self.number, "reporter")))
-        return int(raw) if raw.isdigit() and len(raw) < 9 else -1
+        key = round_key(self.namespace, self.number, "reporter")
+        holder, _ = _holder(bytes(self.store.get(key)))
+        return -1 if holder is None else holder
+
+    def close(self) -> bool:
+        """Whether this rank still reports, and if so, close the round to later reporters
+        (one ``compare_set``). Called once gathering ends, just before the verdict is made:
+        a rank answering after that (it was busy, or slow to connect) would otherwise start
+        a report of its own and print the round's verdict a second time, seconds later.
+        False when a lower rank answered meanwhile: it reports instead."""
+        mine = str(self.rank)
+        key = round_key(self.namespace, self.number, "reporter")
+        return bytes(self.store.compare_set(key, mine, mine + CLOSED)) == (mine + CLOSED).encode()
 
     def answered(self) -> list[int]:
         """Ranks that published for this round (in range, each once, sorted)."""
@@ -316,9 +338,22 @@ class Exchange:
         if running is not None and running is not threading.current_thread():
             running.join(wait_s)
 
+    def connect(self) -> None:
+        """Open this exchange's store connection now rather than at the first answer (its
+        set-up takes about 0.2 s, far longer on a loaded host, and every rank would pay it
+        after the hang is declared). Never raises: a failure costs the one warning."""
+        if self.store_gone:
+            return
+        try:
+            with self._lock:
+                self._connection()
+        except Exception as exc:
+            self._warn(exc)
+
     def tick(self, now_ns: int, ring: Ring, timeout_s: float) -> None:
-        """From the watchdog's tick: prepare the reporter once something is half-way to a
-        hang (at most one look per second, at the first pending slots)."""
+        """From the watchdog's tick: once something is half-way to a hang, open the store
+        connection and prepare the reporter (at most one look per second, at the first
+        pending slots)."""
         if self._prepared or now_ns < self._next_look_ns:
             return
         self._next_look_ns = now_ns + LOOK_EVERY_NS
@@ -326,10 +361,16 @@ class Exchange:
             slot = ring.read(index)
             if slot.state in (ENQUEUED, STARTED) and now_ns - slot.enqueue_ns > timeout_s * 5e8:
                 self._prepared = True
-                prepare = getattr(self._reporter, "prepare", None)
-                if prepare is not None:
-                    threading.Thread(target=prepare, name="flightrec-prepare", daemon=True).start()
+                prepare = threading.Thread(target=self._prepare, name="flightrec-prepare")
+                prepare.daemon = True
+                prepare.start()
                 return
+
+    def _prepare(self) -> None:
+        self.connect()
+        prepare = getattr(self._reporter, "prepare", None)
+        if prepare is not None:
+            prepare()
 
     # -----------------------------------------------------------------------------------------
     def _answer(self, n: int, reason: str, wait: bool) -> None:
@@ -372,7 +413,9 @@ class Exchange:
         """Make ``key`` hold the lowest rank that offered; returns the holder."""
         current = bytes(store.compare_set(key, "", str(self.rank)))
         for _ in range(MAX_CLAIM_TRIES):
-            holder = int(current) if current.isdigit() and len(current) < 9 else None
+            holder, closed = _holder(current)
+            if closed:  # the round's verdict is out: this late answer starts no second one
+                return -1 if holder is None else holder
             if holder is not None and holder <= self.rank:
                 return holder
             current = bytes(store.compare_set(key, current, str(self.rank)))

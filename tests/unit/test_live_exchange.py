@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -18,7 +19,9 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format import summary as fs
 from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.read import read_dump
+from flightrec.format.slot import STARTED
 from flightrec.live.verdict import render
+from flightrec.recorder import exchange
 from flightrec.recorder.exchange import Exchange, Round, died_key, left_key
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "stalled_rank"
@@ -199,11 +202,69 @@ def test_the_lowest_rank_that_answers_reports_once(monkeypatch: pytest.MonkeyPat
     text = err.getvalue()
     assert text.count("Verdict: not_arrived") == 1, text
     assert "from 4 of 4 ranks' summaries" in text
-    assert store.get("flightrec/job/round/5/reporter") == b"0"
+    assert store.get("flightrec/job/round/5/reporter") == b"0!"  # closed as it printed
     assert sorted(int(r) for r in store.get("flightrec/job/round/5/ranks").split(b",")[:-1]) == [
         0, 1, 2, 3,
     ]  # fmt: skip
     assert {rnd.rank for rnd in rounds} >= {0}
+
+
+def test_a_rank_answering_after_the_verdict_is_out_prints_no_second_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Rank 0 answers after rank 1 gathered and printed (its request thread was busy, or its
+    # connection slow to open): it is the lowest rank, but the round has had its verdict.
+    monkeypatch.setattr(exchange, "GATHER_S", 1.0)
+    store = MemoryStore()
+    err = io.StringIO()
+    monkeypatch.setattr(sys, "stderr", err)
+    exchanges = {r: Exchange(FakePoller(store), r, 4, "job", live.report) for r in range(4)}  # type: ignore[arg-type]
+
+    def answer(*ranks: int) -> None:
+        for r in ranks:
+            path, dump = hang_dumps()[r]
+            exchanges[r].on_dump(dump, Path(path))
+            exchanges[r].after_request(5, "WATCHDOG_TIMEOUT")
+        for r in ranks:
+            running = exchanges[r]._reporting
+            if running is not None:
+                running.join(20)
+
+    answer(3, 2, 1)
+    first = err.getvalue()
+    assert "flightrec verdict" in first and "from 3 of 4 ranks" in first, first
+    answer(0)
+    assert err.getvalue() == first
+    assert store.get("flightrec/job/round/5/reporter") == b"1!"
+    assert b"0," in store.get("flightrec/job/round/5/ranks")  # still listed as having answered
+
+
+def test_the_store_connection_opens_once_an_operation_is_half_way_to_a_hang() -> None:
+    # Opened after the hang is declared, every rank's connection set-up would delay its answer.
+    class Source(MemoryStore):
+        clones = 0
+
+        def clone(self) -> MemoryStore:
+            Source.clones += 1
+            return self
+
+    prepared = threading.Event()
+
+    class Reporter:
+        def __call__(self, rnd: Round) -> None:
+            pass
+
+        def prepare(self) -> None:
+            prepared.set()
+
+    ex = Exchange(FakePoller(Source()), 0, 4, "job", Reporter())  # type: ignore[arg-type]
+    slot = SimpleNamespace(state=STARTED, enqueue_ns=0)
+    ring = SimpleNamespace(pending_slots=lambda: [0], read=lambda index: slot)
+    ex.tick(1_000_000_000, ring, 10.0)  # type: ignore[arg-type]  # 1 s into a 10 s timeout
+    assert Source.clones == 0
+    ex.tick(6_000_000_000, ring, 10.0)  # type: ignore[arg-type]
+    assert prepared.wait(10)
+    assert Source.clones == 1
 
 
 def test_a_store_that_is_gone_costs_one_warning(caplog: pytest.LogCaptureFixture) -> None:
