@@ -143,6 +143,7 @@ class ExceptionHooks:
         self._prev_threading: Callable[..., Any] | None = None
         self._prev_exit: Callable[..., Any] | None = None
         self._prev_mp_exit: Callable[..., Any] | None = None
+        self._prev_print_exc: Callable[..., Any] | None = None
         self.installed = False
 
     def install(self) -> None:
@@ -158,6 +159,13 @@ class ExceptionHooks:
         self._prev_mp_exit = getattr(mp_util, "_exit_function", None)
         if self._prev_mp_exit is not None:
             setattr(mp_util, "_exit_function", self._mp_exit)  # noqa: B010
+        if not _bootstrap_calls_exit_function():
+            # Python 3.12 and later: Process._bootstrap no longer calls the exit function
+            # while run()'s exception is in flight; it prints it with traceback.print_exc()
+            # from its ``except:``, where the exception is still the one being handled.
+            import traceback
+
+            self._prev_print_exc, traceback.print_exc = traceback.print_exc, self._mp_print_exc
         self.installed = True
 
     def uninstall(self) -> None:
@@ -174,6 +182,10 @@ class ExceptionHooks:
 
         if getattr(mp_util, "_exit_function", None) == self._mp_exit and self._prev_mp_exit:
             setattr(mp_util, "_exit_function", self._prev_mp_exit)  # noqa: B010
+        import traceback
+
+        if traceback.print_exc == self._mp_print_exc and self._prev_print_exc is not None:
+            traceback.print_exc = self._prev_print_exc
         self.installed = False
 
     def _record(self, exc: BaseException | None, thread: threading.Thread | None, via: str) -> None:
@@ -228,6 +240,32 @@ class ExceptionHooks:
         if prev is None:
             return None
         return prev(*args, **kwargs)
+
+    def _mp_print_exc(self, *args: Any, **kwargs: Any) -> Any:
+        # Process._bootstrap (3.12 and later) prints run()'s exception from its ``except:``:
+        # that exception is the one being handled. From anywhere else it only passes on.
+        try:
+            caller = sys._getframe(1).f_code
+            if (
+                caller is _bootstrap_code()
+                and threading.current_thread() is threading.main_thread()
+            ):
+                self._record(sys.exc_info()[1], None, "multiprocessing.Process")
+        except Exception:  # never instead of the traceback multiprocessing prints
+            pass
+        prev = self._prev_print_exc
+        if prev is None:
+            import traceback
+
+            prev = traceback.print_exception
+            return prev(*sys.exc_info())
+        return prev(*args, **kwargs)
+
+
+def _bootstrap_calls_exit_function() -> bool:
+    """Whether ``Process._bootstrap`` calls ``util._exit_function`` itself (up to 3.11)."""
+    code = _bootstrap_code()
+    return code is not None and "_exit_function" in code.co_names
 
 
 def _bootstrap_code() -> Any:
