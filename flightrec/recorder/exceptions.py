@@ -255,10 +255,7 @@ class ExceptionHooks:
             pass
         prev = self._prev_print_exc
         if prev is None:
-            import traceback
-
-            prev = traceback.print_exception
-            return prev(*sys.exc_info())
+            return None
         return prev(*args, **kwargs)
 
 
