@@ -1,10 +1,11 @@
 """One row per finding kind: where it is made, where it is listed, and the traits that the
 arbitration, the refinements and the renderers read instead of lists of their own.
 
-A new kind is a ``model.FindingKind`` member, a row here, a candidate module under
+A new kind is a ``model.FindingKind`` member, a row here, the one candidate module under
 ``analysis/findings/`` that makes it (named in ``made_by``, listing it in its ``KINDS``) and
-called at its priority in ``pipeline.diagnose``, and a scenario test; ``test_kinds_table``
-fails while any of them is missing.
+is called at its priority in ``pipeline.diagnose``, and a scenario test; ``test_kinds_table``
+fails while any of them is missing, and where a module other than ``made_by`` builds a
+finding of the kind (another module hands the facts it finds to that one).
 """
 
 from __future__ import annotations
@@ -19,8 +20,9 @@ class KindSpec:
     """What the analysis and the renderers know about one finding kind."""
 
     kind: FindingKind
-    made_by: tuple[str, ...]
-    """Modules of ``flightrec.analysis.findings`` whose code builds findings of this kind."""
+    made_by: str
+    """The module of ``flightrec.analysis.findings`` that builds findings of this kind (no
+    other one does)."""
     priority: int
     """Where ``pipeline.diagnose`` lists the kind, lower first; kinds of equal priority are
     weighed against each other by the root-cause arbitration (``rootcause.Tie``)."""
@@ -41,22 +43,25 @@ class KindSpec:
     """Describes a hang: a timeline marks where its collective stalled (``report.trace``)."""
     marks_lanes: bool
     """Renderers mark the blamed ranks' own lanes with the kind (a timeline's thread names)."""
+    simulated_by: tuple[str, ...]
+    """Faults of ``flightrec simulate`` (``simulate.faults.Fault`` values) whose expected
+    verdict is this kind; empty where the simulator injects none that ends in it."""
 
 
 KINDS: dict[FindingKind, KindSpec] = {
     s.kind: s
     for s in (
-        #        kind                       made_by                     prio root  step   crash  skips  timeout hang   lanes
-        KindSpec(FindingKind.NOT_ARRIVED, ("not_arrived", "stuck"), 0, True, False, True, True, True, True, False),
-        KindSpec(FindingKind.DEAD_RANK, ("not_arrived", "crashes"), 0, True, False, True, True, True, True, False),
-        KindSpec(FindingKind.MISSING_DUMP, ("not_arrived",), 0, True, False, False, False, True, True, False),
-        KindSpec(FindingKind.MISMATCH, ("mismatch",), 0, True, False, False, True, False, True, False),
-        KindSpec(FindingKind.P2P_DEADLOCK, ("p2p",), 0, True, False, False, False, True, True, False),
-        KindSpec(FindingKind.DEADLOCK, ("p2p",), 0, True, False, False, False, True, True, False),
-        KindSpec(FindingKind.STUCK, ("stuck",), 0, True, False, False, False, True, True, False),
-        KindSpec(FindingKind.P2P_UNMATCHED, ("p2p",), 1, False, True, False, False, True, True, False),
-        KindSpec(FindingKind.DESYNC, ("desync",), 2, False, True, False, True, True, True, False),
-        KindSpec(FindingKind.STRAGGLER, ("straggler",), 3, False, False, False, False, True, False, True),
+        #        kind                       made_by          prio root  step   crash  skips  timeout hang   lanes  simulated_by
+        KindSpec(FindingKind.NOT_ARRIVED, "not_arrived", 0, True, False, True, True, True, True, False, ("stall",)),
+        KindSpec(FindingKind.DEAD_RANK, "crashes", 0, True, False, True, True, True, True, False, ()),
+        KindSpec(FindingKind.MISSING_DUMP, "not_arrived", 0, True, False, False, False, True, True, False, ("crash",)),
+        KindSpec(FindingKind.MISMATCH, "mismatch", 0, True, False, False, True, False, True, False, ("op_mismatch", "size_mismatch", "dtype_mismatch")),
+        KindSpec(FindingKind.P2P_DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, ("p2p_deadlock",)),
+        KindSpec(FindingKind.DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, ()),
+        KindSpec(FindingKind.STUCK, "stuck", 0, True, False, False, False, True, True, False, ()),
+        KindSpec(FindingKind.P2P_UNMATCHED, "p2p", 1, False, True, False, False, True, True, False, ()),
+        KindSpec(FindingKind.DESYNC, "desync", 2, False, True, False, True, True, True, False, ()),
+        KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, ("straggler",)),
     )
 }  # fmt: skip
 """Every kind's row (``test_kinds_table`` checks that none is missing)."""
@@ -72,3 +77,15 @@ def kinds_where(trait: str) -> frozenset[FindingKind]:
         Those kinds.
     """
     return frozenset(k for k, s in KINDS.items() if getattr(s, trait))
+
+
+def kind_of_fault(fault: str) -> FindingKind | None:
+    """The kind a simulated fault's expected verdict has (``KindSpec.simulated_by``).
+
+    Args:
+        fault: a ``simulate.faults.Fault`` value, ``"stall"`` for one.
+
+    Returns:
+        The kind; None for a fault that ends in no finding (``"none"``).
+    """
+    return next((k for k, s in KINDS.items() if fault in s.simulated_by), None)

@@ -16,10 +16,11 @@ root by how many ranks it holds up, ``rootcause.Tie``). A candidate that reports
 nothing above it explains takes what it must skip as an argument (``blamed_by`` the findings
 above it, the groups the arbitration explained).
 
-A new finding kind: a ``model.FindingKind`` member, its row in ``kinds.KINDS``, a candidate
-module (a ``find_*`` returning the kind's findings, and its ``Evidence`` subclass, which the
-JSON renderer writes without being told about it) called here at its priority, and a scenario
-test; ``tests/unit/test_kinds_table.py`` fails while one of them is missing.
+A new finding kind: a ``model.FindingKind`` member, its row in ``kinds.KINDS``, the one
+candidate module that builds its findings (a ``find_*`` returning them, and its ``Evidence``
+subclass, which the JSON renderer writes without being told about it) called here at its
+priority, and a scenario test; ``tests/unit/test_kinds_table.py`` fails while one of them is
+missing, or where another module builds a finding of the kind.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from collections.abc import Iterable
 from typing import NamedTuple
 
 from flightrec.analysis.fanout import Background, can_fork
-from flightrec.analysis.findings.crashes import find_crashes, place_crashes
+from flightrec.analysis.findings.crashes import find_crashes, find_quiet_deaths, place_crashes
 from flightrec.analysis.findings.desync import find_desyncs
 from flightrec.analysis.findings.mismatch import find_mismatches
-from flightrec.analysis.findings.not_arrived import find_quiet_deaths, find_quiet_missing
+from flightrec.analysis.findings.not_arrived import find_quiet_missing
 from flightrec.analysis.findings.p2p import find_unmatched
 from flightrec.analysis.findings.straggler import find_stragglers
 from flightrec.analysis.matching.matching import Matched

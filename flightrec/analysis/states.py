@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flightrec.analysis.findings.crashes import died_of, process_ended
-from flightrec.analysis.findings.not_arrived import stuck_transfer
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import FrameInfo, Status, op_label, user_frame
+from flightrec.analysis.waitgraph.transfers import stuck_transfer
 from flightrec.analysis.waitgraph.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.readers.blackbox import died, ended

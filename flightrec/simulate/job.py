@@ -19,7 +19,7 @@ from operator import add, mul, rshift, sub
 from pathlib import Path
 from typing import Any
 
-from flightrec.analysis.model import FindingKind
+from flightrec.analysis.kinds import kind_of_fault
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND, DumpBuilder
 from flightrec.format.schema import dump_filename
@@ -78,6 +78,18 @@ def _first_collective_from(program: Sequence[OpTemplate], start: int) -> int:
     return len(program) - 1
 
 
+def expected_kind(fault: Fault) -> str:
+    """The kind of the verdict ``fault`` ends in, from the kinds table (``simulated_by``).
+
+    Raises:
+        ValueError: no row names the fault (``test_kinds_table`` fails first).
+    """
+    kind = kind_of_fault(fault.value)
+    if kind is None:
+        raise ValueError(f"no finding kind's row names the fault {fault.value!r}")
+    return kind.value
+
+
 def plan(config: SimConfig) -> _Plan:
     """Build the step programs, inject the fault, and play the fault step out.
 
@@ -110,7 +122,7 @@ def plan(config: SimConfig) -> _Plan:
         )
         program.insert(send_fwd, program.pop(recv_bwd))
         partner = culprit + layout.tp
-        expected = {"kind": FindingKind.P2P_DEADLOCK.value, "ranks": sorted([culprit, partner])}
+        expected = {"kind": expected_kind(fault), "ranks": sorted([culprit, partner])}
     elif fault in (Fault.OP_MISMATCH, Fault.SIZE_MISMATCH, Fault.DTYPE_MISMATCH):
         kinds = [op.kind for op in program]
         at = kinds.index(GroupKind.DP) if layout.dp >= 3 else len(program) - 1
@@ -123,18 +135,13 @@ def plan(config: SimConfig) -> _Plan:
             Fault.SIZE_MISMATCH: "shape",
             Fault.DTYPE_MISMATCH: "dtype",
         }[fault]
-        expected = {"kind": FindingKind.MISMATCH.value, "ranks": [culprit], "field": field_name}
+        expected = {"kind": expected_kind(fault), "ranks": [culprit], "field": field_name}
     elif fault in (Fault.STALL, Fault.CRASH):
         stop_at[culprit] = at
         group_kind = program[at].kind
-        expected = {
-            "kind": (
-                FindingKind.NOT_ARRIVED if fault is Fault.STALL else FindingKind.MISSING_DUMP
-            ).value,
-            "ranks": [culprit],
-        }
+        expected = {"kind": expected_kind(fault), "ranks": [culprit]}
     elif fault is Fault.STRAGGLER:
-        expected = {"kind": FindingKind.STRAGGLER.value, "ranks": [culprit]}
+        expected = {"kind": expected_kind(fault), "ranks": [culprit]}
     else:
         expected = {}
 

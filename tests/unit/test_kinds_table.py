@@ -1,18 +1,27 @@
-"""The kinds table: every finding kind has a row, a candidate module that makes it and a
-scenario test, so that adding a kind without one of them fails here."""
+"""The kinds table: every finding kind has a row, the one candidate module that makes it and
+a scenario test, and the simulator's faults say which kind they end in, so that adding a kind
+without one of them fails here."""
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
 import re
+from collections import defaultdict
 from pathlib import Path
 
+import pytest
+
 import flightrec.analysis.findings as findings_pkg
-from flightrec.analysis.kinds import KINDS, kinds_where
+from flightrec.analysis.kinds import KINDS, kind_of_fault, kinds_where
 from flightrec.analysis.model import FindingKind
+from flightrec.simulate.faults import Fault
+from flightrec.simulate.job import expected_kind
 
 TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
+FINDINGS = Path(findings_pkg.__path__[0])
 
 
 def _candidate_modules() -> dict[str, tuple[FindingKind, ...]]:
@@ -31,14 +40,136 @@ def test_every_kind_has_a_row() -> None:
 def test_every_kind_is_made_by_a_candidate_module_that_says_so() -> None:
     modules = _candidate_modules()
     for kind, spec in KINDS.items():
-        assert spec.made_by, f"{kind}: no candidate module"
-        for name in spec.made_by:
-            assert name in modules, f"{kind}: no module findings/{name}.py"
-            assert kind in modules[name], f"findings/{name}.py does not list {kind} in KINDS"
+        assert spec.made_by in modules, f"{kind}: no module findings/{spec.made_by}.py"
+        assert kind in modules[spec.made_by], (
+            f"findings/{spec.made_by}.py does not list {kind} in KINDS"
+        )
     for name, kinds in modules.items():
         assert kinds, f"findings/{name}.py makes no kind (its KINDS is missing or empty)"
         for kind in kinds:
-            assert name in KINDS[kind].made_by, f"{kind}'s row does not name findings/{name}.py"
+            assert KINDS[kind].made_by == name, f"{kind}'s row does not name findings/{name}.py"
+
+
+def _kinds_in(node: ast.expr, scope: ast.AST) -> set[str] | None:
+    """The ``FindingKind`` members ``node`` can be: a member, a choice between members, or a
+    local variable assigned members in ``scope``; None for anything else."""
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "FindingKind"
+    ):
+        return {node.attr}
+    if isinstance(node, ast.IfExp):
+        a, b = _kinds_in(node.body, scope), _kinds_in(node.orelse, scope)
+        return None if a is None or b is None else a | b
+    if isinstance(node, ast.Name):
+        out: set[str] = set()
+        for a in ast.walk(scope):
+            if isinstance(a, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == node.id for t in a.targets
+            ):
+                got = _kinds_in(a.value, scope)
+                if got is None:
+                    return None
+                out |= got
+        return out or None
+    return None
+
+
+def _built_kinds(path: Path) -> tuple[dict[str, list[int]], list[str]]:
+    """Per kind, the lines of ``path`` that build a ``Finding`` of it; and what the scan
+    cannot tell (a kind it cannot resolve, a kind changed by ``replace``)."""
+    tree = ast.parse(path.read_text(), str(path))
+    built: dict[str, list[int]] = defaultdict(list)
+    unclear: list[str] = []
+    scopes: list[ast.AST] = [tree]
+
+    def visit(node: ast.AST) -> None:
+        is_scope = isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+        if is_scope:
+            scopes.append(node)
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = (
+                f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            )
+            kind_arg = next((k.value for k in node.keywords if k.arg == "kind"), None)
+            if name == "Finding":
+                arg = kind_arg if kind_arg is not None else (node.args[0] if node.args else None)
+                kinds = _kinds_in(arg, scopes[-1]) if arg is not None else None
+                if kinds is None:
+                    unclear.append(
+                        f"{path}:{node.lineno}: a Finding whose kind the scan cannot read"
+                    )
+                for k in kinds or ():
+                    built[k].append(node.lineno)
+            elif name == "replace" and kind_arg is not None:
+                unclear.append(f"{path}:{node.lineno}: replace() changes a finding's kind")
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+        if is_scope:
+            scopes.pop()
+
+    visit(tree)
+    return built, unclear
+
+
+def _sources() -> list[Path]:
+    return sorted(
+        p
+        for top in ("flightrec", "cli")
+        for p in (ROOT / top).rglob("*.py")
+        if "_pb2" not in p.name
+    )
+
+
+def test_only_the_module_its_row_names_builds_a_kind() -> None:
+    # A kind's findings are built in one place: another module that finds facts about it
+    # hands them to that one (crashes' exits and stuck's late arrivals, for instance).
+    modules = _candidate_modules()
+    problems: list[str] = []
+    by_module: dict[str, set[str]] = defaultdict(set)
+    for path in _sources():
+        built, unclear = _built_kinds(path)
+        problems += unclear
+        for kind, lines in built.items():
+            owner = KINDS[FindingKind[kind]].made_by
+            if path.parent != FINDINGS or path.stem != owner:
+                problems += [
+                    f"{path}:{n}: builds {kind}, which findings/{owner}.py makes" for n in lines
+                ]
+            else:
+                by_module[owner].add(kind)
+    assert not problems, "\n".join(problems)
+    for name, kinds in modules.items():
+        assert by_module[name] == {k.name for k in kinds}, (
+            f"findings/{name}.py: KINDS is not what it builds"
+        )
+
+
+def test_the_scan_sees_a_kind_built_elsewhere(tmp_path: Path) -> None:
+    stray = tmp_path / "stray.py"
+    stray.write_text(
+        "def f(x):\n"
+        "    kind = FindingKind.STUCK if x else FindingKind.DEAD_RANK\n"
+        "    a = Finding(kind=kind, ranks=(), summary='')\n"
+        "    b = model.Finding(FindingKind.DESYNC, (), '')\n"
+        "    return replace(a, kind=FindingKind.MISMATCH), Finding(kind=pick(x), ranks=(), summary='')\n"
+    )
+    built, unclear = _built_kinds(stray)
+    assert {k: len(v) for k, v in built.items()} == {"STUCK": 1, "DEAD_RANK": 1, "DESYNC": 1}
+    assert len(unclear) == 2
+
+
+def test_every_simulated_fault_names_the_kind_it_ends_in() -> None:
+    named = [f for spec in KINDS.values() for f in spec.simulated_by]
+    assert len(named) == len(set(named)), "a fault is named by two rows"
+    assert set(named) == {f.value for f in Fault} - {Fault.NONE.value}
+    assert kind_of_fault(Fault.NONE.value) is None
+    assert expected_kind(Fault.STALL) == FindingKind.NOT_ARRIVED.value
+    assert expected_kind(Fault.CRASH) == FindingKind.MISSING_DUMP.value
+    with pytest.raises(ValueError, match="none"):
+        expected_kind(Fault.NONE)
 
 
 def test_every_kind_has_a_scenario_test() -> None:

@@ -1,4 +1,5 @@
-"""Ranks that died of an exception: the exception, where it was raised, and what it explains.
+"""Ranks that died: of an exception (the exception, where it was raised, and what it
+explains), or whose process ended without one while others waited for them.
 
 A dump (or black box) carries every exception that ended one of its process's threads. An
 exception that ended the main thread is what the rank died of. Read from the rank's chosen
@@ -19,12 +20,14 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from flightrec.analysis.findings.not_arrived import chain_end, whereabouts
 from flightrec.analysis.kinds import kinds_where
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
+    Consequence,
     Evidence,
     ExceptionEvidence,
     Finding,
@@ -35,6 +38,7 @@ from flightrec.analysis.model import (
 )
 from flightrec.analysis.waitgraph.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.readers.blackbox import died as blackbox_died
 from flightrec.readers.blackbox import ended as blackbox_ended
 from flightrec.text import ranks_phrase
 
@@ -222,6 +226,68 @@ def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
             )
         )
     return findings
+
+
+def exited_finding(
+    m: Matched,
+    ranks: Sequence[int],
+    primary: Consequence | None,
+    consequences: Sequence[Consequence],
+) -> Finding:
+    """The ``dead_rank`` finding for culprit ``ranks`` whose process ended (an exit dump, or
+    a black box that says so) and that share one primary wait (or none: ``find_quiet_deaths``).
+
+    Args:
+        m: the lined-up histories.
+        ranks: the culprits (global ranks).
+        primary: the operation their peers wait in most directly; None when nobody waits.
+        consequences: every wait that leads to them.
+
+    Returns:
+        The finding.
+    """
+    end = chain_end(ranks, primary, consequences)
+    w = whereabouts(m, end)
+    summary = (
+        f"{w.named} exited without entering {end.what or 'the operation its peers wait in'}; "
+        + "; ".join(w.phrases)
+    )
+    if len(end.ranks) == 1 and blackbox_ended(m.dump(end.ranks[0]).header):
+        # "Rank 1 (host, pid) died after completing all_reduce #4; its last call was at
+        # train.py:30; it never entered all_reduce #5 ..."
+        summary = f"{w.named} {w.phrases[0].removeprefix('it ')}" + (
+            f"; it never entered {end.what}" if end.what else ""
+        )
+    return Finding(
+        kind=FindingKind.DEAD_RANK,
+        ranks=end.ranks,
+        summary=summary,
+        process_group=end.process_group,
+        pg_ranks=end.pg_ranks,
+        seq=end.seq,
+        op=end.op,
+        consequences=end.consequences,
+        evidence=end.evidence(w.culprits),
+    )
+
+
+def find_quiet_deaths(m: Matched, blamed: Set[int]) -> list[Finding]:
+    """Ranks whose black box says they died, though nobody was left waiting on them.
+
+    A death is news even then; ranks an earlier finding already blames are not repeated.
+
+    Args:
+        m: the lined-up histories.
+        blamed: ranks the findings of higher priority blame (``pipeline.blamed_by``).
+
+    Returns:
+        One ``dead_rank`` finding per such rank, in rank order.
+    """
+    return [
+        exited_finding(m, [rank], None, ())
+        for rank, d in sorted(m.run.dumps.items())
+        if rank not in blamed and blackbox_died(d.header)
+    ]
 
 
 def place_crashes(m: Matched, findings: list[Finding]) -> list[Finding]:

@@ -1,18 +1,21 @@
-"""Findings about ranks at the end of a wait chain: they never arrived, exited, or left no dump.
+"""Findings about ranks at the end of a wait chain that never arrived or left no dump.
 
 For a rank with a dump, the evidence is what it was doing instead: its last completed
 operation and its threads' stacks at dump time, reduced to the line of user code. For a rank
-without one, the evidence is what its peers were waiting for from it.
+without one, the evidence is what its peers were waiting for from it. A rank that entered a
+collective far too late, after every other member, did not arrive either. What these findings
+share with ``dead_rank`` (a culprit whose process ended, ``crashes``) is ``chain_end`` and
+``whereabouts``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
-    CollectiveRecord,
     Consequence,
     Evidence,
     Finding,
@@ -22,6 +25,13 @@ from flightrec.analysis.model import (
     user_frame,
 )
 from flightrec.analysis.waitgraph.routine import Departure
+from flightrec.analysis.waitgraph.transfers import (
+    COUNTERPART,
+    stuck_pair,
+    stuck_transfer,
+    transfer_pair_phrase,
+    transfer_phrase,
+)
 from flightrec.analysis.waitgraph.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
@@ -29,7 +39,7 @@ from flightrec.format.schema import RECORDER_SOURCE, SUMMARY_SOURCE
 from flightrec.readers.blackbox import died, ended
 from flightrec.text import compress, ranks_phrase
 
-KINDS = (FindingKind.NOT_ARRIVED, FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP)
+KINDS = (FindingKind.NOT_ARRIVED, FindingKind.MISSING_DUMP)
 """The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 
@@ -93,94 +103,6 @@ class LateArrivalEvidence(Evidence):
     """How long after the others the late ranks entered."""
     waiting_ranks: tuple[int, ...]
     """The members that were on time."""
-
-
-# The operation a P2P peer owes to a rank blocked in the key.
-_COUNTERPART = {"send": "recv", "recv": "send", "isend": "irecv", "irecv": "isend"}
-
-
-_PENDING = (pb.ENQUEUED, pb.STARTED)
-_LOOK_BACK = 64
-"""Entries of the peer's ring searched for the other end of a transfer."""
-
-
-@dataclass(frozen=True, slots=True)
-class Transfer:
-    """A blocking send or receive a rank sits in, and the other end where the peer entered it."""
-
-    mine: CollectiveRecord
-    theirs: CollectiveRecord | None
-
-
-def stuck_transfer(m: Matched, rank: int) -> Transfer | None:
-    """The blocking ``send``/``recv`` that is ``rank``'s newest entry and has not completed.
-
-    Such a rank is in no wait the graph can explain when its peer entered the other end too
-    (both ends present, neither done: tags that differ, or a transport that failed); its own
-    call is still where it is. Asynchronous ``isend``/``irecv`` are left out: a rank that
-    posted one goes on with its work, and where it is is its stack.
-    """
-    d = m.run.dumps.get(rank)
-    if d is None or not len(d) or not d.tracks_completion:
-        return None
-    mine = d.record(len(d) - 1)
-    if not mine.is_p2p or mine.flags & pb.ASYNC_OP or mine.state not in _PENDING:
-        return None
-    pd = m.run.dumps.get(mine.peer)
-    theirs = None
-    want = _COUNTERPART.get(mine.op)
-    if pd is not None and want is not None:
-        for i in range(len(pd) - 1, max(-1, len(pd) - 1 - _LOOK_BACK), -1):
-            rec = pd.record(i)
-            if (rec.is_p2p and rec.op.lstrip("i") == want and rec.peer == rank
-                    and rec.group == mine.group and rec.p2p_seq == mine.p2p_seq):  # fmt: skip
-                theirs = rec
-                break
-    return Transfer(mine, theirs)
-
-
-def transfer_phrase(t: Transfer) -> str:
-    """``waits in send #1 to rank 1 at train.py:21, whose recv ... entered too: ...``."""
-    mine = t.mine
-    word = "to" if "send" in mine.op else "from"
-    frame = user_frame(mine.stack)
-    at = f" at {frame.where()}" if frame else ""
-    phrase = f"waits in {mine.op} #{mine.p2p_seq} {word} rank {mine.peer}{at}"
-    theirs = t.theirs
-    if theirs is not None and theirs.state in _PENDING:
-        f2 = user_frame(theirs.stack)
-        at2 = f" at {f2.where()}" if f2 else ""
-        phrase += (
-            f", and rank {mine.peer} waits in the other end ({theirs.op} #{theirs.p2p_seq}"
-            f"{at2}): both entered the transfer and neither completed (a tag that differs, "
-            "or a transport that failed)"
-        )
-    return phrase
-
-
-def stuck_pair(rank: int, transfers: Mapping[int, Transfer | None]) -> int | None:
-    """The other culprit sitting in the other end of ``rank``'s stuck transfer, if any
-    (``transfers``: ``stuck_transfer`` of every culprit)."""
-    t = transfers.get(rank)
-    if t is None or t.theirs is None or t.theirs.state not in _PENDING:
-        return None
-    other = transfers.get(t.mine.peer)
-    return t.mine.peer if other is not None and other.mine.peer == rank else None
-
-
-def transfer_pair_phrase(a: Transfer, b: Transfer) -> str:
-    """Two culprits stuck in the two ends of one transfer, said once."""
-
-    def end(t: Transfer) -> str:
-        frame = user_frame(t.mine.stack)
-        word = "to" if "send" in t.mine.op else "from"
-        at = f" at {frame.where()}" if frame else ""
-        return f"rank {t.mine.rank} in {t.mine.op} #{t.mine.p2p_seq} {word} rank {t.mine.peer}{at}"
-
-    return (
-        f"they wait in the two ends of one transfer, {end(a)} and {end(b)}: both entered it and "
-        "neither completed (a tag that differs, or a transport that failed)"
-    )
 
 
 def culprit_state(m: Matched, rank: int) -> Status:
@@ -250,24 +172,56 @@ def doing(m: Matched, rank: int) -> tuple[str, CulpritEvidence]:
     return phrase, evidence
 
 
-def rank_finding(
-    m: Matched,
-    ranks: Sequence[int],
-    state: Status,
-    primary: Consequence | None,
-    consequences: Sequence[Consequence],
-) -> Finding:
-    """The finding for culprit ``ranks`` that share one state and one primary wait.
+class ChainEnd(NamedTuple):
+    """Culprits at the end of a wait chain and the waits that lead to them: what a finding
+    about them says besides its verdict, whatever its kind (``not_arrived`` and
+    ``missing_dump`` here, ``dead_rank`` in ``crashes``)."""
+
+    ranks: tuple[int, ...]
+    who: str
+    """``Rank 2``, ``Ranks 2 and 3``: how the verdict starts."""
+    what: str
+    """The operation they owe, in words; empty when nobody waits."""
+    primary: Consequence | None
+    """The operation their peers wait in most directly; None when nobody waits."""
+    consequences: tuple[Consequence, ...]
+    """Every wait that leads to them, the most direct first."""
+    waiting: tuple[int, ...]
+    waited_s: float | None
+
+    @property
+    def process_group(self) -> str | None:
+        return self.primary.process_group if self.primary else None
+
+    @property
+    def pg_ranks(self) -> tuple[int, ...]:
+        return self.primary.pg_ranks if self.primary else ()
+
+    @property
+    def seq(self) -> int | None:
+        return self.primary.seq if self.primary else None
+
+    @property
+    def op(self) -> str | None:
+        return self.primary.op if self.primary else None
+
+    def evidence(self, culprits: Mapping[int, CulpritEvidence] | None) -> RankEvidence:
+        """The finding's evidence, with ``culprits`` (None where they left no dump)."""
+        return RankEvidence(self.waiting, self.waited_s, culprits)
+
+
+def chain_end(
+    ranks: Sequence[int], primary: Consequence | None, consequences: Sequence[Consequence]
+) -> ChainEnd:
+    """What culprit ``ranks`` that share one primary wait owe, and to whom.
 
     Args:
-        m: the lined-up histories.
         ranks: the culprits (global ranks).
-        state: why they are at the end of the chain.
         primary: the operation their peers wait in most directly; None when nobody waits.
         consequences: every wait that leads to them.
 
     Returns:
-        A ``not_arrived``, ``dead_rank`` or ``missing_dump`` finding.
+        The facts a finding about them is made of.
     """
     ranks = tuple(sorted(ranks))
     # The most direct wait first, then the longest-standing ones.
@@ -278,10 +232,10 @@ def rank_finding(
     who = who[0].upper() + who[1:]
     waiting = sorted({r for c in consequences for r in c.waiting})
     what = ""
-    if primary is not None and primary.op in _COUNTERPART and primary.waiting:
+    if primary is not None and primary.op in COUNTERPART and primary.waiting:
         # A P2P wait: the culprit owes the other side of it, not the same operation.
         what = (
-            f"the {_COUNTERPART[primary.op]} matching {ranks_phrase(primary.waiting)}'s "
+            f"the {COUNTERPART[primary.op]} matching {ranks_phrase(primary.waiting)}'s "
             f"{primary.op} #{primary.seq} on group {primary.process_group}"
         )
     elif primary is not None:
@@ -290,109 +244,149 @@ def rank_finding(
             f"[ranks {compress(primary.pg_ranks)}]"
         )
     waited_s = round(max(c.waited_s for c in consequences), 3) if primary is not None else None
-    culprits: dict[int, CulpritEvidence] | None = None
-    if state is Status.NO_DUMP:
-        kind = FindingKind.MISSING_DUMP
-        if primary is not None and set(ranks) <= m.run.exited:
-            # No dump, but the rank said it ended: its loop or its data ran out before the
-            # others' (uneven shards), or it took a branch that ends the program.
-            summary = (
-                f"{who} exited cleanly without entering {what}; "
-                f"{ranks_phrase(primary.waiting)} {'waits' if len(primary.waiting) == 1 else 'wait'}"
-                f" for {'it' if len(ranks) == 1 else 'them'} ({'it' if len(ranks) == 1 else 'they'}"
-                " said so through the job's store as the process ended; a clean exit leaves no "
-                "dump unless FLIGHTREC_DUMP_ON_EXIT=1)"
-            )
-        elif primary is not None:
-            sources = {d.header.source for d in m.run.dumps.values()}
-            if sources <= {RECORDER_SOURCE, BLACKBOX_SOURCE}:
-                why = (
-                    "no dump and no black box: it most likely exited cleanly, which keeps "
-                    "neither unless FLIGHTREC_DUMP_ON_EXIT=1; a process killed hard keeps its "
-                    "black box, unless FLIGHTREC_BLACKBOX=0 or its files are not in this folder"
-                )
-            elif SUMMARY_SOURCE in sources:
-                why = (
-                    "no summary through the store: its process was killed hard (SIGKILL, the "
-                    "OOM killer, an abort), or it is stuck where flightrec's threads cannot "
-                    "run, such as C code holding the GIL; its files on its host may say which"
-                )
-            else:
-                why = (
-                    "a process killed hard, by a crash, the OOM killer or an abort, leaves no dump"
-                )
-            summary = (
-                f"{who} left no dump; {ranks_phrase(primary.waiting)} "
-                f"{'waits' if len(primary.waiting) == 1 else 'wait'} for "
-                f"{'it' if len(ranks) == 1 else 'them'} in {what} ({why})"
-            )
+    return ChainEnd(ranks, who, what, primary, tuple(consequences), tuple(waiting), waited_s)
+
+
+class Whereabouts(NamedTuple):
+    """Where culprits with a dump were at dump time (``whereabouts``)."""
+
+    named: str
+    """``Rank 2 (host, pid ...)``: the culprits, and where there is one, its identity."""
+    phrases: list[str]
+    """Per culprit (or pair of culprits in the two ends of one transfer), where it was."""
+    culprits: dict[int, CulpritEvidence]
+
+
+def whereabouts(m: Matched, end: ChainEnd) -> Whereabouts:
+    """Where each culprit of ``end`` was, in words and as evidence (each has a dump)."""
+    ranks = end.ranks
+    phrases: list[str] = []
+    culprits: dict[int, CulpritEvidence] = {}
+    transfers = {r: stuck_transfer(m, r) for r in ranks} if len(ranks) > 1 else {}
+    told: set[int] = set()  # ranks already named as the other end of a transfer
+    for r in ranks:
+        phrase, ev = doing(m, r)
+        culprits[r] = ev
+        if r in told:
+            continue
+        pair = stuck_pair(r, transfers)
+        if pair is not None:
+            told.add(pair)
+            a, b = transfers[r], transfers[pair]
+            assert a is not None and b is not None
+            phrases.append(transfer_pair_phrase(a, b))
+        elif len(ranks) == 1:
+            phrases.append(phrase)
         else:
-            summary = (
-                f"{who} left no dump; no peer was waiting on {'it' if len(ranks) == 1 else 'them'}"
-            )
-    else:
-        phrases: list[str] = []
-        culprits = {}
-        transfers = {r: stuck_transfer(m, r) for r in ranks} if len(ranks) > 1 else {}
-        told: set[int] = set()  # ranks already named as the other end of a transfer
-        for r in ranks:
-            phrase, ev = doing(m, r)
-            culprits[r] = ev
-            if r in told:
-                continue
-            pair = stuck_pair(r, transfers)
-            if pair is not None:
-                told.add(pair)
-                a, b = transfers[r], transfers[pair]
-                assert a is not None and b is not None
-                phrases.append(transfer_pair_phrase(a, b))
-            elif len(ranks) == 1:
-                phrases.append(phrase)
-            else:
-                phrases.append(f"rank {r}: {phrase.removeprefix('it ')}")
-        d = m.dump(ranks[0])
-        ident = f" ({d.describe()})" if len(ranks) == 1 else ""
-        kind = FindingKind.DEAD_RANK if state is Status.EXITED else FindingKind.NOT_ARRIVED
-        verb = "exited without entering" if state is Status.EXITED else "never entered"
-        summary = f"{who}{ident} {verb} {what or 'the operation its peers wait in'}; " + "; ".join(
-            phrases
-        )
-        if len(ranks) == 1 and ended(d.header):
-            # "Rank 1 (host, pid) died after completing all_reduce #4; its last call was at
-            # train.py:30; it never entered all_reduce #5 ..."
-            summary = f"{who}{ident} {phrases[0].removeprefix('it ')}" + (
-                f"; it never entered {what}" if what else ""
-            )
-    return Finding(
-        kind=kind,
-        ranks=ranks,
-        summary=summary,
-        process_group=primary.process_group if primary else None,
-        pg_ranks=primary.pg_ranks if primary else (),
-        seq=primary.seq if primary else None,
-        op=primary.op if primary else None,
-        consequences=tuple(consequences),
-        evidence=RankEvidence(tuple(waiting), waited_s, culprits),
-    )
+            phrases.append(f"rank {r}: {phrase.removeprefix('it ')}")
+    ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
+    return Whereabouts(end.who + ident, phrases, culprits)
 
 
-def find_quiet_deaths(m: Matched, blamed: Set[int]) -> list[Finding]:
-    """Ranks whose black box says they died, though nobody was left waiting on them.
-
-    A death is news even then; ranks an earlier finding already blames are not repeated.
+def not_arrived_finding(
+    m: Matched,
+    ranks: Sequence[int],
+    primary: Consequence | None,
+    consequences: Sequence[Consequence],
+) -> Finding:
+    """The ``not_arrived`` finding for culprit ``ranks``, alive and elsewhere, that share one
+    primary wait (the arbitration's end of a chain whose ``culprit_state`` is ``OUTSIDE``).
 
     Args:
         m: the lined-up histories.
-        blamed: ranks the findings of higher priority blame (``pipeline.blamed_by``).
+        ranks: the culprits (global ranks).
+        primary: the operation their peers wait in most directly; None when nobody waits.
+        consequences: every wait that leads to them.
 
     Returns:
-        One ``dead_rank`` finding per such rank, in rank order.
+        The finding.
     """
-    return [
-        rank_finding(m, [rank], Status.EXITED, None, ())
-        for rank, d in sorted(m.run.dumps.items())
-        if rank not in blamed and died(d.header)
-    ]
+    end = chain_end(ranks, primary, consequences)
+    w = whereabouts(m, end)
+    summary = (
+        f"{w.named} never entered {end.what or 'the operation its peers wait in'}; "
+        + "; ".join(w.phrases)
+    )
+    return Finding(
+        kind=FindingKind.NOT_ARRIVED,
+        ranks=end.ranks,
+        summary=summary,
+        process_group=end.process_group,
+        pg_ranks=end.pg_ranks,
+        seq=end.seq,
+        op=end.op,
+        consequences=end.consequences,
+        evidence=end.evidence(w.culprits),
+    )
+
+
+def missing_dump_finding(
+    m: Matched,
+    ranks: Sequence[int],
+    primary: Consequence | None,
+    consequences: Sequence[Consequence],
+) -> Finding:
+    """The ``missing_dump`` finding for culprit ``ranks`` without a dump that share one
+    primary wait (or none: ``find_quiet_missing``).
+
+    Args:
+        m: the lined-up histories.
+        ranks: the culprits (global ranks).
+        primary: the operation their peers wait in most directly; None when nobody waits.
+        consequences: every wait that leads to them.
+
+    Returns:
+        The finding.
+    """
+    end = chain_end(ranks, primary, consequences)
+    who, what = end.who, end.what
+    ranks = end.ranks
+    if primary is not None and set(ranks) <= m.run.exited:
+        # No dump, but the rank said it ended: its loop or its data ran out before the
+        # others' (uneven shards), or it took a branch that ends the program.
+        summary = (
+            f"{who} exited cleanly without entering {what}; "
+            f"{ranks_phrase(primary.waiting)} {'waits' if len(primary.waiting) == 1 else 'wait'}"
+            f" for {'it' if len(ranks) == 1 else 'them'} ({'it' if len(ranks) == 1 else 'they'}"
+            " said so through the job's store as the process ended; a clean exit leaves no "
+            "dump unless FLIGHTREC_DUMP_ON_EXIT=1)"
+        )
+    elif primary is not None:
+        sources = {d.header.source for d in m.run.dumps.values()}
+        if sources <= {RECORDER_SOURCE, BLACKBOX_SOURCE}:
+            why = (
+                "no dump and no black box: it most likely exited cleanly, which keeps "
+                "neither unless FLIGHTREC_DUMP_ON_EXIT=1; a process killed hard keeps its "
+                "black box, unless FLIGHTREC_BLACKBOX=0 or its files are not in this folder"
+            )
+        elif SUMMARY_SOURCE in sources:
+            why = (
+                "no summary through the store: its process was killed hard (SIGKILL, the "
+                "OOM killer, an abort), or it is stuck where flightrec's threads cannot "
+                "run, such as C code holding the GIL; its files on its host may say which"
+            )
+        else:
+            why = "a process killed hard, by a crash, the OOM killer or an abort, leaves no dump"
+        summary = (
+            f"{who} left no dump; {ranks_phrase(primary.waiting)} "
+            f"{'waits' if len(primary.waiting) == 1 else 'wait'} for "
+            f"{'it' if len(ranks) == 1 else 'them'} in {what} ({why})"
+        )
+    else:
+        summary = (
+            f"{who} left no dump; no peer was waiting on {'it' if len(ranks) == 1 else 'them'}"
+        )
+    return Finding(
+        kind=FindingKind.MISSING_DUMP,
+        ranks=ranks,
+        summary=summary,
+        process_group=end.process_group,
+        pg_ranks=end.pg_ranks,
+        seq=end.seq,
+        op=end.op,
+        consequences=end.consequences,
+        evidence=end.evidence(None),
+    )
 
 
 def find_quiet_missing(m: Matched, blamed: Set[int]) -> list[Finding]:
@@ -406,4 +400,84 @@ def find_quiet_missing(m: Matched, blamed: Set[int]) -> list[Finding]:
         One ``missing_dump`` finding for all of them, or none.
     """
     quiet = [r for r in m.run.missing_ranks if r not in blamed]
-    return [rank_finding(m, quiet, Status.NO_DUMP, None, ())] if quiet else []
+    return [missing_dump_finding(m, quiet, None, ())] if quiet else []
+
+
+def _late_arrivals(m: Matched, group: str, seq: int) -> tuple[list[int], float] | None:
+    """Ranks that entered collective ``seq`` long after the others, and by how much.
+
+    Arrival times are compared on the wall clock (each rank's monotonic time shifted by its
+    dump's wall/monotonic anchor). Only a gap far above clock skew and ordinary jitter counts:
+    one second, or half the watchdog timeout when that is longer.
+    """
+    arrivals: list[tuple[int, int]] = []
+    timeouts: list[float] = []
+    for rank in m.groups[group].ranks:
+        d = m.run.dumps.get(rank)
+        gi = m.index.get(rank, {}).get(group)
+        pos = gi.position_of(seq) if gi else None
+        if d is None or pos is None:
+            return None
+        enq = d.dump.entries.enqueue_ns[pos]
+        if not enq or not d.header.wall_time_ns:
+            return None
+        arrivals.append((d.wall_ns(enq), rank))
+        if d.header.timeout_s > 0:
+            timeouts.append(d.header.timeout_s)
+    arrivals.sort()
+    threshold_ns = int(max(1.0, 0.5 * min(timeouts, default=0.0)) * 1e9)
+    gaps = [(arrivals[i + 1][0] - arrivals[i][0], i) for i in range(len(arrivals) - 1)]
+    if not gaps:
+        return None
+    gap, at = max(gaps)
+    if gap < threshold_ns:
+        return None
+    return sorted(r for _, r in arrivals[at + 1 :]), gap / 1e9
+
+
+def late_arrival_finding(
+    m: Matched,
+    group: str,
+    seq: int,
+    op: str,
+    members: tuple[int, ...],
+    consequences: Sequence[Consequence],
+) -> Finding | None:
+    """The ``not_arrived`` finding for members of a collective every member entered and none
+    completed, where some entered long after the others (``stuck.stuck_finding`` asks).
+
+    Args:
+        m: the lined-up histories.
+        group: the collective's group key.
+        seq: its sequence number.
+        op: its operation.
+        members: the group's global ranks.
+        consequences: the waits that lead to it.
+
+    Returns:
+        The finding; None when nobody entered that late.
+    """
+    late = _late_arrivals(m, group, seq)
+    if late is None:
+        return None
+    # Everyone is in the collective now, but some arrived long after the others: in a
+    # later dump (after timeouts fired) that is what a rank that did not arrive looks like.
+    ranks, gap = late
+    others = [r for r in members if r not in ranks]
+    who = ranks_phrase(ranks)
+    ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
+    return Finding(
+        kind=FindingKind.NOT_ARRIVED,
+        ranks=tuple(ranks),
+        summary=(
+            f"{who[0].upper()}{who[1:]}{ident} entered {op} #{seq} on group {group} "
+            f"[ranks {compress(members)}] {gap:.1f} s after {ranks_phrase(others)}, too late: "
+            "none completed it"
+        ),
+        process_group=group,
+        pg_ranks=members,
+        seq=seq,
+        op=op,
+        consequences=tuple(consequences),
+        evidence=LateArrivalEvidence(round(gap, 3), tuple(others)),
+    )

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from flightrec.analysis.findings.not_arrived import LateArrivalEvidence
+from flightrec.analysis.findings.not_arrived import late_arrival_finding
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
 from flightrec.analysis.waitgraph.graph import DiGraph
@@ -17,40 +17,8 @@ from flightrec.analysis.waitgraph.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
 
-KINDS = (FindingKind.STUCK, FindingKind.NOT_ARRIVED)
+KINDS = (FindingKind.STUCK,)
 """The kinds this module makes (``kinds.KINDS`` names it for each)."""
-
-
-def _late_arrivals(m: Matched, group: str, seq: int) -> tuple[list[int], float] | None:
-    """Ranks that entered collective ``seq`` long after the others, and by how much.
-
-    Arrival times are compared on the wall clock (each rank's monotonic time shifted by its
-    dump's wall/monotonic anchor). Only a gap far above clock skew and ordinary jitter counts:
-    one second, or half the watchdog timeout when that is longer.
-    """
-    arrivals: list[tuple[int, int]] = []
-    timeouts: list[float] = []
-    for rank in m.groups[group].ranks:
-        d = m.run.dumps.get(rank)
-        gi = m.index.get(rank, {}).get(group)
-        pos = gi.position_of(seq) if gi else None
-        if d is None or pos is None:
-            return None
-        enq = d.dump.entries.enqueue_ns[pos]
-        if not enq or not d.header.wall_time_ns:
-            return None
-        arrivals.append((d.wall_ns(enq), rank))
-        if d.header.timeout_s > 0:
-            timeouts.append(d.header.timeout_s)
-    arrivals.sort()
-    threshold_ns = int(max(1.0, 0.5 * min(timeouts, default=0.0)) * 1e9)
-    gaps = [(arrivals[i + 1][0] - arrivals[i][0], i) for i in range(len(arrivals) - 1)]
-    if not gaps:
-        return None
-    gap, at = max(gaps)
-    if gap < threshold_ns:
-        return None
-    return sorted(r for _, r in arrivals[at + 1 :]), gap / 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,29 +108,9 @@ def stuck_finding(
             consequences=tuple(consequences),
             evidence=FailedAloneEvidence(tuple(failed), staying, errors),
         )
-    late = _late_arrivals(m, group, seq)
+    late = late_arrival_finding(m, group, seq, op, members, consequences)
     if late is not None:
-        # Everyone is in the collective now, but some arrived long after the others: in a
-        # later dump (after timeouts fired) that is what a rank that did not arrive looks like.
-        ranks, gap = late
-        others = [r for r in members if r not in ranks]
-        who = ranks_phrase(ranks)
-        ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
-        return Finding(
-            kind=FindingKind.NOT_ARRIVED,
-            ranks=tuple(ranks),
-            summary=(
-                f"{who[0].upper()}{who[1:]}{ident} entered {op} #{seq} on group {group} "
-                f"[ranks {compress(members)}] {gap:.1f} s after {ranks_phrase(others)}, too late: "
-                "none completed it"
-            ),
-            process_group=group,
-            pg_ranks=members,
-            seq=seq,
-            op=op,
-            consequences=tuple(consequences),
-            evidence=LateArrivalEvidence(round(gap, 3), tuple(others)),
-        )
+        return late
     return Finding(
         kind=FindingKind.STUCK,
         ranks=members,

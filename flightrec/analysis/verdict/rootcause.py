@@ -15,11 +15,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
+from flightrec.analysis.findings.crashes import exited_finding
 from flightrec.analysis.findings.mismatch import exchange_mismatch, relation_mismatch
 from flightrec.analysis.findings.not_arrived import (
     RankEvidence,
     culprit_state,
-    rank_finding,
+    missing_dump_finding,
+    not_arrived_finding,
 )
 from flightrec.analysis.findings.p2p import CycleEvidence, cycle_finding
 from flightrec.analysis.findings.stuck import stuck_finding
@@ -53,6 +55,15 @@ class Tie(enum.IntEnum):
     """A rank without a dump: known only from its peers, so less certain."""
     STUCK = 4
     """Every member entered and none completed, with no disagreement seen."""
+
+
+_CULPRIT_FINDING = {
+    Status.OUTSIDE: not_arrived_finding,
+    Status.EXITED: exited_finding,
+    Status.NO_DUMP: missing_dump_finding,
+}
+"""Per ``culprit_state``, what culprits at the end of a wait chain are found to be: alive
+elsewhere (``not_arrived``), ended (``dead_rank``), or without a dump (``missing_dump``)."""
 
 
 class RootCauses(NamedTuple):
@@ -192,7 +203,7 @@ def root_causes(m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]
         consequences = [_consequence(graph, n, longest) for n in ops]
         waiting = {n for n in nodes if n[0] == "rank"}
         prim = _consequence(graph, primary, longest) if primary is not None else None
-        finding = rank_finding(m, ranks, state, prim, consequences)
+        finding = _CULPRIT_FINDING[state](m, ranks, prim, consequences)
         order = Tie.NO_DUMP if state is Status.NO_DUMP else Tie.RANK
         scored.append((len(waiting) + len(ranks), order, finding))
 
@@ -258,7 +269,7 @@ def _break_cycle(
     ops = _op_nodes(members)
     first = min(departed, key=lambda d: d.rank)
     routines = {d.rank: d for d in departed}
-    # Finding.evidence is typed by its base; cycle_finding and rank_finding always give these.
+    # Finding.evidence is typed by its base; cycle_finding and the culprit findings always give these.
     cycle_evidence = cycle.evidence
     assert isinstance(cycle_evidence, CycleEvidence)
     if all(n[0] == "p2p" for n in ops):
@@ -274,12 +285,8 @@ def _break_cycle(
         return None
     primary = max(waits_on, key=lambda n: (longest.get(n, 0.0), graph.in_degree(n)))
     consequences = [_consequence(graph, n, longest) for n in ops]
-    finding = rank_finding(
-        m,
-        culprits,
-        culprit_state(m, culprits[0]),
-        _consequence(graph, primary, longest),
-        consequences,
+    finding = _CULPRIT_FINDING[culprit_state(m, culprits[0])](
+        m, culprits, _consequence(graph, primary, longest), consequences
     )
     assert isinstance(finding.evidence, RankEvidence)
     return replace(
