@@ -56,8 +56,9 @@ HANG_SLACK_NS = 2_000_000_000
 
 
 @dataclass(frozen=True, slots=True)
-class RaisedException:
-    """An exception that ended a thread of a rank's process."""
+class RecordedException:
+    """An exception that ended a thread of a rank's process, as a dump of it records it
+    (``exceptions_of``)."""
 
     rank: int
     type: str
@@ -118,10 +119,10 @@ class CrashEvidence(Evidence):
     """Per rank, when several ranks died of the same exception at the same line."""
 
 
-def exceptions_of(d: RankDump) -> list[RaisedException]:
+def exceptions_of(d: RankDump) -> list[RecordedException]:
     """Every exception a dump records, oldest first."""
     return [
-        RaisedException(
+        RecordedException(
             rank=d.rank,
             type=x.type,
             message=x.message,
@@ -136,7 +137,7 @@ def exceptions_of(d: RankDump) -> list[RaisedException]:
     ]
 
 
-def died_of(m: Matched, rank: int) -> RaisedException | None:
+def died_of(m: Matched, rank: int) -> RecordedException | None:
     """The exception that ended ``rank``'s main thread, from any dump of its process."""
     run = m.run
     chosen = run.dumps.get(rank)
@@ -163,7 +164,7 @@ def process_ended(m: Matched, rank: int) -> bool:
     return died_of(m, rank) is not None
 
 
-def thread_deaths(m: Matched, rank: int) -> list[RaisedException]:
+def thread_deaths(m: Matched, rank: int) -> list[RecordedException]:
     """Exceptions that ended other threads of ``rank``'s process (a data loader, a
     checkpoint writer): the main thread may wait for them forever."""
     d = m.run.dumps.get(rank)
@@ -193,7 +194,7 @@ def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
             frame = user_frame(m.dump(w.rank).record(w.position).stack)
             if frame is not None:
                 pending[w.rank].add(frame.where())
-    by_cause: dict[tuple[str, str, bool], list[RaisedException]] = defaultdict(list)
+    by_cause: dict[tuple[str, str, bool], list[RecordedException]] = defaultdict(list)
     for rank, x in raised.items():
         loc = x.location
         where = loc.where() if loc else ""

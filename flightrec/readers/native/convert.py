@@ -22,7 +22,7 @@ from operator import eq
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import COALESCED, IS_P2P, SEND, DumpBuilder
-from flightrec.readers.native.groups import GroupInfo, JobGroups
+from flightrec.readers.native.groups import JobGroup, JobGroups
 from flightrec.readers.native.model import NativeDump
 
 SOURCES = {"pickle": "torch-native-pickle", "json": "torch-native-json"}
@@ -144,12 +144,12 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     names = es.pg_name
     own = set(names)
     own.discard("")
-    mine: list[GroupInfo] = [g for g in job.groups.values() if g.name in own or d.rank in g.ranks]
+    mine: list[JobGroup] = [g for g in job.groups.values() if g.name in own or d.rank in g.ranks]
     index = {g.name: i for i, g in enumerate(mine)}
     if n and not mine:
         # Entries without a group name at all: give them one placeholder group so every
         # entry still points at a valid group.
-        mine.append(GroupInfo("", "", (), "", False))
+        mine.append(JobGroup("", "", (), "", False))
         index[""] = 0
     any_p2p = any(es.is_p2p)
     p2p = _P2P(d, job) if any_p2p else None
@@ -265,6 +265,6 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     return b, columns
 
 
-def _concerns(note: str, d: NativeDump, groups: list[GroupInfo]) -> bool:
+def _concerns(note: str, d: NativeDump, groups: list[JobGroup]) -> bool:
     # Notes are job-wide; attach to a dump only those about its groups or its rank.
     return any(f"group {g.name!r}" in note for g in groups) or note.startswith(f"rank {d.rank} ")

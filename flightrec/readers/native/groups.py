@@ -25,8 +25,9 @@ from flightrec.readers.native.model import NativeDump, PgConfig
 
 
 @dataclass(frozen=True, slots=True)
-class GroupInfo:
-    """One process group as seen across the whole job."""
+class JobGroup:
+    """One process group as the native dumps of the whole job show it (its name, members and
+    backend agreed across ranks; ``JobGroups.groups`` holds them)."""
 
     name: str
     desc: str
@@ -74,7 +75,7 @@ class JobGroups:
     """Every group of the job, the world size, and what could not be reconstructed."""
 
     world_size: int
-    groups: dict[str, GroupInfo]
+    groups: dict[str, JobGroup]
     notes: tuple[str, ...]
 
 
@@ -129,12 +130,12 @@ def rebuild_groups(dumps: Sequence[NativeDump | GroupEvidence]) -> JobGroups:
     )
     missing = sorted(set(range(world_size)) - file_ranks)
 
-    groups: dict[str, GroupInfo] = {}
+    groups: dict[str, JobGroup] = {}
     for name in sorted(set(explicit) | set(participants), key=_name_key):
         desc = descs.get(name, "")
         backend = backends.get(name, "")
         if name in explicit:
-            groups[name] = GroupInfo(name, desc, explicit[name], backend, True)
+            groups[name] = JobGroup(name, desc, explicit[name], backend, True)
         elif desc == "default_pg":
             known = world_hint == world_size
             if not known:
@@ -142,10 +143,10 @@ def rebuild_groups(dumps: Sequence[NativeDump | GroupEvidence]) -> JobGroups:
                     f"default group {name!r}: world size {world_size} inferred from the dump "
                     "files present; a missing highest rank would not be seen"
                 )
-            groups[name] = GroupInfo(name, desc, tuple(range(world_size)), backend, known)
+            groups[name] = JobGroup(name, desc, tuple(range(world_size)), backend, known)
         else:
             ranks = tuple(sorted(participants[name]))
-            groups[name] = GroupInfo(name, desc, ranks, backend, False)
+            groups[name] = JobGroup(name, desc, ranks, backend, False)
             unseen = f"; ranks without a dump ({missing}) may belong too" if missing else ""
             notes.append(
                 f"group {name!r}: the dumps do not list its members; reconstructed as "
