@@ -9,6 +9,8 @@ layout").
 
 from __future__ import annotations
 
+import struct
+
 from flightrec.format import flightrec_pb2 as pb
 
 MAGIC = "flightrec.dump"
@@ -19,8 +21,16 @@ TAIL_ENTRIES = 256
 """Newest entries a 1.3 writer puts after the tables, readable without the rest of the file:
 a few steps of training (the frontier where ranks diverge and every group's recent past);
 the loader reads deeper where that is not enough."""
-FOOTER = 14
-"""Bytes of the ``tail_start`` and ``older_entries`` fields that end a 1.3 file."""
+FOOTER_LAYOUT = struct.Struct("<BQBI")
+"""The footer that ends a 1.3 file: ``tail_start`` (tag, fixed64), then ``older_entries``
+(tag, fixed32), as ``flightrec.format.write.serialize`` writes them and
+``flightrec.format.tail`` reads them."""
+FOOTER = FOOTER_LAYOUT.size
+"""Bytes of the footer (14)."""
+TAIL_START_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["tail_start"].number << 3) | 1
+"""The footer's first tag: field ``tail_start``, wire type fixed64."""
+OLDER_ENTRIES_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["older_entries"].number << 3) | 5
+"""The footer's second tag: field ``older_entries``, wire type fixed32."""
 SUFFIX = ".frdump"
 RECORDER_SOURCE = "flightrec"
 """``Header.source`` of a dump flightrec's recorder wrote."""

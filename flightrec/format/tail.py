@@ -15,16 +15,18 @@ precisely.
 from __future__ import annotations
 
 import os
-import struct
 
-from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.schema import FOOTER, MAGIC_PREFIX, MAX_DUMP_BYTES
+from flightrec.format.schema import (
+    FOOTER,
+    FOOTER_LAYOUT,
+    MAGIC_PREFIX,
+    MAX_DUMP_BYTES,
+    OLDER_ENTRIES_TAG,
+    TAIL_START_TAG,
+)
 from flightrec.format.view import DumpView
 from flightrec.format.wire import read_compact
 
-_FOOTER = struct.Struct("<BQBI")
-_TAIL_START_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["tail_start"].number << 3) | 1
-_OLDER_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["older_entries"].number << 3) | 5
 # Fields before the first entries (magic, schema_major, schema_minor): always in these bytes.
 _HEAD_FIELDS = (1, 2, 3)
 # One read covers the tail section of nearly every file (about 11 KB with 2,000-entry rings).
@@ -75,8 +77,8 @@ def read_tail(path: str) -> DumpView | None:
         end = f.read()
         if len(end) != size - start:
             return None  # changed while read
-        tag, tail_start, older_tag, older = _FOOTER.unpack_from(end, len(end) - FOOTER)
-        if tag != _TAIL_START_TAG or older_tag != _OLDER_TAG or tail_start >= size - FOOTER:
+        tag, tail_start, older_tag, older = FOOTER_LAYOUT.unpack_from(end, len(end) - FOOTER)
+        if tag != TAIL_START_TAG or older_tag != OLDER_ENTRIES_TAG or tail_start >= size - FOOTER:
             return None
         if start == 0:
             head = end

@@ -6,20 +6,21 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import struct
 from pathlib import Path
 
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.schema import SUFFIX, TAIL_ENTRIES
+from flightrec.format.schema import (
+    FOOTER_LAYOUT,
+    OLDER_ENTRIES_TAG,
+    SUFFIX,
+    TAIL_ENTRIES,
+    TAIL_START_TAG,
+)
 from flightrec.format.wire import walk_fields
 
-# Tags of the two footer fields: (13 << 3) | fixed64, (14 << 3) | fixed32.
 FILE_MODE = 0o666
 """Mode of new dump files before the umask: they follow it as any tool's files do (0644 under
 the usual 022, group-readable on a shared filesystem under 002 or 027)."""
-_FOOTER = struct.Struct("<BQBI")
-_TAIL_START_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["tail_start"].number << 3) | 1
-_OLDER_TAG = (pb.Dump.DESCRIPTOR.fields_by_name["older_entries"].number << 3) | 5
 # Top-level fields that the tail layout places itself: the head, the entries, the footer.
 _PLACED = frozenset(
     pb.Dump.DESCRIPTOR.fields_by_name[name].number
@@ -109,7 +110,7 @@ def serialize(dump: pb.Dump, tail_entries: int = TAIL_ENTRIES) -> bytes:
     body = b"".join(whole[a:b] for number, _, a, b, _ in top if number == _ENTRIES)
     old, new = _split_entries(body, older) if n else (b"", b"")
     tail_start = len(head) + len(old)
-    footer = _FOOTER.pack(_TAIL_START_TAG, tail_start, _OLDER_TAG, older)
+    footer = FOOTER_LAYOUT.pack(TAIL_START_TAG, tail_start, OLDER_ENTRIES_TAG, older)
     return b"".join((head, old, rest, new, footer))
 
 
