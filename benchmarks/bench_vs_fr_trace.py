@@ -158,6 +158,7 @@ import gc, json, sys, time, pickle
 from collections import defaultdict
 from pathlib import Path
 import flightrec.readers.native as N
+import flightrec.readers.native.entries as E
 import flightrec.readers.native.view as V
 from flightrec.analysis.model import RankDump
 from flightrec.analysis.loading.rankindex import index_rank
@@ -174,7 +175,7 @@ def timed(mod, name, label):
 timed(N, "load_plain_pickle", "unpickle (C)")  # where the C reader declines or is not built
 if N._pickled:
     timed(N._pickled, "read", "read the pickle into columns (C)")
-    timed(N, "finish", "parse profiling names")
+    timed(E, "parse_calls", "parse profiling names")
 timed(N, "normalize", "validate into columns")
 timed(V, "job_of_file", "process groups")
 timed(V, "convert_columns", "convert to flightrec columns")

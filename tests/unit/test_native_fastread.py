@@ -1,6 +1,6 @@
 """The C reader of native pickles (``_pickled.c``) reads what the Python path reads, or declines.
 
-The Python path (``load_plain_pickle``, then ``entries.check_columns`` and ``finish``) is
+The Python path (``load_plain_pickle``, then ``entries.check_columns``) is
 the definition. For every pickle, the C reader must either answer None (the Python path
 then reads the file and explains what is wrong with it) or answer exactly what the Python
 path makes of it: the same entry columns, value for value, the same interned signatures and
@@ -25,7 +25,7 @@ import flightrec.readers.native as native
 from flightrec.errors import DumpError
 from flightrec.format.native_names import DTYPES, dtype_name
 from flightrec.readers.native import reader
-from flightrec.readers.native.entries import check_columns, finish, from_c
+from flightrec.readers.native.entries import check_columns, from_c
 from flightrec.readers.native.reader import Reader
 from flightrec.readers.native.unpickle import load_plain_pickle
 
@@ -44,7 +44,7 @@ def _python(data: bytes) -> tuple[dict[object, object], Any]:
     assert isinstance(obj, dict)
     checked = check_columns(Reader("x"), obj["entries"])
     assert checked is not None
-    return {k: v for k, v in obj.items() if k != "entries"}, finish(checked)
+    return {k: v for k, v in obj.items() if k != "entries"}, checked
 
 
 def _agree(data: bytes) -> bool:
@@ -54,7 +54,7 @@ def _agree(data: bytes) -> bool:
         return False
     rest, entries = _python(data)  # must not raise where C answered
     assert reading[0] == rest
-    ours = finish(from_c(reading))
+    ours = from_c(reading)
     for field in dataclasses.fields(entries):
         want, got = getattr(entries, field.name), getattr(ours, field.name)
         assert list(got) == list(want), field.name
@@ -250,7 +250,7 @@ def test_shared_lists_are_read_once_and_alike() -> None:
     ]
     data = pickle.dumps({"entries": entries}, protocol=4)
     assert _agree(data)
-    ours = finish(from_c(_read(data)))
+    ours = from_c(_read(data))
     assert list(ours.inputs) == [1, 2, 1, 1]
     assert list(ours.outputs) == [0, 0, 3, 0]
     assert ours.tensor_sigs[1] == (((4, 4), "float32"),)

@@ -39,7 +39,7 @@ from flightrec.format.schema import dump_filename
 from flightrec.format.write import write_dump
 from flightrec.readers.native import reader
 from flightrec.readers.native.convert import to_pb
-from flightrec.readers.native.entries import NativeEntries, finish, from_c
+from flightrec.readers.native.entries import NativeEntries, from_c
 from flightrec.readers.native.groups import (
     GroupEvidence,
     JobGroups,
@@ -217,7 +217,7 @@ def load_native(path: str | Path) -> NativeDump:
         )
         if reading is not None:
             obj: object = reading[0]
-            entries: NativeEntries | None = finish(from_c(reading))
+            entries: NativeEntries | None = from_c(reading)
         else:
             obj = load_plain_pickle(data, p) if form == "pickle" else load_json(data, p)
             entries = None

@@ -9,7 +9,7 @@ value, then shared. What any value is allowed to be is exactly what the scalar a
 ``Reader`` allow: the fast paths only skip work for data that is already well formed.
 
 Where ``_pickled.c`` is built, pickles of the usual shape skip all of this: the C reader
-produces the same ``CheckedColumns`` from the bytes (``from_c``), and declines everything
+produces the same ``NativeEntries`` from the bytes (``from_c``), and declines everything
 else to the path here, which defines what it must produce.
 
 The work stays bounded: the pickle memo lets a small file refer to one big list many times,
@@ -24,6 +24,7 @@ from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from itertools import chain, repeat
 from operator import is_, itemgetter
+from typing import NamedTuple
 
 from flightrec.format.native_names import DTYPES, SEND_RECV, parse_profiling_name
 from flightrec.readers.native.reader import Reader
@@ -395,36 +396,6 @@ def _group_codes(r: Reader, groups: Sequence[object], pairs: list[tuple[str, str
 # -- the table --------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class CheckedColumns:
-    """The entries table checked column by column, before profiling names are parsed.
-
-    What ``check_columns`` makes of the unpickled table and what the C reader
-    (``_pickled.read``, via ``from_c``) makes of the pickle's bytes: the same values.
-    """
-
-    record_id: Sequence[int]
-    pg_id: Sequence[int]
-    pg_name: Sequence[str]
-    pg_desc: Sequence[str]
-    seq: Sequence[int]
-    p2p_seq: Sequence[int]
-    names: Sequence[str]
-    """The profiling names (``"nccl:all_reduce"``)."""
-    is_p2p: Sequence[bool]
-    state: Sequence[str]
-    created_ns: Sequence[int]
-    started_ns: Sequence[int]
-    completed_ns: Sequence[int]
-    inputs: Sequence[int]
-    outputs: Sequence[int]
-    tensor_sigs: tuple[TensorSig, ...]
-    stack: Sequence[int]
-    stacks: tuple[StackTuple, ...]
-    thread: Sequence[str]
-    timeout_ms: Sequence[int]
-
-
 def read_entries(r: Reader, raw: object) -> NativeEntries:
     """Validate the ``entries`` table of a native dump.
 
@@ -439,11 +410,13 @@ def read_entries(r: Reader, raw: object) -> NativeEntries:
         CorruptDumpError: a value of the wrong type or size, or more work than any dump needs.
     """
     checked = check_columns(r, raw)
-    return EMPTY_ENTRIES if checked is None else finish(checked)
+    return EMPTY_ENTRIES if checked is None else checked
 
 
-def check_columns(r: Reader, raw: object) -> CheckedColumns | None:
+def check_columns(r: Reader, raw: object) -> NativeEntries | None:
     """Check the unpickled ``entries`` table column by column (None when it is empty).
+
+    What the C reader makes of a pickle's bytes (``from_c``) is exactly this.
 
     Raises:
         CorruptDumpError: a value of the wrong type or size, or more work than any dump needs.
@@ -469,28 +442,41 @@ def check_columns(r: Reader, raw: object) -> CheckedColumns | None:
     inputs = _tensor_column(r, cols["input_sizes"], cols["input_dtypes"], "input", interned)
     outputs = _tensor_column(r, cols["output_sizes"], cols["output_dtypes"], "output", interned)
     stack = _stack_column(r, cols["frames"], interned)
-    return CheckedColumns(
-        record_id=r.naturals(record_ids, "record_id"),  # unsigned in the schema
-        pg_id=r.ints(cols["pg_id"], "pg_id", -1),
+    record_id = r.naturals(record_ids, "record_id")  # unsigned in the schema
+    pg_id = r.ints(cols["pg_id"], "pg_id", -1)
+    seq_ids = r.naturals(seqs, "collective_seq_id")
+    p2p_seq = r.naturals(cols["p2p_seq_id"], "p2p_seq_id")
+    state = r.texts(cols["state"], "state")
+    created = r.naturals(cols["time_created_ns"], "time_created_ns")
+    started = r.naturals(cols["time_discovered_started_ns"], "time_discovered_started_ns")
+    completed = r.naturals(cols["time_discovered_completed_ns"], "time_discovered_completed_ns")
+    thread = r.texts(cols["thread_name"], "thread_name")
+    timeout_ms = r.naturals(cols["timeout_ms"], "timeout_ms")
+    # Every column checked: the names are parsed last, as ``from_c``'s are.
+    calls = parse_calls(names, is_p2p)
+    return NativeEntries(
+        record_id=record_id,
+        pg_id=pg_id,
         pg_name=pg_name,
         pg_desc=pg_desc,
-        seq=r.naturals(seqs, "collective_seq_id"),
-        p2p_seq=r.naturals(cols["p2p_seq_id"], "p2p_seq_id"),
-        names=names,
-        is_p2p=is_p2p,
-        state=r.texts(cols["state"], "state"),
-        created_ns=r.naturals(cols["time_created_ns"], "time_created_ns"),
-        started_ns=r.naturals(cols["time_discovered_started_ns"], "time_discovered_started_ns"),
-        completed_ns=r.naturals(
-            cols["time_discovered_completed_ns"], "time_discovered_completed_ns"
-        ),
+        seq=seq_ids,
+        p2p_seq=p2p_seq,
+        backend=calls.backend,
+        op=calls.op,
+        local_src=calls.local_src,
+        local_dst=calls.local_dst,
+        is_p2p=calls.is_p2p,
+        state=state,
+        created_ns=created,
+        started_ns=started,
+        completed_ns=completed,
         inputs=inputs,
         outputs=outputs,
         tensor_sigs=tuple(interned.sigs),
         stack=stack,
         stacks=tuple(interned.stacks),
-        thread=r.texts(cols["thread_name"], "thread_name"),
-        timeout_ms=r.naturals(cols["timeout_ms"], "timeout_ms"),
+        thread=thread,
+        timeout_ms=timeout_ms,
     )
 
 
@@ -506,21 +492,25 @@ CReading = tuple[
 """What ``_pickled.read`` answers for a pickle it reads (see ``_pickled.c``)."""
 
 
-def from_c(reading: CReading) -> CheckedColumns:
-    """The checked columns of what the C reader answered (the rest of the dump aside)."""
+def from_c(reading: CReading) -> NativeEntries:
+    """The entries of what the C reader answered (the rest of the dump aside)."""
     _, _, ints, lists, codes, sigs, stacks = reading
     q = [_array("q", b) for b in ints]
     c = [_array("i", b) for b in codes]
     pg_name, pg_desc, names, is_p2p, state, thread = lists
-    return CheckedColumns(
+    calls = parse_calls(names, is_p2p)
+    return NativeEntries(
         record_id=q[0],
         pg_id=q[1],
         pg_name=pg_name,
         pg_desc=pg_desc,
         seq=q[2],
         p2p_seq=q[3],
-        names=names,
-        is_p2p=is_p2p,
+        backend=calls.backend,
+        op=calls.op,
+        local_src=calls.local_src,
+        local_dst=calls.local_dst,
+        is_p2p=calls.is_p2p,
         state=state,
         created_ns=q[4],
         started_ns=q[5],
@@ -541,9 +531,27 @@ def _array(code: str, data: bytes) -> array[int]:
     return a
 
 
-def finish(c: CheckedColumns) -> NativeEntries:
-    """The entries of checked columns: profiling names parsed once per distinct name."""
-    names = c.names
+class Calls(NamedTuple):
+    """The columns a ring's profiling names (``"nccl:all_reduce"``) stand for."""
+
+    backend: Sequence[str]
+    op: Sequence[str]
+    local_src: Sequence[int]
+    local_dst: Sequence[int]
+    is_p2p: Sequence[bool]
+    """The ring's own flag, or'ed with a send or receive the name says."""
+
+
+def parse_calls(names: Sequence[str], is_p2p: Sequence[bool]) -> Calls:
+    """The profiling names parsed, once per distinct name.
+
+    Args:
+        names: the ring's profiling names, checked.
+        is_p2p: the ring's own ``is_p2p`` flags, checked.
+
+    Returns:
+        Per entry: backend, operation, group-local sender and receiver, P2P flag.
+    """
     n = len(names)
     calls = {name: parse_profiling_name(name) for name in dict.fromkeys(names)}
     if len(calls) == 1:
@@ -560,30 +568,6 @@ def finish(c: CheckedColumns) -> NativeEntries:
             dsts = list(map({k: call[3] for k, call in calls.items()}.__getitem__, names))
         else:
             srcs = dsts = [-1] * n
-    is_p2p = c.is_p2p
     if any(calls[name][1] in SEND_RECV for name in calls):
         is_p2p = [p or op in SEND_RECV for p, op in zip(is_p2p, ops, strict=True)]
-    return NativeEntries(
-        record_id=c.record_id,
-        pg_id=c.pg_id,
-        pg_name=c.pg_name,
-        pg_desc=c.pg_desc,
-        seq=c.seq,
-        p2p_seq=c.p2p_seq,
-        backend=backends,
-        op=ops,
-        local_src=srcs,
-        local_dst=dsts,
-        is_p2p=is_p2p,
-        state=c.state,
-        created_ns=c.created_ns,
-        started_ns=c.started_ns,
-        completed_ns=c.completed_ns,
-        inputs=c.inputs,
-        outputs=c.outputs,
-        tensor_sigs=c.tensor_sigs,
-        stack=c.stack,
-        stacks=c.stacks,
-        thread=c.thread,
-        timeout_ms=c.timeout_ms,
-    )
+    return Calls(backends, ops, srcs, dsts, is_p2p)
