@@ -43,6 +43,10 @@ class KindSpec:
     """Describes a hang: a timeline marks where its collective stalled (``report.trace``)."""
     marks_lanes: bool
     """Renderers mark the blamed ranks' own lanes with the kind (a timeline's thread names)."""
+    gone: bool
+    """Says the blamed ranks' processes are gone (died, exited, or left no dump): a death the
+    root cause explains is folded into it, a root cause that says so needs no "then died"
+    (``fold``), and a mismatch where such a rank's peers wait goes before it (``rootcause``)."""
     simulated_by: tuple[str, ...]
     """Faults of ``flightrec simulate`` (``simulate.faults.Fault`` values) whose expected
     verdict is this kind; empty where the simulator injects none that ends in it."""
@@ -51,17 +55,17 @@ class KindSpec:
 KINDS: dict[FindingKind, KindSpec] = {
     s.kind: s
     for s in (
-        #        kind                       made_by          prio root  step   crash  skips  timeout hang   lanes  simulated_by
-        KindSpec(FindingKind.NOT_ARRIVED, "not_arrived", 0, True, False, True, True, True, True, False, ("stall",)),
-        KindSpec(FindingKind.DEAD_RANK, "crashes", 0, True, False, True, True, True, True, False, ()),
-        KindSpec(FindingKind.MISSING_DUMP, "not_arrived", 0, True, False, False, False, True, True, False, ("crash",)),
-        KindSpec(FindingKind.MISMATCH, "mismatch", 0, True, False, False, True, False, True, False, ("op_mismatch", "size_mismatch", "dtype_mismatch")),
-        KindSpec(FindingKind.P2P_DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, ("p2p_deadlock",)),
-        KindSpec(FindingKind.DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, ()),
-        KindSpec(FindingKind.STUCK, "stuck", 0, True, False, False, False, True, True, False, ()),
-        KindSpec(FindingKind.P2P_UNMATCHED, "p2p", 1, False, True, False, False, True, True, False, ()),
-        KindSpec(FindingKind.DESYNC, "desync", 2, False, True, False, True, True, True, False, ()),
-        KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, ("straggler",)),
+        #        kind                       made_by          prio root  step   crash  skips  timeout hang   lanes  gone   simulated_by
+        KindSpec(FindingKind.NOT_ARRIVED, "not_arrived", 0, True, False, True, True, True, True, False, False, ("stall",)),
+        KindSpec(FindingKind.DEAD_RANK, "crashes", 0, True, False, True, True, True, True, False, True, ()),
+        KindSpec(FindingKind.MISSING_DUMP, "not_arrived", 0, True, False, False, False, True, True, False, True, ("crash",)),
+        KindSpec(FindingKind.MISMATCH, "mismatch", 0, True, False, False, True, False, True, False, False, ("op_mismatch", "size_mismatch", "dtype_mismatch")),
+        KindSpec(FindingKind.P2P_DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, ("p2p_deadlock",)),
+        KindSpec(FindingKind.DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, ()),
+        KindSpec(FindingKind.STUCK, "stuck", 0, True, False, False, False, True, True, False, False, ()),
+        KindSpec(FindingKind.P2P_UNMATCHED, "p2p", 1, False, True, False, False, True, True, False, False, ()),
+        KindSpec(FindingKind.DESYNC, "desync", 2, False, True, False, True, True, True, False, False, ()),
+        KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, False, ("straggler",)),
     )
 }  # fmt: skip
 """Every kind's row (``test_kinds_table`` checks that none is missing)."""

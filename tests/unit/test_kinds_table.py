@@ -189,3 +189,6 @@ def test_traits_read_by_the_refinements() -> None:
     assert kinds_where("marks_lanes") == {FindingKind.STRAGGLER}
     assert FindingKind.STRAGGLER not in kinds_where("hang")
     assert kinds_where("root_cause").isdisjoint(kinds_where("out_of_step"))
+    # A rank that is gone is why its peers wait: the kinds that say so are root causes.
+    assert kinds_where("gone") == {FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP}
+    assert kinds_where("gone") <= kinds_where("root_cause")

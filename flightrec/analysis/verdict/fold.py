@@ -44,6 +44,9 @@ ROOT_KINDS = kinds_where("root_cause")
 _OUT_OF_STEP = kinds_where("out_of_step")
 """Kinds that describe counters out of step, which a rank held up by the root cause shows."""
 
+_GONE = kinds_where("gone")
+"""Kinds that say the blamed ranks' processes are gone (a death the root cause may explain)."""
+
 
 def fold_consequences(m: Matched, findings: list[Finding]) -> list[Finding]:
     """Fold the findings the first one explains into it; mark waits of ended processes.
@@ -70,12 +73,7 @@ def fold_consequences(m: Matched, findings: list[Finding]) -> list[Finding]:
     held = culprits | {r for c in root.consequences for r in c.waiting}
     scope = held | set(root.pg_ranks) | {r for c in root.consequences for r in c.pg_ranks}
     # Deaths first: a rank that died as a consequence is held up too, for the counters below.
-    dead = [
-        f
-        for f in findings[1:]
-        if f.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP)
-        and _death_explained(m, root, f, scope)
-    ]
+    dead = [f for f in findings[1:] if f.kind in _GONE and _death_explained(m, root, f, scope)]
     for f in dead:
         held |= set(f.ranks)
     explained_deaths = {id(f) for f in dead}
@@ -110,7 +108,7 @@ def _culprits_end(m: Matched, root: Finding) -> str:
     A death well after the hang was declared (the culprit woke from its stall and found its
     peers gone) is what happened next: the finding's evidence (``exception``), not its verdict.
     """
-    if root.kind in (FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP):
+    if root.kind in _GONE:
         return ""
     hang = m.run.hang_wall_ns
     by_how: dict[str, list[int]] = {}

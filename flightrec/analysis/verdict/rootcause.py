@@ -25,11 +25,11 @@ from flightrec.analysis.findings.not_arrived import (
 )
 from flightrec.analysis.findings.p2p import CycleEvidence, cycle_finding
 from flightrec.analysis.findings.stuck import stuck_finding
+from flightrec.analysis.kinds import kinds_where
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     Consequence,
     Finding,
-    FindingKind,
     Status,
     user_frame,
 )
@@ -37,6 +37,9 @@ from flightrec.analysis.waitgraph.graph import DiGraph, condensation
 from flightrec.analysis.waitgraph.graph import ancestors as graph_ancestors
 from flightrec.analysis.waitgraph.routine import Departure, routine
 from flightrec.analysis.waitgraph.waits import Node, Wait, WaitGraph
+
+_GONE = kinds_where("gone")
+"""Kinds that say the blamed ranks' processes are gone (a mismatch may have ended them)."""
 
 # Ranks of one wait cycle whose histories are read to find who left its routine.
 MAX_ROUTINE_CHECKS = 64
@@ -217,7 +220,7 @@ def root_causes(m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]
     # they wait in most likely died of that disagreement (gloo aborts on some mismatches):
     # the mismatch is the cause, the death its consequence. So is one earlier on that group:
     # the peers went on past it, and the rank it killed never came.
-    if roots and roots[0].kind in (FindingKind.MISSING_DUMP, FindingKind.DEAD_RANK):
+    if roots and roots[0].kind in _GONE:
         group, seq = roots[0].process_group, roots[0].seq
         leading += [
             f
