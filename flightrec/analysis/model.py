@@ -559,11 +559,11 @@ class Finding:
     consequences: tuple[Consequence, ...] = ()
     evidence: Evidence | None = None
     call_shift: CallShift | None = None
+    """The skipped or extra call behind it, where ``skips.annotate_shifts`` found one."""
     exception: ExceptionEvidence | None = None
     """What a blamed rank died of, when it died of an exception (JSON: ``evidence.exception``)."""
     thread_exceptions: tuple[ExceptionEvidence, ...] = ()
     """Other threads of a blamed rank that died of an exception (a data loader, say)."""
-    """The skipped or extra call behind it, where ``skips.annotate_shifts`` found one."""
     below_timeout: BelowTimeout | None = None
     """Set where every wait behind it is shorter than the job's timeout (``waits``)."""
     explains: tuple[Folded, ...] = ()
