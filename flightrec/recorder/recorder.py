@@ -324,7 +324,7 @@ class Recorder:
                 self.ring.finish(rid, COMPLETED, _now())
         except Exception as exc:
             self.internal_error("completion tracking", exc)
-            self._untracked((rid,))
+            self._untracked(exc.rids if isinstance(exc, completion.Untrackable) else (rid,))
 
     def _untracked(self, rids: tuple[int, ...] | list[int]) -> None:
         """Entries whose completion can no longer be followed: neither pending (the watchdog

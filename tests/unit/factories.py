@@ -60,6 +60,8 @@ class Job:
         self.reason: dict[int, int] = {}
         self.source: SourceReader | None = None
         """Reads each frame's source line into the dumps, as the recorder does."""
+        self.device = "cpu"
+        """Every rank's device ("cuda" makes it an NCCL job on GPUs)."""
 
     def group(self, name: str, ranks: Sequence[int], desc: str = "") -> str:
         """Declare a subgroup (known to every rank, as ``new_group`` makes it)."""
@@ -117,7 +119,7 @@ class Job:
                     if shp is not None
                     else [],
                     flags=flags,
-                    device="cpu",
+                    device=self.device,
                 )
             )
 
@@ -161,7 +163,7 @@ class Job:
                     stack=user_stack("exchange", line),
                     inputs=[((8,), "float32")],
                     flags=IS_P2P | (SEND if sending else 0),
-                    device="cpu",
+                    device=self.device,
                 )
             )
 
@@ -186,7 +188,9 @@ class Job:
             f"node{rank // 2}",
             1000 + rank,
         )
-        h.local_rank, h.device, h.job_id, h.backend = rank % 2, "cpu", self.job_id, "gloo"
+        gpu = self.device == "cuda"
+        h.local_rank, h.job_id = rank % 2, self.job_id
+        h.device, h.backend = (f"cuda:{rank % 2}", "nccl") if gpu else (self.device, "gloo")
         h.reason = reason if reason is not None else self.reason.get(rank, pb.WATCHDOG_TIMEOUT)
         h.mono_time_ns = st.clock + 30_000_000_000
         h.wall_time_ns = 1_700_000_000_000_000_000 + h.mono_time_ns + int(wall_offset_s * 1e9)

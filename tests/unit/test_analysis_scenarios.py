@@ -244,6 +244,17 @@ def test_stuck_collective_everyone_entered() -> None:
     job.collective(complete=False)
     first = analyze(job.run()).findings[0]
     assert first.kind == FindingKind.STUCK and first.seq == 4
+    assert "transport failure" in first.summary and "GPU" not in first.summary
+
+
+def test_a_collective_stuck_on_every_gpu_says_it_was_issued_and_not_completed_there() -> None:
+    job = Job()
+    job.device = "cuda"
+    healthy(job)
+    job.collective(complete=False)
+    first = analyze(job.run()).findings[0]
+    assert first.kind == FindingKind.STUCK and first.seq == 4
+    assert "issued by the CPU on every member and not completed on the GPU" in first.summary
 
 
 def test_desync_without_waits() -> None:

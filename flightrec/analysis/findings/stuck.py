@@ -111,13 +111,22 @@ def stuck_finding(
     late = late_arrival_finding(m, group, seq, op, members, consequences)
     if late is not None:
         return late
+    devices = [m.run.dumps[r].header.device for r in members if r in m.run.dumps]
+    on_gpu = bool(devices) and all(d.startswith("cuda") for d in devices)
+    why = (
+        "issued by the CPU on every member and not completed on the GPU: work queued before it "
+        "on the stream that never ends (a spinning or hung kernel), a GPU fault, or NCCL and the "
+        "network"
+        if on_gpu
+        else "a transport failure or a collective issued from outside the recorder"
+    )
     return Finding(
         kind=FindingKind.STUCK,
         ranks=members,
         summary=(
             f"every member of group {group} [ranks {compress(members)}] entered "
             f"{op} #{seq} and none completed it, with no disagreement in what "
-            "they passed (a transport failure or a collective issued from outside the recorder)"
+            f"they passed ({why})"
         ),
         process_group=group,
         pg_ranks=members,
