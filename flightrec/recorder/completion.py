@@ -5,13 +5,12 @@ torch's own thread. NCCL: a future callback would fire at enqueue time, not at G
 so the watchdog thread polls ``Work.is_completed()`` (backed by CUDA events) instead.
 
 A synchronous NCCL call returns no Work: its completion is a CUDA event recorded on the current
-stream after it returned. One event per call cost more than the call itself (11 µs to make and
-record one from Python on an H200, against 16 µs for a 1-rank all_reduce), so calls share
-events: the calls on one stream since its last event wait in a batch, and the batch gets one
-event when a call comes ``MARK_EVERY_NS`` after the last event, or at the watchdog's next poll
-(from its thread, on that stream), whichever is first. Work on a stream runs in order, so the
-event's completion is every batched call's. A batched call reads as complete at most one
-millisecond plus one poll late; a call stuck on the GPU stays pending, as it must.
+stream after it returned, one per call (events shared between calls were tried: a batch's event
+recorded after later work, such as a long kernel, made the calls before it read as stuck). A new
+``torch.cuda.Event`` per call cost 11 µs on an H200, against 16 µs for a 1-rank all_reduce,
+mostly making and destroying the CUDA event and building a ``Stream`` object: events are reused
+once the watchdog saw them complete, and the current stream's object is cached by its raw
+handle, so a call records one event on a ready stream.
 Nothing here synchronizes a GPU.
 """
 
@@ -29,12 +28,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("flightrec")
 
-MARK_EVERY_NS = 1_000_000
-"""A stream's synchronous GPU calls get a CUDA event at most this often from the calling thread
-(about 1 % of a busy loop's time at 11 µs an event); the watchdog marks the rest."""
-FORGET_STREAM_NS = 60_000_000_000
-"""A stream with nothing pending and no call for this long is forgotten (streams made per step
-would otherwise pile up)."""
+POOL_MAX = 1024
+"""CUDA events kept for reuse at most (each is a few hundred bytes of driver state)."""
+STREAMS_MAX = 64
+"""Stream objects cached at most; past it the cache starts over (streams made per step)."""
 
 
 class Untrackable(Exception):
@@ -46,39 +43,39 @@ class Untrackable(Exception):
 
 
 class Cuda:
-    """The CUDA calls the batching makes, resolved once (tests pass a fake)."""
+    """The CUDA calls made for a synchronous GPU call, resolved once (tests pass a fake)."""
 
     def __init__(self) -> None:
         import torch
 
         self._torch = torch
-        self.device: Any = torch._C._cuda_getDevice
-        self.raw_stream: Any = torch._C._cuda_getCurrentRawStream
+        self._device: Any = torch._C._cuda_getDevice
+        self._raw_stream: Any = torch._C._cuda_getCurrentRawStream
+        self._record: Any = torch._C._CudaEventBase.record
+        self._streams: dict[tuple[int, int], Any] = {}
+        self.free: list[Any] = []
+        """Events seen complete, ready to record again (appended by the watchdog's thread)."""
 
     def event_on_current(self) -> Any:
         """A CUDA event recorded on the calling thread's current stream."""
-        event = self._torch.cuda.Event()  # type: ignore[no-untyped-call]
-        event.record()
+        device = self._device()
+        key = (device, self._raw_stream(device))
+        stream = self._streams.get(key)
+        if stream is None:
+            if len(self._streams) >= STREAMS_MAX:
+                self._streams = {}
+            stream = self._streams[key] = self._torch.cuda.current_stream(device)
+        try:
+            event = self.free.pop()
+        except IndexError:
+            event = self._torch.cuda.Event()  # type: ignore[no-untyped-call]
+        self._record(event, stream)
         return event
 
-    def event_on(self, device: int, stream: int) -> Any:
-        """A CUDA event recorded on stream ``stream`` (a raw pointer; 0: the default stream)."""
-        cuda = self._torch.cuda
-        s = cuda.default_stream(device) if stream == 0 else cuda.ExternalStream(stream, device)
-        event = cuda.Event()
-        event.record(s)
-        return event
-
-
-class _Batch:
-    """The synchronous calls on one stream since its last event."""
-
-    __slots__ = ("last_ns", "marked_ns", "rids")
-
-    def __init__(self) -> None:
-        self.rids: list[int] = []
-        self.marked_ns = 0
-        self.last_ns = 0
+    def release(self, event: Any) -> None:
+        """An event seen complete: keep it for another call."""
+        if len(self.free) < POOL_MAX:
+            self.free.append(event)
 
 
 def is_gpu(backend: str) -> bool:
@@ -95,8 +92,6 @@ class Tracker:
         """(record ids, Work or CUDA event, is_event) waiting for the watchdog's next poll."""
         self._lock = threading.Lock()
         self._cuda = cuda
-        self._batches: dict[tuple[int, int], _Batch] = {}
-        """(device, raw stream) -> synchronous GPU calls waiting for an event."""
 
     def _done(self, rids: tuple[int, ...], ok: bool, exc: BaseException | None = None) -> None:
         now = time.monotonic_ns()
@@ -140,71 +135,26 @@ class Tracker:
         """The lock may have been held by a thread that does not exist in a forked child."""
         self._lock = threading.Lock()
         self._polled = []
-        self._batches = {}
 
     def track_stream(self, rid: int) -> None:
         """A synchronous GPU call returned: completion is when the current stream passes here.
 
         Raises:
-            Untrackable: a CUDA event could not be made or recorded; the recorder then marks
-                its entries unknown (left ENQUEUED, the watchdog would report a false hang).
+            Untrackable: the CUDA event could not be made or recorded; the recorder then marks
+                the entry unknown (left ENQUEUED, the watchdog would report a false hang).
         """
-        cuda = self._cuda
         try:
+            cuda = self._cuda
             if cuda is None:
                 cuda = self._cuda = Cuda()
-            device = cuda.device()
-            key = (device, cuda.raw_stream(device))
-        except Exception as exc:
-            raise Untrackable((rid,), exc) from exc
-        now = time.monotonic_ns()
-        with self._lock:
-            batch = self._batches.get(key)
-            if batch is None:
-                batch = self._batches[key] = _Batch()
-            batch.rids.append(rid)
-            batch.last_ns = now
-            if now - batch.marked_ns < MARK_EVERY_NS:
-                return
-            rids = tuple(batch.rids)
-            batch.rids.clear()
-            batch.marked_ns = now
-        try:
             event = cuda.event_on_current()
         except Exception as exc:
-            raise Untrackable(rids, exc) from exc
+            raise Untrackable((rid,), exc) from exc
         with self._lock:
-            self._polled.append((rids, event, True))
-
-    def _mark_leftovers(self) -> None:
-        """An event for every batch still waiting (watchdog thread, on each batch's stream)."""
-        if not self._batches:
-            return
-        now = time.monotonic_ns()
-        with self._lock:
-            due = []
-            for key, batch in list(self._batches.items()):
-                if batch.rids:
-                    due.append((key, tuple(batch.rids)))
-                    batch.rids.clear()
-                    batch.marked_ns = now
-                elif now - batch.last_ns > FORGET_STREAM_NS:
-                    del self._batches[key]
-        cuda = self._cuda
-        for (device, stream), rids in due:
-            try:
-                assert cuda is not None  # a batch exists only once it was resolved
-                event = cuda.event_on(device, stream)
-            except Exception as exc:
-                self._recorder.internal_error("completion tracking", exc)
-                self._recorder._untracked(rids)
-                continue
-            with self._lock:
-                self._polled.append((rids, event, True))
+            self._polled.append(((rid,), event, True))
 
     def poll(self) -> None:
         """Settle whatever finished since the last poll (watchdog thread)."""
-        self._mark_leftovers()
         with self._lock:
             polled = self._polled
             self._polled = []
@@ -219,13 +169,15 @@ class Tracker:
                 keep.append((rids, obj, is_event))
                 continue
             self._done(rids, is_event or _succeeded(obj))
+            if is_event and self._cuda is not None:
+                self._cuda.release(obj)
         if keep:
             with self._lock:
                 self._polled[:0] = keep
 
     def pending(self) -> int:
-        """Works and events still waiting to be polled, and batches waiting for an event."""
-        return len(self._polled) + sum(1 for b in self._batches.values() if b.rids)
+        """Works and events still waiting to be polled."""
+        return len(self._polled)
 
 
 def _succeeded(work: Any) -> bool:

@@ -193,10 +193,14 @@ def test_nccl_completion_is_tracked_without_blocking(tmp_path: Path) -> None:
         "print('STATES', list(d.entries.state), d.header.device, d.header.device_uuid[:4])\n"
         # Queue about a second of GPU work before a synchronous all_reduce: it returns at once,
         # and a dump taken then sees it pending (the recorder never synchronizes the GPU).
+        # Calls just before the kernel complete on their own: only the one behind it waits.
+        "for _ in range(3): dist.all_reduce(t)\n"
         "torch.cuda._sleep(2_000_000_000)\n"
         "t0 = time.monotonic(); dist.all_reduce(t); returned = time.monotonic() - t0\n"
+        "time.sleep(0.3)\n"
         "p = read_dump(flightrec.dump('pending'))\n"
         "print('PENDING', p.entries.state[-1], returned < 0.5)\n"
+        "print('BEFORE', list(p.entries.state[-4:-1]))\n"
         "torch.cuda.synchronize(); time.sleep(0.5)\n"
         "d = read_dump(flightrec.dump('done'))\n"
         "print('SETTLED', d.entries.state[-1])\n"
@@ -215,6 +219,7 @@ def test_nccl_completion_is_tracked_without_blocking(tmp_path: Path) -> None:
     assert out.returncode == 0, out.stderr
     assert "STATES [3, 3, 3, 3] cuda:0 GPU-" in out.stdout
     assert "PENDING 1 True" in out.stdout or "PENDING 2 True" in out.stdout, out.stdout
+    assert "BEFORE [3, 3, 3]" in out.stdout, out.stdout
     assert "SETTLED 3" in out.stdout, out.stdout
 
 
