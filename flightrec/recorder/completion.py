@@ -12,12 +12,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 from flightrec.format.slot import COMPLETED, FAILED
-
-if TYPE_CHECKING:
-    from flightrec.recorder.recorder import Recorder
 
 log = logging.getLogger("flightrec")
 
@@ -28,10 +26,23 @@ def is_gpu(backend: str) -> bool:
 
 
 class Tracker:
-    """Marks ring entries COMPLETED or FAILED when their work ends."""
+    """Marks ring entries COMPLETED or FAILED when their work ends.
 
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
+    Args:
+        finish: ``Ring.finish(rid, state, complete_ns)``, which writes an entry's end.
+        failed: told ``(first record id, exception)`` when work failed (the dumper's hook).
+        internal_error: told ``(where, exception)`` of a bug of ours on torch's thread.
+    """
+
+    def __init__(
+        self,
+        finish: Callable[[int, int, int], object],
+        failed: Callable[[int, BaseException], None],
+        internal_error: Callable[[str, BaseException], None],
+    ) -> None:
+        self._finish = finish
+        self._failed = failed
+        self._internal_error = internal_error
         self._polled: list[tuple[tuple[int, ...], Any, bool]] = []
         """(record ids, Work or CUDA event, is_event) waiting for the watchdog's next poll."""
         self._lock = threading.Lock()
@@ -39,9 +50,9 @@ class Tracker:
     def _done(self, rids: tuple[int, ...], ok: bool, exc: BaseException | None = None) -> None:
         now = time.monotonic_ns()
         for rid in rids:
-            self._recorder.ring.finish(rid, COMPLETED if ok else FAILED, now)
+            self._finish(rid, COMPLETED if ok else FAILED, now)
         if not ok:
-            self._recorder.on_error(rids[0], exc or RuntimeError("work failed"))
+            self._failed(rids[0], exc or RuntimeError("work failed"))
 
     def track(self, rid: int, work: Any, gpu: bool) -> None:
         """Follow one async Work to completion (``gpu``: the group runs on a GPU backend)."""
@@ -72,7 +83,7 @@ class Tracker:
                 return
             self._done(rids, True)
         except Exception as err:
-            self._recorder.internal_error("completion callback", err)
+            self._internal_error("completion callback", err)
 
     def after_fork_in_child(self) -> None:
         """The lock may have been held by a thread that does not exist in a forked child."""

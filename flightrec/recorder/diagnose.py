@@ -159,7 +159,7 @@ def _bare_fast_path(fast: Any) -> Any:
     from flightrec.recorder.low_level.state import new_active, new_counter
 
     return fast.FastPath(
-        recorder=None, by_pg={}, active=new_active(), threads={}, tcaches={}, reds={},
+        settle=None, fail=None, by_pg={}, active=new_active(), threads={}, tcaches={}, reds={},
         ids=new_counter(), capture=None, buffer=bytearray(fast.SLOT_SIZE), capacity=1, depth=0,
     )  # fmt: skip
 

@@ -1,9 +1,10 @@
 """The recorder's live state: ring, intern tables, group counters, and the slow paths.
 
-The per-call hot path is generated per traced function (``low_level/codegen.py``): it interns what
-repeats (group, op, tensors, stack, thread) through dict lookups on this object's tables,
-writes one binary slot, calls torch, and marks the slot finished, calling back into
-``Recorder`` only on a cache miss, for async or GPU completion, and on failure. Only the
+The per-call hot path is generated per traced function (``low_level/codegen.py``): it interns
+what repeats (group, op, tensors, stack, thread) through dict lookups on the caches of a
+``HotState`` (``low_level/hot.py``), writes one binary slot, calls torch, and marks the slot
+finished. The state holds this object's caches and, as plain callables, the slow paths
+below: a cache miss, async or GPU completion and failure come back here through them only. Only the
 outermost call of a thread is recorded (``active`` is the per-thread guard), so
 ``all_gather_object`` shows up once, not as its inner all_gathers, and sequence numbers agree
 across ranks whatever object collectives do inside. ``call_batch`` records
@@ -29,6 +30,7 @@ from flightrec.recorder.blackbox import BlackBox
 from flightrec.recorder.config import Config
 from flightrec.recorder.groups import GroupInfo, GroupRegistry
 from flightrec.recorder.low_level import layout
+from flightrec.recorder.low_level.hot import HotState, c_path
 from flightrec.recorder.low_level.python import PyPath
 from flightrec.recorder.low_level.state import new_active
 from flightrec.recorder.ring import Ring
@@ -162,22 +164,41 @@ class Recorder:
         self.active: Any = new_active()
         """Thread ident -> record id of the call it is inside (reentrancy guard + holds_recorder);
         a dict, or the C path's ``Active``, which behaves as one."""
-        self._enabled = True
         self.depth = config.stack_depth
         self.thread_cache: dict[int, int] = {}
         """Thread ident -> string index of its name (refreshed at each dump)."""
         self._world = c10d._world
         self._non_member = c10d.GroupMember.NON_GROUP_MEMBER
-        self.tracker = completion.Tracker(self)
+        self.tracker = completion.Tracker(self.ring.finish, self._failed, self.internal_error)
         self._fast_path: Any = None
-        """The C hot path's state, shared by every Site (``low_level.codegen``); None without it."""
+        """The C hot path (``fast_path``), shared by every Site; None until a Site needs it."""
         self.on_first_use: Callable[[], None] = lambda: None
         """Started once, at the first recorded call: the watchdog and the dump-request poller."""
         self._used = False
         self.on_error: Callable[[int, BaseException], None] = lambda rid, exc: None
         """Called (never raising) when a recorded call fails: the dumper hooks in here."""
         self._internal_warned = False
-        self.path = PyPath(self, torch.Tensor)
+        self.hot = HotState(
+            ring=self.ring,
+            active=self.active,
+            depth=self.depth,
+            by_pg=self.groups.by_pg,
+            threads=self.thread_cache,
+            tcaches=self.stacks.threads,
+            reds=self.strings.index,
+            group=self.group_slow,
+            spec=self.spec_slow,
+            sig=self.sig,
+            device=self.device,
+            red=self.red_slow,
+            thread=self.thread_index,
+            stack=self.stacks.capture,
+            raw=self.stacks.raw,
+            settle=self.settle,
+            fail=self.fail,
+        )
+        """What the hot path reads and calls (``low_level.hot``), and nothing more."""
+        self.path = PyPath(self.hot, torch.Tensor)
         """Recording one call, in Python (``low_level.python``): the generated wrappers and
         ``batch_isend_irecv`` record through it; the C Sites fall back to it."""
 
@@ -185,13 +206,28 @@ class Recorder:
     def enabled(self) -> bool:
         """Whether calls are recorded (set by ``flightrec.enable``/``disable``, and off in a
         forked child)."""
-        return self._enabled
+        return self.hot.enabled
 
     @enabled.setter
     def enabled(self, on: bool) -> None:
-        self._enabled = bool(on)
+        self.hot.enabled = bool(on)
         if self._fast_path is not None:
-            self._fast_path.enabled = int(self._enabled)
+            self._fast_path.enabled = int(self.hot.enabled)
+
+    def fast_path(self) -> Any:
+        """The recorder's one C ``FastPath`` over ``hot`` (shared by its Sites, so that their
+        stack caches are one, purged with the StackTable's at every watchdog tick).
+
+        Raises:
+            RuntimeError: the C extension is not built.
+        """
+        if self._fast_path is None:
+            fast = c_path(self.hot)
+            if self._used:  # else the first recorded call installs it, once torch is imported
+                layout.install(fast)
+            self._fast_path = fast
+            self.stacks.purgers.append(fast.purge)
+        return self._fast_path
 
     def internal_error(self, where: str, exc: BaseException) -> None:
         """A bug in flightrec itself: the job goes on (its call already ran or runs plain);
@@ -325,6 +361,10 @@ class Recorder:
         except Exception as exc:
             self.internal_error("completion tracking", exc)
             self._untracked((rid,))
+
+    def _failed(self, rid: int, exc: BaseException) -> None:
+        """Completion tracking saw tracked work fail (``on_error`` may be set after init)."""
+        self.on_error(rid, exc)
 
     def _untracked(self, rids: tuple[int, ...] | list[int]) -> None:
         """Entries whose completion can no longer be followed: neither pending (the watchdog

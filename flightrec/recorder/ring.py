@@ -4,10 +4,16 @@ No Python object is created per entry beyond the argument tuple, and a dump copi
 ring with one ``bytes()`` call (``flightrec.recorder.blackbox`` backs the buffer with a
 memory-mapped file so that a rank killed with SIGKILL still leaves its ring behind).
 
-Writers do not lock: record ids come from a counter (``low_level.state``, atomic under the GIL) and each
-``pack_into`` is a single C call, so a reader copying the buffer sees every slot either before
-or after a write, never half of one. The optional C hot path (``low_level/_fast.c``) writes the same
-layout into the same buffer, also in one step under the GIL.
+``append`` and ``finish`` are the one Python definition of writing a slot: the Python hot path
+(``low_level/python.py``) writes every entry through them, completion tracking and failures
+finish entries through ``finish``, and the tests of this file exercise the same functions.
+The optional C hot path (``low_level/_fast.c``) writes the same layout into the same buffer,
+and tests/integration/test_recorder_fast.py compares its entries with the Python path's.
+
+Writers do not lock: record ids come from a counter (``low_level.state``, atomic under the
+GIL) and each ``pack_into`` is a single C call, so a reader copying the buffer sees every slot
+either before or after a write, never half of one; the C path writes in one step under the
+GIL too.
 """
 
 from __future__ import annotations
@@ -77,7 +83,10 @@ class Ring:
         device: int,
         flags: int,
     ) -> int:
-        """Write one entry into the next slot; returns its record id (1, 2, ...)."""
+        """Write one entry into the next slot; returns its record id (1, 2, ...).
+
+        The record id is taken here, last: a caller that fails before (``PyPath.write``
+        interns everything first) leaves no gap in the ids."""
         rid = next(self.ids)
         SLOT.pack_into(
             self.buffer,

@@ -90,7 +90,7 @@
 #define RED_CACHE 4
 
 static PyObject *s_enabled, *s_specs, *s_shape, *s_dtype, *s_counter, *s_index,
-    *s_gpu, *s_top, *s_top_lasti, *s_top_index, *s_settle, *s_ranks;
+    *s_gpu, *s_top, *s_top_lasti, *s_top_index, *s_ranks;
 
 /* A thread's stack cache in C. The stack of a call is its caller's (code, offset) followed by
  * the stack of the caller's caller (``parent``); while ``parent`` is the same frame object,
@@ -162,7 +162,7 @@ typedef struct {
  * number issued is the group's ``seq`` (no attribute to keep up to date on every call).
  *
  * ``Active`` is the reentrancy guard, a mapping from thread ident to the record id of the
- * call the thread is inside (``Recorder.active``): a call made inside a recorded one (object
+ * call the thread is inside (``HotState.active``): a call made inside a recorded one (object
  * collectives call others) is not recorded, and dumps mark the threads inside a call. The C
  * path sets and clears it by ident, without int objects or hashing; the Python path and the
  * dumper use it as a dict. A handful of threads call collectives at once: a small array. */
@@ -526,7 +526,7 @@ typedef struct {
  * comes last. */
 typedef struct {
     PyObject_HEAD
-    /* Recorder.enabled, pushed here by its setter (reading the attribute cost a sixth of the
+    /* HotState.enabled, pushed here by Recorder.enabled's setter (reading the attribute cost a sixth of the
      * path). */
     int enabled;
     int depth;
@@ -581,7 +581,8 @@ typedef struct {
     unsigned long long walk_hits; /* calls whose stack walk_hit found */
     /* -- the rest: start-up, misses, dumps -- */
     PyObject *g_info; /* the GroupInfo whose fields g_* holds (strong reference) */
-    PyObject *rec;     /* Recorder: .enabled, .settle() */
+    PyObject *settle;  /* settle(rid, result, is_async, info): async and GPU completion */
+    PyObject *fail;    /* fail(rid, exc): a recorded call raised */
     PyObject *threads; /* dict: thread ident -> thread name index */
     PyObject *tcaches; /* dict: thread ident -> stacks._ThreadCache */
     PyObject *reds;    /* dict: reduce op -> string index */
@@ -1704,8 +1705,8 @@ do_leave(FastPath *self, unsigned long ident, long rid_l, PyObject *result, PyOb
         Py_INCREF(info); /* settle() runs Python code: keep it alive */
         PyObject *ridobj = PyLong_FromLong(rid_l);
         PyObject *r = ridobj == NULL ? NULL
-                                     : PyObject_CallMethodObjArgs(
-                                           self->rec, s_settle, ridobj, result,
+                                     : PyObject_CallFunctionObjArgs(
+                                           self->settle, ridobj, result,
                                            is_async > 0 ? Py_True : Py_False, info, NULL);
         if (r == NULL) {
             PyErr_Clear(); /* settle() reports its own errors; nothing may reach the caller */
@@ -1729,7 +1730,8 @@ do_leave(FastPath *self, unsigned long ident, long rid_l, PyObject *result, PyOb
 
 /* leave(rid, result, async_op, group): the call returned. A synchronous CPU call is
  * complete now (written in place unless the ring already reused the slot); async and GPU
- * calls go to Recorder.settle. Never raises: the call ran, its result must reach the caller. */
+ * calls go to ``settle`` (HotState.settle). Never raises: the call ran, its result must
+ * reach the caller. */
 static PyObject *
 FastPath_leave(FastPath *self, PyObject *const *args, Py_ssize_t nargs)
 {
@@ -1915,13 +1917,14 @@ walk_free(FastPath *self)
 static int
 FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
 {
-    static char *kw[] = {"recorder", "by_pg", "active", "threads", "tcaches", "reds", "ids",
-                         "capture", "buffer", "capacity", "depth", "raw", NULL};
-    PyObject *rec, *by_pg, *active, *threads, *tcaches, *reds, *ids, *capture, *buffer;
+    static char *kw[] = {"settle", "fail", "by_pg", "active", "threads", "tcaches", "reds",
+                         "ids", "capture", "buffer", "capacity", "depth", "raw", NULL};
+    PyObject *settle, *fail, *by_pg, *active, *threads, *tcaches, *reds, *ids, *capture, *buffer;
     PyObject *raw = Py_None;
     Py_ssize_t capacity;
     int depth;
-    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO!O!O!O!O!O!OOni|O", kw, &rec, &PyDict_Type,
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO!O!O!O!O!O!OOni|O", kw, &settle, &fail,
+                                     &PyDict_Type,
                                      &by_pg, &ActiveType, &active, &PyDict_Type, &threads,
                                      &PyDict_Type, &tcaches, &PyDict_Type, &reds, &CounterType,
                                      &ids, &capture, &buffer, &capacity, &depth, &raw)) {
@@ -1961,8 +1964,10 @@ FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
         PyErr_SetString(PyExc_ValueError, "ring buffer smaller than capacity slots");
         return -1;
     }
-    Py_INCREF(rec);
-    Py_XSETREF(self->rec, rec);
+    Py_INCREF(settle);
+    Py_XSETREF(self->settle, settle);
+    Py_INCREF(fail);
+    Py_XSETREF(self->fail, fail);
     Py_INCREF(by_pg);
     Py_XSETREF(self->by_pg, by_pg);
     Py_INCREF(active);
@@ -1988,7 +1993,8 @@ FastPath_init(FastPath *self, PyObject *args, PyObject *kwds)
 static int
 FastPath_traverse(FastPath *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->rec);
+    Py_VISIT(self->settle);
+    Py_VISIT(self->fail);
     Py_VISIT(self->by_pg);
     Py_VISIT(self->active);
     Py_VISIT(self->threads);
@@ -2023,7 +2029,8 @@ FastPath_traverse(FastPath *self, visitproc visit, void *arg)
 static int
 FastPath_clear(FastPath *self)
 {
-    Py_CLEAR(self->rec);
+    Py_CLEAR(self->settle);
+    Py_CLEAR(self->fail);
     Py_CLEAR(self->by_pg);
     Py_CLEAR(self->active);
     Py_CLEAR(self->threads);
@@ -2142,7 +2149,7 @@ typedef struct {
     PyObject *dict;
 } Site;
 
-static PyObject *s_fail, *s_qualname, *zero;
+static PyObject *s_qualname, *zero;
 
 static Py_ssize_t
 param_index(Site *self, PyObject *key)
@@ -2168,8 +2175,8 @@ param_index(Site *self, PyObject *key)
 static void
 report_failure(FastPath *fast, long rid)
 {
-    /* Recorder.fail(rid, exc) marks the entry FAILED and dumps; the exception then goes on
-     * unchanged, as the Python wrapper's bare ``raise`` does. */
+    /* ``fail(rid, exc)`` (HotState.fail) marks the entry FAILED and dumps; the exception
+     * then goes on unchanged, as the Python wrapper's bare ``raise`` does. */
     PyObject *type, *value, *tb;
     PyErr_Fetch(&type, &value, &tb);
     PyErr_NormalizeException(&type, &value, &tb);
@@ -2178,8 +2185,8 @@ report_failure(FastPath *fast, long rid)
     }
     PyObject *ridobj = PyLong_FromLong(rid);
     PyObject *r = ridobj == NULL ? NULL
-                                 : PyObject_CallMethodObjArgs(fast->rec, s_fail, ridobj,
-                                                              value ? value : Py_None, NULL);
+                                 : PyObject_CallFunctionObjArgs(fast->fail, ridobj,
+                                                                value ? value : Py_None, NULL);
     if (r == NULL) {
         PyErr_Clear();
     }
@@ -2428,9 +2435,7 @@ PyInit__fast(void)
     INTERN(s_top, "top");
     INTERN(s_top_lasti, "top_lasti");
     INTERN(s_top_index, "top_index");
-    INTERN(s_settle, "settle");
     INTERN(s_ranks, "ranks");
-    INTERN(s_fail, "fail");
     INTERN(s_qualname, "__qualname__");
     if ((zero = PyLong_FromLong(0)) == NULL) {
         return NULL;

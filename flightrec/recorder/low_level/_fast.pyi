@@ -36,7 +36,8 @@ class FastPath:
     def walk_hits(self) -> int: ...
     def __init__(
         self,
-        recorder: Any,
+        settle: Callable[[int, Any, Any, Any], Any] | None,
+        fail: Callable[[int, BaseException], Any] | None,
         by_pg: dict[Any, Any],
         active: Active,
         threads: dict[int, int],

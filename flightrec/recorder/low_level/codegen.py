@@ -23,18 +23,17 @@ from __future__ import annotations
 import inspect
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 try:
     from flightrec.recorder.low_level import _fast
 except ImportError:  # not built (no compiler at install, big-endian host): pure Python
     _fast = None  # type: ignore[assignment]
-from flightrec.recorder.low_level import layout
 from flightrec.recorder.low_level.python import split
 from flightrec.recorder.specs import OpSpec, Param
 
 if TYPE_CHECKING:
-    from flightrec.recorder.recorder import Recorder
+    from flightrec.recorder.low_level.python import PyPath
 
 # Argument names that always hold exactly one tensor: the C Site takes only these (lists,
 # nested lists and None on non-root ranks go through the Python path).
@@ -42,6 +41,24 @@ SINGLE_TENSOR = frozenset({"tensor", "input_tensor", "output_tensor", "input", "
 
 USE_FAST = _fast is not None
 """Whether new wrappers use the C hot path (tests switch it off to cover the Python path)."""
+
+
+class Target(Protocol):
+    """What generating a wrapper takes from the recorder (``Recorder`` is one)."""
+
+    @property
+    def path(self) -> PyPath:
+        """The Python path the wrapper records through (its ``state`` holds ``fail``)."""
+        ...
+
+    def op_index(self, name: str) -> int:
+        """String index of an operation name."""
+        ...
+
+    def fast_path(self) -> Any:
+        """The one C ``FastPath`` over the same state, shared by every Site."""
+        ...
+
 
 _TEMPLATE = """\
 def {name}({params}):
@@ -97,7 +114,7 @@ def _site(
     sig: inspect.Signature,
     orig: Callable[..., Any],
     python: Callable[..., Any],
-    rec: Recorder,
+    rec: Target,
 ) -> Callable[..., Any] | None:
     """The C ``Site`` in front of ``python`` (the generated wrapper), or None where only the
     Python path applies.
@@ -124,9 +141,8 @@ def _site(
     roles = (spec.group, spec.inputs, spec.outputs, spec.reduce_op, spec.root, spec.group_root)
     where = [names.index(r.name) if r.name in names else -1 for r in roles]
     where.append(names.index(spec.async_op.name) if spec.async_op.name in names else -1)
-    fast = _fast_path(rec)
     return _fast.Site(
-        fast=fast,
+        fast=rec.fast_path(),
         orig=orig,
         fallback=python,
         names=tuple(names),
@@ -138,35 +154,7 @@ def _site(
     )
 
 
-def _fast_path(rec: Recorder) -> Any:
-    """The recorder's one C ``FastPath`` (shared by its Sites, so that their stack caches are
-    one, purged with the StackTable's at every watchdog tick)."""
-    fast = getattr(rec, "_fast_path", None)
-    if fast is None:
-        assert _fast is not None
-        fast = _fast.FastPath(
-            recorder=rec,
-            by_pg=rec.groups.by_pg,
-            active=rec.active,
-            threads=rec.thread_cache,
-            tcaches=rec.stacks.threads,
-            reds=rec.strings.index,
-            ids=cast("_fast.Counter", rec.ring.ids),  # a _fast.Counter where _fast is built
-            capture=rec.stacks.capture,
-            raw=rec.stacks.raw,
-            buffer=rec.ring.buffer,
-            capacity=rec.ring.capacity,
-            depth=rec.depth,
-        )
-        fast.enabled = int(rec.enabled)
-        if rec.used:  # else the first recorded call installs it, once torch is imported
-            layout.install(fast)
-        rec._fast_path = fast
-        rec.stacks.purgers.append(fast.purge)
-    return fast
-
-
-def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[..., Any]:
+def generate(spec: OpSpec, orig: Callable[..., Any], rec: Target) -> Callable[..., Any]:
     """The recording wrapper of ``orig`` (a torch.distributed function described by ``spec``)."""
     sig = inspect.signature(orig)
     names = set(sig.parameters)
@@ -175,7 +163,7 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
         "_orig": orig,
         "_enter": path.enter,
         "_leave": path.leave,
-        "_fail": rec.fail,
+        "_fail": path.state.fail,
         "_getframe": sys._getframe,
         "_OP": rec.op_index(spec.name),
         "_split": split,
@@ -203,7 +191,7 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Recorder) -> Callable[
         root=arg(spec.root),
         group_root=arg(spec.group_root),
         is_async=is_async,
-        frame="_getframe(1)" if rec.depth else "None",
+        frame="_getframe(1)" if path.depth else "None",
     )
     code = compile(source, f"<flightrec wrapper of {spec.name}>", "exec")
     exec(code, env)  # our template over the installed torch's own signature
