@@ -8,11 +8,11 @@ from typing import Any
 
 from flightrec.format.builder import IS_P2P, SEND
 from flightrec.format.slot import COMPLETED, ENQUEUED, decode
-from flightrec.recorder.groups import GroupInfo
-from flightrec.recorder.low_level.hot import HotState
-from flightrec.recorder.low_level.python import PyPath
-from flightrec.recorder.low_level.state import new_active
-from flightrec.recorder.ring import Ring
+from flightrec.recorder.hotpath.counters import new_active
+from flightrec.recorder.hotpath.groups import GroupInfo
+from flightrec.recorder.hotpath.python import PyPath
+from flightrec.recorder.hotpath.ring import Ring
+from flightrec.recorder.hotpath.state import HotState
 
 
 class Tensor:

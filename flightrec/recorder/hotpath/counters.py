@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 try:
-    from flightrec.recorder.low_level import _fast
+    from flightrec.recorder.hotpath import _fast
 except ImportError:  # not built: pure Python
     _fast = None  # type: ignore[assignment]
 

@@ -33,7 +33,7 @@ from typing import Any
 
 from flightrec.format.digest import MAX_GROUPS, MAX_PER_GROUP, Digest, GroupDigest, encode
 from flightrec.format.slot import COMPLETED, SLOT
-from flightrec.recorder.store import DEFAULT_NAMESPACE, own_connection
+from flightrec.recorder.exchange.store import DEFAULT_NAMESPACE, own_connection
 
 log = logging.getLogger("flightrec")
 GATHER_DELAY_S = 1.0

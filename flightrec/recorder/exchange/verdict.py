@@ -43,12 +43,17 @@ from typing import TYPE_CHECKING, Any
 from flightrec.format.progress import encode_progress, progress
 from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
-from flightrec.recorder.store import DEFAULT_NAMESPACE, RANK_DIED, ROUND_REASONS, own_connection
+from flightrec.recorder.exchange.store import (
+    DEFAULT_NAMESPACE,
+    RANK_DIED,
+    ROUND_REASONS,
+    own_connection,
+)
 
 if TYPE_CHECKING:
     from flightrec.format import flightrec_pb2 as pb
-    from flightrec.recorder.ring import Ring
-    from flightrec.recorder.store import Poller
+    from flightrec.recorder.exchange.store import Poller
+    from flightrec.recorder.hotpath.ring import Ring
 
 log = logging.getLogger("flightrec")
 GATHER_S = 3.0

@@ -3,9 +3,9 @@
 ``PyPath.enter`` runs before torch's function and writes the call's ENQUEUED entry; ``leave``
 runs after it returned and marks the entry complete (or hands it to completion tracking);
 ``write`` is the entry itself, which ``batch_isend_irecv`` also uses, once per operation.
-Both read and write a ``HotState`` (``hot.py``) only, never the recorder; the slot itself is
-written by the ring's ``append`` and ``finish`` (``flightrec.recorder.ring``), the one Python
-definition of a slot write, which the ring's own tests exercise too.
+Both read and write a ``HotState`` (``state.py``) only, never the recorder; the slot itself is
+written by the ring's ``append`` and ``finish`` (``ring.py``), the one Python definition of a
+slot write, which the ring's own tests exercise too.
 ``_fast.c`` implements the same ``enter``/``leave`` in C for single-tensor collectives on
 cache hits, and returns -1 where this one must decide (misses fill the caches it reads); the
 tests run one suite against both (tests/integration/test_recorder_fast.py).
@@ -40,8 +40,8 @@ from flightrec.format.slot import COMPLETED, ENQUEUED
 if TYPE_CHECKING:
     from types import FrameType
 
-    from flightrec.recorder.groups import GroupInfo
-    from flightrec.recorder.low_level.hot import HotState
+    from flightrec.recorder.hotpath.groups import GroupInfo
+    from flightrec.recorder.hotpath.state import HotState
 
 _ident = threading.get_ident
 _now = time.monotonic_ns

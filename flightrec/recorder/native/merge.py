@@ -1,4 +1,4 @@
-"""Lining PyTorch's native ring up with flightrec's at dump time (see ``native_harvest``)."""
+"""Lining PyTorch's native ring up with flightrec's at dump time (see ``harvest``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Any
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import OBJECT_API, EntryValues, FrameTuple
 from flightrec.format.slot import Slot
-from flightrec.recorder import ddp
-from flightrec.recorder.native_harvest import (
+from flightrec.recorder.hooks import ddp
+from flightrec.recorder.native.harvest import (
     MATCH_SLACK_NS,
     Harvest,
     NativeOp,

@@ -53,8 +53,9 @@ def source_line(file: str, line: int) -> str:
         return ""
 
 
-# flightrec's own code: the package folder, and the wrappers low_level/codegen.py compiles.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+# flightrec's own code: the package folder (this file is flightrec/recorder/recording/stacks.py),
+# and the wrappers hooks/codegen.py compiles.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 _THREADING_FILE = threading.__file__
 
 
@@ -105,7 +106,7 @@ class _ThreadCache:
         self.lastis = [0] * depth
         self.suffixes = [0] * depth
         # The calling frame of the last capture and its result: a loop that calls the same
-        # collective from the same line gets its stack with two comparisons (low_level/python.py).
+        # collective from the same line gets its stack with two comparisons (hotpath/python.py).
         self.top: FrameType | None = None
         self.top_lasti = -1
         self.top_index = 0

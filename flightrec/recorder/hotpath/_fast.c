@@ -3,10 +3,11 @@
  * Why C: measured around a real gloo all_reduce, the generated Python hot path costs about
  * 14 µs more per call (benchmarks/bench_recorder.py), so the recording has to execute far
  * fewer instructions, not merely cheaper ones. ``enter`` and ``leave`` implement the contract
- * of the Python path (python.py: PyPath.enter/leave, where recording one call is defined) for
- * what repeats in training loops, collectives on single tensors, on cache hits only: any miss,
- * surprise or error returns -1 before anything is consumed (no sequence number, no record id),
- * and the generated wrapper takes the Python path, which fills the caches. The Python path
+ * of the Python path (python.py: PyPath.enter/leave, where recording one call is defined,
+ * over the HotState of state.py) for what repeats in training loops, collectives on single
+ * tensors, on cache hits only: any miss, surprise or error returns -1 before anything is
+ * consumed (no sequence number, no record id), and the generated wrapper takes the Python
+ * path, which fills the caches. The Python path
  * stays the reference and the fallback when this extension is not built; one test suite runs
  * against both (tests/integration/test_recorder_fast.py, test_recorder_hooks.py).
  *
@@ -235,7 +236,7 @@ counter_from_source(Counter *c)
 }
 
 static PyTypeObject CounterType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.Counter",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.hotpath._fast.Counter",
     .tp_basicsize = sizeof(Counter),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Counter(): 1, 2, 3, ... like itertools.count(1); .value is the last one issued.",
@@ -487,7 +488,7 @@ static PyMappingMethods Active_as_mapping = {
 };
 
 static PyTypeObject ActiveType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.Active",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.hotpath._fast.Active",
     .tp_basicsize = sizeof(Active),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "Active(): thread ident -> record id of the recorded call it is inside.",
@@ -526,8 +527,8 @@ typedef struct {
  * comes last. */
 typedef struct {
     PyObject_HEAD
-    /* HotState.enabled, pushed here by Recorder.enabled's setter (reading the attribute cost a sixth of the
-     * path). */
+    /* HotState.enabled, pushed here by Recorder.enabled's setter (reading the attribute cost
+     * a sixth of the path). */
     int enabled;
     int depth;
     char *ring; /* the ring's memory (buf.buf) */
@@ -2108,7 +2109,7 @@ static PyMemberDef FastPath_members[] = {
 };
 
 static PyTypeObject FastPathType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.FastPath",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.hotpath._fast.FastPath",
     .tp_basicsize = sizeof(FastPath),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = "The recorder's hot path over its live tables and ring buffer.",
@@ -2397,7 +2398,7 @@ static PyGetSetDef Site_getset[] = {
 };
 
 static PyTypeObject SiteType = {
-    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.low_level._fast.Site",
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "flightrec.recorder.hotpath._fast.Site",
     .tp_basicsize = sizeof(Site),
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "A traced function: records through its FastPath, then calls torch's own.",

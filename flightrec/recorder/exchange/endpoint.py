@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flightrec.recorder.store import DEFAULT_NAMESPACE, connect
+from flightrec.recorder.exchange.store import DEFAULT_NAMESPACE, connect
 
 log = logging.getLogger("flightrec")
 ENDPOINT_FILE = ".flightrec-endpoint"

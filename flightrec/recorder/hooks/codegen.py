@@ -4,7 +4,7 @@ A generic ``wrapper(*args, **kwargs)`` spends more than the recording itself on 
 lookup, so each wrapper is generated from the installed torch's own signature (like
 ``collections.namedtuple`` and ``dataclasses`` do): Python binds the arguments in C, and the
 wrapper hands the ones recording needs to the Python path's ``enter`` and ``leave``
-(``python.py``, where recording one call is defined). Defaults are the original's own
+(``hotpath/python.py``, where recording one call is defined). Defaults are the original's own
 objects, so behaviour is unchanged. A call that is not recorded (tracing off, a call inside a
 recorded one, arguments torch will reject) is the plain call, so torch raises its own errors.
 
@@ -26,14 +26,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 try:
-    from flightrec.recorder.low_level import _fast
+    from flightrec.recorder.hotpath import _fast
 except ImportError:  # not built (no compiler at install, big-endian host): pure Python
     _fast = None  # type: ignore[assignment]
-from flightrec.recorder.low_level.python import split
-from flightrec.recorder.specs import OpSpec, Param
+from flightrec.recorder.hooks.specs import OpSpec, Param
+from flightrec.recorder.hotpath.python import split
 
 if TYPE_CHECKING:
-    from flightrec.recorder.low_level.python import PyPath
+    from flightrec.recorder.hotpath.python import PyPath
 
 # Argument names that always hold exactly one tensor: the C Site takes only these (lists,
 # nested lists and None on non-root ranks go through the Python path).
@@ -75,7 +75,7 @@ def {name}({params}):
     return _result
 """
 """Binds the arguments the way the installed torch does, then records through the Python
-path (``low_level.python``), the one definition of what an entry holds."""
+path (``hotpath.python``), the one definition of what an entry holds."""
 
 
 def _signature_text(sig: inspect.Signature, env: dict[str, Any]) -> tuple[str, str]:

@@ -20,11 +20,6 @@ from flightrec.format.slot import COMPLETED, FAILED
 log = logging.getLogger("flightrec")
 
 
-def is_gpu(backend: str) -> bool:
-    """Whether a backend name means GPU work whose end only CUDA events can tell."""
-    return "nccl" in backend or "cuda" in backend or "xccl" in backend
-
-
 class Tracker:
     """Marks ring entries COMPLETED or FAILED when their work ends.
 

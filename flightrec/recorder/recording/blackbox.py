@@ -41,7 +41,7 @@ from flightrec.format.blackbox import (
     ring_name,
 )
 from flightrec.format.write import FILE_MODE
-from flightrec.recorder.stacks import line_of, source_line
+from flightrec.recorder.recording.stacks import line_of, source_line
 
 log = logging.getLogger("flightrec")
 

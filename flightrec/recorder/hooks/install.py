@@ -16,9 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from flightrec.recorder.ddp import DDP_BUCKET
-from flightrec.recorder.low_level.codegen import generate
-from flightrec.recorder.specs import BATCH, TRACED, OpSpec, spec_for
+from flightrec.recorder.hooks.codegen import generate
+from flightrec.recorder.hooks.ddp import DDP_BUCKET
+from flightrec.recorder.hooks.specs import BATCH, TRACED, OpSpec, spec_for
 
 ORIGINAL_ATTR = "__flightrec_original__"
 log = logging.getLogger("flightrec")

@@ -23,12 +23,12 @@ from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.schema import RECORDER_SOURCE, dump_filename
 from flightrec.format.slot import Slot, decode
 from flightrec.format.write import write_dump
-from flightrec.recorder import native_merge
-from flightrec.recorder.stacks import frames_of, source_line, without_own_frames
+from flightrec.recorder.native import merge as native_merge
+from flightrec.recorder.recording.stacks import frames_of, source_line, without_own_frames
 
 if TYPE_CHECKING:
-    from flightrec.recorder.exceptions import RaisedException
-    from flightrec.recorder.recorder import Recorder
+    from flightrec.recorder.dumping.exceptions import RaisedException
+    from flightrec.recorder.recording.recorder import Recorder
 
 log = logging.getLogger("flightrec")
 CLOSE_WAIT_S = 5.0
@@ -83,7 +83,7 @@ def _dist_info() -> tuple[int, int, str, str]:
         if dist.is_initialized():
             rank, world = dist.get_rank(), dist.get_world_size()
             backend = str(dist.get_backend())
-            from flightrec.recorder.store import store_address
+            from flightrec.recorder.exchange.store import store_address
 
             store = store_address()
     except Exception:

@@ -1,4 +1,4 @@
-"""The counters and the reentrancy guard both hot paths share (``low_level.state``): the C
+"""The counters and the reentrancy guard both hot paths share (``hotpath.counters``): the C
 types behave as their pure-Python twins do, so the Python path, the dumper and the C path can
 use either."""
 
@@ -9,15 +9,15 @@ from typing import Any
 
 import pytest
 
-from flightrec.recorder.groups import GroupInfo
-from flightrec.recorder.low_level import state
+from flightrec.recorder.hotpath import counters
+from flightrec.recorder.hotpath.groups import GroupInfo
 
 try:
-    from flightrec.recorder.low_level import _fast
+    from flightrec.recorder.hotpath import _fast
 except ImportError:  # not built: only the pure-Python twins are checked
     _fast = None  # type: ignore[assignment]
 
-COUNTERS: list[Any] = [state.Counter] + ([_fast.Counter] if _fast is not None else [])
+COUNTERS: list[Any] = [counters.Counter] + ([_fast.Counter] if _fast is not None else [])
 GUARDS: list[Any] = [dict] + ([_fast.Active] if _fast is not None else [])
 
 
@@ -91,8 +91,8 @@ def test_a_group_s_seq_is_its_counter_s_last_number() -> None:
 
 def test_split_sizes_make_one_chunk_per_peer_without_views() -> None:
     torch = pytest.importorskip("torch")
-    from flightrec.recorder.low_level.python import split
-    from flightrec.recorder.tables import tensor_sig
+    from flightrec.recorder.hotpath.python import split
+    from flightrec.recorder.recording.tables import tensor_sig
 
     t = torch.ones(10, 3, dtype=torch.float16)
     chunks = split(t, [1, 0, 9])

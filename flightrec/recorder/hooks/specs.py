@@ -2,8 +2,8 @@
 tensors, the reduce op, the root or peer, and whether the call is asynchronous.
 
 Parameter names are checked against the installed torch's own signatures when tracing starts
-(``low_level/codegen.py`` builds each wrapper from that signature), so a parameter torch renames or drops
-is simply not recorded rather than breaking the call.
+(``codegen.py`` builds each wrapper from that signature), so a parameter torch renames or
+drops is simply not recorded rather than breaking the call.
 """
 
 from __future__ import annotations

@@ -1,16 +1,16 @@
 """The ring: fixed-capacity ``flightrec.format.slot`` records in one preallocated buffer.
 
 No Python object is created per entry beyond the argument tuple, and a dump copies the whole
-ring with one ``bytes()`` call (``flightrec.recorder.blackbox`` backs the buffer with a
+ring with one ``bytes()`` call (``flightrec.recorder.recording.blackbox`` backs the buffer with a
 memory-mapped file so that a rank killed with SIGKILL still leaves its ring behind).
 
 ``append`` and ``finish`` are the one Python definition of writing a slot: the Python hot path
-(``low_level/python.py``) writes every entry through them, completion tracking and failures
+(``python.py``) writes every entry through them, completion tracking and failures
 finish entries through ``finish``, and the tests of this file exercise the same functions.
-The optional C hot path (``low_level/_fast.c``) writes the same layout into the same buffer,
+The optional C hot path (``_fast.c``) writes the same layout into the same buffer,
 and tests/integration/test_recorder_fast.py compares its entries with the Python path's.
 
-Writers do not lock: record ids come from a counter (``low_level.state``, atomic under the
+Writers do not lock: record ids come from a counter (``counters.py``, atomic under the
 GIL) and each ``pack_into`` is a single C call, so a reader copying the buffer sees every slot
 either before or after a write, never half of one; the C path writes in one step under the
 GIL too.
@@ -36,7 +36,7 @@ from flightrec.format.slot import (
     decode,
     iter_pending,
 )
-from flightrec.recorder.low_level.state import new_counter
+from flightrec.recorder.hotpath.counters import new_counter
 
 __all__ = [
     "COMPLETED",

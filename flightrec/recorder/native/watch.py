@@ -1,4 +1,4 @@
-"""The watchdog's view of collectives only PyTorch's recorder saw (see ``native_harvest``)."""
+"""The watchdog's view of collectives only PyTorch's recorder saw (see ``harvest``)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from flightrec.errors import TorchMissingError, UsageError
-from flightrec.recorder.endpoint import (
+from flightrec.recorder.exchange.endpoint import (
     ENDPOINT_FILE,
     Endpoint,
     endpoint_key,
@@ -28,7 +28,7 @@ from flightrec.recorder.endpoint import (
     reachable,
     read_file,
 )
-from flightrec.recorder.store import (
+from flightrec.recorder.exchange.store import (
     MAX_RANK,
     connect,
     known_world_size,

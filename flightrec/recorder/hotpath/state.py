@@ -14,11 +14,11 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
-    from flightrec.recorder.groups import GroupInfo
-    from flightrec.recorder.ring import Ring
+    from flightrec.recorder.hotpath.groups import GroupInfo
+    from flightrec.recorder.hotpath.ring import Ring
 
 try:
-    from flightrec.recorder.low_level import _fast
+    from flightrec.recorder.hotpath import _fast
 except ImportError:  # not built: pure Python
     _fast = None  # type: ignore[assignment]
 

@@ -8,7 +8,7 @@ here, outside the ring, so they survive the ring overwriting old entries.
 A group's collective numbers are the ProcessGroup's own wherever the two could differ. torch
 numbers every collective the group runs, flightrec only those its hooks see; DDP's reducer,
 FSDP2, DTensor and ``torch.compile`` issue collectives from C++ that only torch counts, and an
-object collective is two of torch's. Dumps renumber at dump time (``native_merge``), but a
+object collective is two of torch's. Dumps renumber at dump time (``native.merge``), but a
 rank that dies hard leaves only its ring, whose numbers must already agree with its peers'
 dumps. So a group's counter follows the ProcessGroup's (``follow_native``) from the moment the
 two differ: when flightrec first meets the group, and at every watchdog tick after. Until then
@@ -22,8 +22,13 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from flightrec.recorder.completion import is_gpu
-from flightrec.recorder.low_level.state import new_counter
+from flightrec.recorder.hotpath.counters import new_counter
+
+
+def is_gpu(backend: str) -> bool:
+    """Whether a backend name means GPU work whose end only CUDA events can tell (completion
+    tracking then polls CUDA events, ``completion.Tracker``)."""
+    return "nccl" in backend or "cuda" in backend or "xccl" in backend
 
 
 class GroupInfo:

@@ -1,8 +1,8 @@
 """The recorder's live state: ring, intern tables, group counters, and the slow paths.
 
-The per-call hot path is generated per traced function (``low_level/codegen.py``): it interns
+The per-call hot path is generated per traced function (``hooks/codegen.py``): it interns
 what repeats (group, op, tensors, stack, thread) through dict lookups on the caches of a
-``HotState`` (``low_level/hot.py``), writes one binary slot, calls torch, and marks the slot
+``HotState`` (``hotpath/state.py``), writes one binary slot, calls torch, and marks the slot
 finished. The state holds this object's caches and, as plain callables, the slow paths
 below: a cache miss, async or GPU completion and failure come back here through them only. Only the
 outermost call of a thread is recorded (``active`` is the per-thread guard), so
@@ -25,17 +25,17 @@ from typing import Any
 
 from flightrec.format.builder import COALESCED, IS_P2P, SEND
 from flightrec.format.slot import COMPLETED, FAILED, SLOT_SIZE
-from flightrec.recorder import completion
-from flightrec.recorder.blackbox import BlackBox
 from flightrec.recorder.config import Config
-from flightrec.recorder.groups import GroupInfo, GroupRegistry
-from flightrec.recorder.low_level import layout
-from flightrec.recorder.low_level.hot import HotState, c_path
-from flightrec.recorder.low_level.python import PyPath
-from flightrec.recorder.low_level.state import new_active
-from flightrec.recorder.ring import Ring
-from flightrec.recorder.stacks import StackTable
-from flightrec.recorder.tables import StringTable, TensorTable
+from flightrec.recorder.hotpath import layout
+from flightrec.recorder.hotpath.counters import new_active
+from flightrec.recorder.hotpath.groups import GroupInfo, GroupRegistry
+from flightrec.recorder.hotpath.python import PyPath
+from flightrec.recorder.hotpath.ring import Ring
+from flightrec.recorder.hotpath.state import HotState, c_path
+from flightrec.recorder.recording import completion
+from flightrec.recorder.recording.blackbox import BlackBox
+from flightrec.recorder.recording.stacks import StackTable
+from flightrec.recorder.recording.tables import StringTable, TensorTable
 
 log = logging.getLogger("flightrec")
 UNTRACKED = 0
@@ -197,9 +197,9 @@ class Recorder:
             settle=self.settle,
             fail=self.fail,
         )
-        """What the hot path reads and calls (``low_level.hot``), and nothing more."""
+        """What the hot path reads and calls (``hotpath.state``), and nothing more."""
         self.path = PyPath(self.hot, torch.Tensor)
-        """Recording one call, in Python (``low_level.python``): the generated wrappers and
+        """Recording one call, in Python (``hotpath.python``): the generated wrappers and
         ``batch_isend_irecv`` record through it; the C Sites fall back to it."""
 
     @property
@@ -272,7 +272,7 @@ class Recorder:
         if self._fast_path is not None:
             layout.install(self._fast_path)
 
-    # -- slow paths of the hot path (see low_level/python.py) ------------------------------
+    # -- slow paths of the hot path (see hotpath/python.py) ------------------------------
     def group_slow(self, pg: Any) -> GroupInfo | None:
         """Group info for ``pg`` on a cache miss; None when the call must not be recorded.
 

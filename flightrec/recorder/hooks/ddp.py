@@ -1,7 +1,7 @@
 """DistributedDataParallel: its gradient all-reduces, recorded by PyTorch's recorder or by a hook.
 
 DDP's reducer issues its bucket all-reduces from C++, where no Python wrapper sees them.
-PyTorch's own recorder (on by default, merged into every dump by ``native_merge``) records them
+PyTorch's own recorder (on by default, merged into every dump by ``native.merge``) records them
 inside the ProcessGroup, so by default flightrec leaves DDP alone: any Python communication
 hook costs DDP steps (about 6% on a small 4-rank gloo model, an untraced hook as much as
 ours), since every bucket takes the GIL on the backward pass and again on the backend's thread.

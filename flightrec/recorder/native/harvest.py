@@ -28,8 +28,8 @@ so it is trusted) and ``merge`` lines it up with flightrec's ring:
   and counted in its group's ``dropped``. P2P entries keep flightrec's per-peer numbering;
   native P2P entries flightrec did not issue are not added (gloo records none).
 
-This module reads torch's ring; ``native_merge`` lines it up with flightrec's, and
-``native_watch`` lets the watchdog see hangs only torch's counters show. Nothing here may
+This module reads torch's ring; ``merge`` lines it up with flightrec's, and
+``watch`` lets the watchdog see hangs only torch's counters show. Nothing here may
 raise into the job: ``harvest`` returns None on any failure (one warning).
 """
 
