@@ -38,6 +38,11 @@ from flightrec.format.slot import (
 )
 from flightrec.recorder.hotpath.counters import new_counter
 
+# Bound once: the Python hot path writes every entry through ``append`` and ``finish``.
+_pack = SLOT.pack_into
+_rid_at = RID.unpack_from
+_done = DONE.pack_into
+
 __all__ = [
     "COMPLETED",
     "ENQUEUED",
@@ -88,7 +93,7 @@ class Ring:
         The record id is taken here, last: a caller that fails before (``PyPath.write``
         interns everything first) leaves no gap in the ids."""
         rid = next(self.ids)
-        SLOT.pack_into(
+        _pack(
             self.buffer,
             ((rid - 1) % self.capacity) * SLOT_SIZE,
             rid, enqueue_ns, 0, state, seq, p2p_seq, group, op, reduce_op, peer,
@@ -99,9 +104,9 @@ class Ring:
     def finish(self, rid: int, state: int, complete_ns: int) -> bool:
         """Set an entry's final state; False when the ring already overwrote it."""
         off = ((rid - 1) % self.capacity) * SLOT_SIZE
-        if RID.unpack_from(self.buffer, off)[0] != rid:
+        if _rid_at(self.buffer, off)[0] != rid:
             return False
-        DONE.pack_into(self.buffer, off + OFF_COMPLETE, complete_ns, state)
+        _done(self.buffer, off + OFF_COMPLETE, complete_ns, state)
         return True
 
     def snapshot(self) -> bytes:
