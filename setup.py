@@ -1,5 +1,5 @@
 """Ships ``flightrec-autostart.pth`` at the top of site-packages, and builds the optional C
-hot path ``flightrec.recorder.low_level._fast``, the dump reader's loops
+hot path ``flightrec.recorder.hotpath._fast``, the dump reader's loops
 ``flightrec.format._wire``, the straggler pass's ``flightrec.analysis.timing._arrivals`` and the
 native-dump reader's ``flightrec.readers.native._pickled``.
 
@@ -33,8 +33,8 @@ class BuildWithPth(build_py):
 
 
 FAST = Extension(
-    "flightrec.recorder.low_level._fast",
-    sources=["flightrec/recorder/low_level/_fast.c"],
+    "flightrec.recorder.hotpath._fast",
+    sources=["flightrec/recorder/hotpath/_fast.c"],
     optional=True,  # a failed build leaves the pure-Python hot path, never a failed install
 )
 

@@ -24,10 +24,10 @@ from pathlib import Path
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 from flightrec.recorder.config import Config  # noqa: E402
-from flightrec.recorder.groups import GroupInfo  # noqa: E402
+from flightrec.recorder.dumping.upload import Uploader  # noqa: E402
+from flightrec.recorder.hotpath.groups import GroupInfo  # noqa: E402
+from flightrec.recorder.hotpath.ring import COMPLETED, ENQUEUED  # noqa: E402
 from flightrec.recorder.metrics import Counts, FlightrecCollector  # noqa: E402
-from flightrec.recorder.ring import COMPLETED, ENQUEUED  # noqa: E402
-from flightrec.recorder.upload import Uploader  # noqa: E402
 
 
 def per_call(fn, n: int, rounds: int) -> list[float]:  # type: ignore[no-untyped-def]
@@ -60,7 +60,7 @@ def main() -> None:
     up.submit(dump)
     show("submit", per_call(lambda: up.submit(dump), 2000, args.rounds))
 
-    from flightrec.recorder.recorder import Recorder
+    from flightrec.recorder.recording.recorder import Recorder
 
     rec = Recorder(Config(enabled=True, directory=str(tmp), buffer=args.buffer, blackbox=False))
     g = GroupInfo(0, "0", "default_pg", (0, 1), "gloo")

@@ -76,7 +76,7 @@ HARVEST = textwrap.dedent(
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=os.environ["PORT"])
     dist.init_process_group("gloo", rank=0, world_size=1)
     for _ in range(2500): dist.all_reduce(torch.ones(1))
-    from flightrec.recorder import native_harvest
+    from flightrec.recorder.native import harvest as native_harvest
     dump = torch._C._distributed_c10d._dump_fr_trace
     for stacks in (False, True):
         times = []

@@ -42,7 +42,7 @@ from flightrec.format.progress import decode_progress, encode_progress, progress
 from flightrec.format.summary import encode, summarize  # noqa: E402
 from flightrec.live import verdict  # noqa: E402
 from flightrec.live.frontier import find_frontier  # noqa: E402
-from flightrec.recorder.exchange import Round, progress_key, round_key, summary_key  # noqa: E402
+from flightrec.recorder.exchange.verdict import Round, progress_key, round_key, summary_key  # noqa: E402
 from flightrec.simulate.faults import Fault  # noqa: E402
 from flightrec.simulate.job import SimConfig, build_rank_dump, plan  # noqa: E402
 from flightrec.simulate.layout import parse_layout  # noqa: E402

@@ -67,7 +67,7 @@ SOURCE = False
 """--source: children import this checkout instead of the installed package."""
 HERE = Path(__file__).resolve().parent
 PURE_PYTHON = (
-    "import runpy, sys; import flightrec.recorder.low_level.codegen as c; c.USE_FAST = False; "
+    "import runpy, sys; import flightrec.recorder.hooks.codegen as c; c.USE_FAST = False; "
     "runpy.run_path(sys.argv[1], run_name='__main__')"
 )
 """Runs a script with the pure-Python hot path: set before torch.distributed is imported, when
@@ -116,8 +116,8 @@ def _python_path(fn):  # type: ignore[no-untyped-def]
     """``fn`` wrapped like the installed wrapper, but on the pure-Python hot path (what runs
     where the C extension is not built), recording into the same recorder."""
     from flightrec.recorder import runtime
-    from flightrec.recorder.low_level import codegen
-    from flightrec.recorder.specs import spec_for
+    from flightrec.recorder.hooks import codegen
+    from flightrec.recorder.hooks.specs import spec_for
 
     rt = runtime.current()
     assert rt is not None
@@ -282,7 +282,7 @@ def _script(script: str, env_extra: dict[str, str], tmp: str, pure: bool = False
 
 def _hot_path() -> str:
     out = subprocess.run(
-        [sys.executable, "-c", "from flightrec.recorder.low_level import codegen; print(codegen.USE_FAST)"],
+        [sys.executable, "-c", "from flightrec.recorder.hooks import codegen; print(codegen.USE_FAST)"],
         capture_output=True, text=True,
         env={**os.environ, **({"PYTHONPATH": str(ROOT)} if SOURCE else {})},
         # As the measured scripts run: from benchmarks/, so that ``-c`` does not import the

@@ -241,7 +241,7 @@ def sim(args: argparse.Namespace) -> None:
 # -- cost ------------------------------------------------------------------------------------
 def cost(args: argparse.Namespace) -> None:
     from flightrec.format.slot import COMPLETED, SLOT
-    from flightrec.recorder.slowcheck import make_digest
+    from flightrec.recorder.exchange.slowcheck import make_digest
 
     buf = bytearray()
     t = time.monotonic_ns()

@@ -6,7 +6,7 @@ connection and thread that a traced rank has. Two modes:
 
   poll     what flightrec did before issue 17, kept here for the comparison: every rank reads
            the request counter every 0.25 s on a connection of its own.
-  current  ``flightrec.recorder.store.Poller`` as the recorder runs it.
+  current  ``flightrec.recorder.exchange.store.Poller`` as the recorder runs it.
   exchange the verdict's exchange end to end: each rank also has the recorder's ``Exchange``
            with its dump of a simulated hang (``flightrec simulate``'s tp=8,pp=8 stall); a
            request makes every rank publish its summary and progress record, and the lowest
@@ -46,7 +46,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
 
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # noqa: E402
 
-from flightrec.recorder import store as channel  # noqa: E402
+from flightrec.recorder.exchange import store as channel  # noqa: E402
 
 NAMESPACE = "bench"
 SERVER = """
@@ -185,8 +185,8 @@ def run_exchange(ranks: int, requests: int, connected: bool) -> None:
     from flightrec import live
     from flightrec.format.progress import encode_progress, progress
     from flightrec.format.summary import encode, summarize
-    from flightrec.recorder import exchange
-    from flightrec.recorder.exchange import GATHER_S, Exchange
+    from flightrec.recorder.exchange import verdict as exchange
+    from flightrec.recorder.exchange.verdict import GATHER_S, Exchange
     from flightrec.simulate.faults import Fault
     from flightrec.simulate.job import SimConfig, build_rank_dump, plan
     from flightrec.simulate.layout import parse_layout

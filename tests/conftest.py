@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCE = ROOT / "flightrec" / "recorder" / "low_level" / "_fast.c"
+SOURCE = ROOT / "flightrec" / "recorder" / "hotpath" / "_fast.c"
 SOURCES = (
     SOURCE,
     ROOT / "flightrec" / "format" / "_wire.c",

@@ -1,6 +1,6 @@
 """The digest: one rank's newest arrivals per group, small enough to publish every check.
 
-The in-job slow check (``flightrec.recorder.slowcheck``) has each rank publish one digest
+The in-job slow check (``flightrec.recorder.exchange.slowcheck``) has each rank publish one digest
 through the job's store; one rank gathers them and looks for a rank that is persistently late
 (``flightrec.live.slow``). A digest holds, per process group (at most ``MAX_GROUPS``), the
 newest ``MAX_PER_GROUP`` completed collectives: sequence number, enqueue time and completion

@@ -1,7 +1,7 @@
 """How PyTorch's native Flight Recorder names things, and what flightrec calls them.
 
 Two producers read native entries: the native-dump reader (``flightrec.readers.native``) and
-the recorder's in-process harvest (``flightrec.recorder.native_harvest``). Both turn a
+the recorder's in-process harvest (``flightrec.recorder.native.harvest``). Both turn a
 profiling name (``"gloo:allreduce"``, ``"nccl:send 0->1"``) and c10 dtype names into the
 torch.distributed spellings the rest of flightrec uses, so a mismatch reads the same for
 every source; the tables live here, below both.

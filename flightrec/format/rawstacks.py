@@ -1,7 +1,7 @@
 """The raw-stacks file beside a black box: where it goes and its first line.
 
 faulthandler writes every thread's Python stack into it from its own C thread when no Python
-code has run for FLIGHTREC_TIMEOUT seconds (``flightrec.recorder.rawstacks`` arms it;
+code has run for FLIGHTREC_TIMEOUT seconds (``flightrec.recorder.dumping.rawstacks`` arms it;
 ``flightrec.readers.rawstacks`` reads it back). The body is faulthandler's own text.
 """
 

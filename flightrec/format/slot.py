@@ -2,7 +2,7 @@
 
 Each entry is one ``SLOT`` record. The layout is the same in the recorder's ring buffer, in the
 black box's memory-mapped file (``flightrec.format.blackbox``) and in the C hot path
-(``flightrec/recorder/low_level/_fast.c``, whose offsets a test checks against ``SLOT``). The record id is
+(``flightrec/recorder/hotpath/_fast.c``, whose offsets a test checks against ``SLOT``). The record id is
 stored first and again last: a reader of a file left by a process killed in the middle of a
 write drops a slot whose two copies disagree. Index columns (op, thread, stack, ...) refer to the
 recorder's intern tables, which only ever grow.

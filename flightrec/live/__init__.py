@@ -2,7 +2,7 @@
 
 The recorder publishes each rank's progress record and summary through the job's store and
 runs ``report`` on a flightrec thread of the one rank that reports
-(``flightrec.recorder.exchange``). ``report`` waits, time-boxed, for the other ranks to
+(``flightrec.recorder.exchange.verdict``). ``report`` waits, time-boxed, for the other ranks to
 answer, reads every rank's progress record, then the summaries of the ranks those implicate
 (every rank's in a small job), runs the analysis on them and prints the verdict panel to
 stderr (``flightrec.live.verdict``; the design and its figures: docs/inlog.md). Nothing is imported from the analysis
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from flightrec.analysis import Report
     from flightrec.live.rounds import Verdict
-    from flightrec.recorder.exchange import Round
+    from flightrec.recorder.exchange.verdict import Round
 
 log = logging.getLogger("flightrec")
 POLL_S = 0.1

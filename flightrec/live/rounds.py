@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flightrec.analysis.model import FindingKind
 from flightrec.errors import printable
-from flightrec.recorder.store import DEFAULT_NAMESPACE
+from flightrec.recorder.exchange.store import DEFAULT_NAMESPACE
 from flightrec.text import ranks_phrase
 
 if TYPE_CHECKING:

@@ -1,6 +1,6 @@
 """Slow, not stuck: name a persistently late rank in the job's log while the job runs.
 
-The recorder's slow check (``flightrec.recorder.slowcheck``) hands the reporting rank every
+The recorder's slow check (``flightrec.recorder.exchange.slowcheck``) hands the reporting rank every
 rank's digest (``flightrec.format.digest``) once per check. ``SlowJudge.check`` lines each
 group's members up on one clock (``clocks.align_lanes``: completions of one collective are
 simultaneous), counts who arrived last and by how much (``lastarrivals.tally_arrivals``, as

@@ -1,11 +1,21 @@
 """The training-side recorder: every torch.distributed collective and P2P call into a per-rank
 ring, dumped on hang, error, signal, exit or request.
 
-Modules, by idea: ``config`` (environment), ``ring`` (binary slots), ``tables`` and ``stacks``
-(interning), ``groups`` (group identity and sequence counters), ``specs`` and ``hooks``
-(wrapping torch.distributed), ``recorder`` (the hot path), ``completion`` (async work),
-``watchdog``, ``store`` (dump requests), ``signals``, ``dumper`` and ``runtime`` (wiring),
-``upload`` (dumps to object storage) and ``metrics`` (Prometheus, for alerting).
+Subpackages, by idea:
+
+- ``hotpath``: recording one call (its narrow ``HotState``, the Python path and the optional
+  C path, the ring, the group counters);
+- ``recording``: the ``Recorder`` (live state, slow paths), intern tables, stacks, completion
+  tracking, the black box;
+- ``hooks``: wrapping torch.distributed (function specs, generated wrappers, DDP);
+- ``dumping``: dumps, the exception a rank dies of, raw stacks, uploads;
+- ``exchange``: ranks talking through the job's store (dump requests, ``flightrec trigger``,
+  the verdict's summaries, the slow check);
+- ``native``: PyTorch's own Flight Recorder, harvested and merged into dumps.
+
+Beside them: ``config`` (environment), ``runtime`` (one recorder per process, wiring the
+triggers), ``watchdog``, ``signals``, ``metrics`` (Prometheus), ``startup`` and ``diagnose``
+(``flightrec doctor``).
 """
 
 from __future__ import annotations
@@ -17,7 +27,7 @@ from flightrec.errors import TorchMissingError
 from flightrec.recorder.config import Config, from_env
 
 if TYPE_CHECKING:
-    from flightrec.recorder.exchange import Reporter
+    from flightrec.recorder.exchange.verdict import Reporter
 
 __all__ = ["Config", "disable", "dump", "enable", "from_env"]
 

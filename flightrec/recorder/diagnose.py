@@ -134,12 +134,12 @@ def _torch() -> tuple[Any, Item]:
 def _recording_path() -> tuple[Any, Item]:
     """The C extension where it is built and used, else None (the pure-Python path)."""
     try:
-        from flightrec.recorder.low_level import codegen
+        from flightrec.recorder.hooks import codegen
     except Exception as exc:  # the recorder's own modules failing to import: report it
         return None, Item("recording path", "unavailable", f"{type(exc).__name__}: {exc}", True)
     fast: Any
     try:
-        from flightrec.recorder.low_level import _fast as fast
+        from flightrec.recorder.hotpath import _fast as fast
     except ImportError:
         fast = None
     if fast is None:
@@ -156,10 +156,10 @@ def _recording_path() -> tuple[Any, Item]:
 
 def _bare_fast_path(fast: Any) -> Any:
     """A C FastPath with empty tables: enough to calibrate and check the layout on."""
-    from flightrec.recorder.low_level.state import new_active, new_counter
+    from flightrec.recorder.hotpath.counters import new_active, new_counter
 
     return fast.FastPath(
-        recorder=None, by_pg={}, active=new_active(), threads={}, tcaches={}, reds={},
+        settle=None, fail=None, by_pg={}, active=new_active(), threads={}, tcaches={}, reds={},
         ids=new_counter(), capture=None, buffer=bytearray(fast.SLOT_SIZE), capacity=1, depth=0,
     )  # fmt: skip
 
@@ -170,7 +170,7 @@ def _tensor_reader(fast: Any, torch: Any) -> Item:
         return Item(topic, "off", "needs the C path")
     if torch is None:
         return Item(topic, "off", "needs torch")
-    from flightrec.recorder.low_level import layout
+    from flightrec.recorder.hotpath import layout
 
     why = layout.install_why_not(_bare_fast_path(fast))
     if why is None:

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flightrec.recorder.recorder import Recorder
-    from flightrec.recorder.upload import Uploader
+    from flightrec.recorder.dumping.upload import Uploader
+    from flightrec.recorder.recording.recorder import Recorder
 
 log = logging.getLogger("flightrec")
 

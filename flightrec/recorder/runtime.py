@@ -17,20 +17,29 @@ from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.rawstacks import stacks_path
-from flightrec.recorder import ddp, native_merge
 from flightrec.recorder.config import Config, from_env, store_namespace
-from flightrec.recorder.ddp import DDPHooks
-from flightrec.recorder.dumper import Dumper, describe_entry, in_thread
-from flightrec.recorder.endpoint import Registration, register
-from flightrec.recorder.exceptions import (
+from flightrec.recorder.dumping.dumper import Dumper, describe_entry, in_thread
+from flightrec.recorder.dumping.exceptions import (
     MAX_EXCEPTIONS,
     ExceptionHooks,
     RaisedException,
     error_file,
     from_error_file,
 )
-from flightrec.recorder.exchange import GATHER_S, Exchange, Reporter
-from flightrec.recorder.hooks import Hooks
+from flightrec.recorder.dumping.rawstacks import RawStacks
+from flightrec.recorder.dumping.upload import Uploader
+from flightrec.recorder.exchange.endpoint import Registration, register
+from flightrec.recorder.exchange.slowcheck import SlowCheck
+from flightrec.recorder.exchange.store import (
+    DEFAULT_NAMESPACE,
+    Poller,
+    default_store,
+    store_address,
+)
+from flightrec.recorder.exchange.verdict import GATHER_S, Exchange, Reporter
+from flightrec.recorder.hooks import ddp
+from flightrec.recorder.hooks.ddp import DDPHooks
+from flightrec.recorder.hooks.install import Hooks
 from flightrec.recorder.metrics import (
     Counts,
     FlightrecCollector,
@@ -38,14 +47,11 @@ from flightrec.recorder.metrics import (
     WarningCounter,
     metrics_port,
 )
-from flightrec.recorder.native_watch import NativeWatch
-from flightrec.recorder.rawstacks import RawStacks
-from flightrec.recorder.recorder import Recorder
+from flightrec.recorder.native import merge as native_merge
+from flightrec.recorder.native.watch import NativeWatch
+from flightrec.recorder.recording.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
-from flightrec.recorder.slowcheck import SlowCheck
 from flightrec.recorder.startup import lowest_on_node, say, startup_line
-from flightrec.recorder.store import DEFAULT_NAMESPACE, Poller, default_store, store_address
-from flightrec.recorder.upload import Uploader
 from flightrec.recorder.watchdog import Watchdog
 
 log = logging.getLogger("flightrec")
@@ -374,7 +380,7 @@ class Runtime:
         rank = _rank()
         make = getattr(self.reporter, "slow_judge", None) if rank == 0 else None
         try:
-            from flightrec.recorder.dumper import _device_identity
+            from flightrec.recorder.dumping.dumper import _device_identity
 
             def device() -> str:  # asked at the first check, once the group's backend is known
                 ident = self.dumper.identity
@@ -408,7 +414,7 @@ class Runtime:
 
     def _tick(self, now_ns: int) -> None:
         # Before anything else: the sooner a group follows torch's numbers, the fewer of its
-        # entries carry numbers its peers' dumps do not (see ``groups``).
+        # entries carry numbers its peers' dumps do not (see ``hotpath.groups``).
         self.recorder.groups.follow_native()
         hung = self.native_watch.poll(now_ns)
         if hung is not None:  # a collective flightrec's hooks never saw (funcol, C++)
@@ -479,7 +485,7 @@ class Runtime:
         ident = self.dumper.identity
         if bb is None or self._identified or ident is None:
             return
-        from flightrec.recorder.dumper import _torch_version
+        from flightrec.recorder.dumping.dumper import _torch_version
 
         self._identified = True
         try:

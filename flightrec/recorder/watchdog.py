@@ -20,7 +20,7 @@ from flightrec.format.slot import ENQUEUED, STARTED
 
 if TYPE_CHECKING:
     from flightrec.format.slot import Slot
-    from flightrec.recorder.recorder import Recorder
+    from flightrec.recorder.recording.recorder import Recorder
 
 log = logging.getLogger("flightrec")
 PERIOD_S = 0.1

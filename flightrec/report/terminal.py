@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
 MAX_GROUPS = 12
 MAX_FRAMES = 14
-# The file name flightrec/recorder/low_level/codegen.py compiles its generated wrappers under.
+# The file name flightrec/recorder/hooks/codegen.py compiles its generated wrappers under.
 WRAPPER_FILE_PREFIX = "<flightrec wrapper of "
 MAX_OTHER_FINDINGS = 20
 MAX_LINES = 12

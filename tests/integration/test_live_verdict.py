@@ -77,7 +77,7 @@ def test_a_ddp_job_gets_its_verdict_too(tmp_path: Path) -> None:
     assert re.search(r"wait in DDP gradient-bucket all_reduce at\s+scripts/live_job.py:\d+", out), (
         out
     )
-    assert "recorder/ddp.py" not in out, out
+    assert "recorder/hooks/ddp.py" not in out, out
 
 
 def test_flightrec_verdict_0_turns_it_off(tmp_path: Path) -> None:

@@ -3,7 +3,7 @@
 Each job is ``scripts/native_coverage.py`` traced by FLIGHTREC=1 alone: DTensor tensor
 parallelism, a torch.compile'd step of functional collectives, DDP with a builtin C++ comm
 hook, DDP with find_unused_parameters, FSDP2 plus TP. Their collectives reach flightrec
-through PyTorch's own recorder, merged in at dump time (``recorder/native_harvest.py``).
+through PyTorch's own recorder, merged in at dump time (``recorder/native/harvest.py``).
 
 A rank that stalls at some step must be named, alone, with the op and group its peers wait
 in; a healthy run must give no finding. The analysis is the real command's.

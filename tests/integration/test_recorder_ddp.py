@@ -17,7 +17,7 @@ from torch import nn  # noqa: E402
 from torch.nn.parallel import DistributedDataParallel as DDP  # noqa: E402
 
 from flightrec.format.slot import COMPLETED, decode  # noqa: E402
-from flightrec.recorder.ddp import DDP_BUCKET  # noqa: E402
+from flightrec.recorder.hooks.ddp import DDP_BUCKET  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from tests.integration.gloo import one_rank_gloo, traced_runtime  # noqa: E402
 

@@ -13,10 +13,10 @@ torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
 from flightrec.format.slot import COMPLETED, FAILED, Slot, decode  # noqa: E402
-from flightrec.recorder.groups import GroupInfo  # noqa: E402
-from flightrec.recorder.low_level import codegen  # noqa: E402
+from flightrec.recorder.hooks import codegen  # noqa: E402
+from flightrec.recorder.hooks.specs import spec_for  # noqa: E402
+from flightrec.recorder.hotpath.groups import GroupInfo  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
-from flightrec.recorder.specs import spec_for  # noqa: E402
 from tests.integration.gloo import traced_runtime  # noqa: E402
 
 pytestmark = pytest.mark.skipif(

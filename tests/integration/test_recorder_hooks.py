@@ -18,9 +18,9 @@ from flightrec.format import flightrec_pb2 as pb  # noqa: E402
 from flightrec.format.read import read_dump  # noqa: E402
 from flightrec.format.slot import COMPLETED, ENQUEUED, FAILED, decode  # noqa: E402
 from flightrec.recorder.config import Config  # noqa: E402
-from flightrec.recorder.groups import GroupInfo  # noqa: E402
+from flightrec.recorder.hooks.specs import TRACED  # noqa: E402
+from flightrec.recorder.hotpath.groups import GroupInfo  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
-from flightrec.recorder.specs import TRACED  # noqa: E402
 from flightrec.recorder.watchdog import Watchdog  # noqa: E402
 from tests.integration.gloo import traced_runtime  # noqa: E402
 from tests.integration.jobs import free_port  # noqa: E402
@@ -33,7 +33,7 @@ def rt(
     request: pytest.FixtureRequest, pg: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Runtime]:
     """A traced runtime whose wrappers take the C hot path, or only the Python one."""
-    from flightrec.recorder.low_level import codegen
+    from flightrec.recorder.hooks import codegen
 
     if request.param == "c" and codegen._fast is None:
         pytest.skip("C hot path not built (python setup.py build_ext --inplace)")
@@ -156,8 +156,8 @@ def test_watchdog_fires_once_per_overdue_entry(rt: Runtime) -> None:
 def test_only_the_outermost_call_is_recorded(rt: Runtime, own_numbers: None) -> None:
     # all_gather_object runs two all_gathers inside; with numpy missing here it cannot run
     # for real, so a stand-in with its signature calls the traced all_reduce twice.
-    from flightrec.recorder.low_level.codegen import generate
-    from flightrec.recorder.specs import spec_for
+    from flightrec.recorder.hooks.codegen import generate
+    from flightrec.recorder.hooks.specs import spec_for
 
     def inner(object_list, obj, group=None):  # type: ignore[no-untyped-def]
         dist.all_reduce(torch.ones(1), group=group)
@@ -229,14 +229,14 @@ def test_a_gpu_call_whose_completion_cannot_be_followed_is_not_left_pending() ->
     # ENQUEUED for the watchdog to report as a hang.
     if torch.cuda.is_available():
         pytest.skip("CUDA events work here")
-    from flightrec.recorder.completion import Tracker
+    from flightrec.recorder.recording.completion import Tracker
 
     with pytest.raises(Exception):  # noqa: B017 - whatever torch raises without CUDA
-        Tracker(None).track_stream(1)  # type: ignore[arg-type]
+        Tracker(lambda *a: None, lambda rid, exc: None, lambda where, exc: None).track_stream(1)
 
 
 def test_reduce_op_names_stay_bounded(rt: Runtime) -> None:
-    from flightrec.recorder.recorder import _reduce_name
+    from flightrec.recorder.recording.recorder import _reduce_name
 
     assert _reduce_name(dist.ReduceOp.SUM) == "SUM"
     assert _reduce_name(dist.ReduceOp(dist.ReduceOp.MAX)) == "MAX"
@@ -249,8 +249,8 @@ def test_reduce_op_names_stay_bounded(rt: Runtime) -> None:
 
 
 def test_unrecorded_calls_run_torch_exactly_once(rt: Runtime) -> None:
-    from flightrec.recorder.low_level.codegen import generate
-    from flightrec.recorder.specs import spec_for
+    from flightrec.recorder.hooks.codegen import generate
+    from flightrec.recorder.hooks.specs import spec_for
 
     calls: list[object] = []
 

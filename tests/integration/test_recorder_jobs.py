@@ -184,8 +184,8 @@ def test_a_job_that_ends_normally_leaves_nothing_in_its_log(
 
 ENDS_EARLY = """
 import time, torch, torch.distributed as dist
-from flightrec.recorder.exchange import left_key
-from flightrec.recorder.store import default_store
+from flightrec.recorder.exchange.verdict import left_key
+from flightrec.recorder.exchange.store import default_store
 dist.init_process_group("gloo")
 t = torch.ones(4)
 for _ in range(2):

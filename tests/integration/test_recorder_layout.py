@@ -1,4 +1,4 @@
-"""The C hot path reads a tensor's shape and dtype from torch's memory (low_level/layout.py):
+"""The C hot path reads a tensor's shape and dtype from torch's memory (hotpath/layout.py):
 only where it agrees with torch's getters, and never for tensors whose sizes live elsewhere."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 
 from flightrec.format.slot import decode  # noqa: E402
-from flightrec.recorder.low_level import codegen, layout  # noqa: E402
+from flightrec.recorder.hooks import codegen  # noqa: E402
+from flightrec.recorder.hotpath import layout  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
 from tests.integration.gloo import traced_runtime  # noqa: E402
 

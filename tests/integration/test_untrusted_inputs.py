@@ -23,7 +23,7 @@ from flightrec.format.blackbox import MAGIC as BLACKBOX_MAGIC
 from flightrec.format.read import read_dump
 from flightrec.format.schema import MAGIC_PREFIX, SUFFIX
 from flightrec.format.write import write_dump
-from flightrec.recorder.store import parse_request, post_request, request_key, ring
+from flightrec.recorder.exchange.store import parse_request, post_request, request_key, ring
 from tests.unit.factories import Job, healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,8 +61,8 @@ def test_a_request_description_is_a_rank_and_a_known_reason(
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from flightrec.recorder.exchange.store import connect, default_store  # noqa: E402
 from flightrec.recorder.runtime import Runtime  # noqa: E402
-from flightrec.recorder.store import connect, default_store  # noqa: E402
 from tests.integration.gloo import traced_runtime  # noqa: E402
 
 

@@ -21,11 +21,11 @@ from flightrec.format.schema import dump_filename
 from flightrec.format.slot import COMPLETED, ENQUEUED, SLOT_SIZE
 from flightrec.format.write import write_dump
 from flightrec.readers.blackbox import is_blackbox, read_blackbox
-from flightrec.recorder.blackbox import BlackBox
-from flightrec.recorder.groups import GroupInfo
-from flightrec.recorder.ring import Ring
-from flightrec.recorder.stacks import StackTable
-from flightrec.recorder.tables import StringTable, TensorTable
+from flightrec.recorder.hotpath.groups import GroupInfo
+from flightrec.recorder.hotpath.ring import Ring
+from flightrec.recorder.recording.blackbox import BlackBox
+from flightrec.recorder.recording.stacks import StackTable
+from flightrec.recorder.recording.tables import StringTable, TensorTable
 
 
 class Recording:
@@ -263,7 +263,7 @@ def _raise_in_compute_loss() -> None:
 def test_the_exception_a_process_died_of_is_in_its_black_box(tmp_path: Path) -> None:
     from flightrec.analysis.findings.crashes import exceptions_of
     from flightrec.analysis.model import RankDump
-    from flightrec.recorder.exceptions import describe
+    from flightrec.recorder.dumping.exceptions import describe
 
     rec = Recording(tmp_path)
     rec.bb.identify(2, 4, "job-7", "gloo", "2.x")

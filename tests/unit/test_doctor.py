@@ -22,7 +22,7 @@ from flightrec.recorder import diagnose as doctor
 from flightrec.recorder.diagnose import Diagnosis, diagnose, frame_walk_declined
 
 try:
-    from flightrec.recorder.low_level import _fast
+    from flightrec.recorder.hotpath import _fast
 except ImportError:
     _fast = None  # type: ignore[assignment]
 
@@ -145,7 +145,7 @@ def test_under_flightrec_1_the_doctor_starts_no_recorder(tmp_path: Path) -> None
 @needs_c
 def test_a_reader_that_is_off_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("torch")
-    from flightrec.recorder.low_level import layout
+    from flightrec.recorder.hotpath import layout
 
     monkeypatch.setattr(layout, "USE_LAYOUT", False)
     reader = item(diagnose({}), "tensor-memory reader")

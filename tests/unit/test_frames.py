@@ -16,7 +16,7 @@ VENV = "/home/u/.venv/lib/python3.11/site-packages"
         (f"{VENV}/typing_extensions.py", True),  # torch's deprecated-API wrapper
         ("/usr/lib/python3.11/threading.py", True),
         ("<frozen importlib._bootstrap>", True),
-        ("flightrec/recorder/ddp.py", True),
+        ("flightrec/recorder/hooks/ddp.py", True),
         ("/job/train.py", False),
         (f"{VENV}/torchtitan/train.py", False),  # a training framework is the user's code
         (f"{VENV}/typing_extensions_helpers/x.py", False),
@@ -29,7 +29,7 @@ VENV = "/home/u/.venv/lib/python3.11/site-packages"
         # ... while a source install of either, on any machine, keeps its package layout.
         ("/home/u/pytorch/torch/distributed/distributed_c10d.py", True),
         ("/home/u/pytorch/torch/_tensor.py", True),
-        ("/tmp/x/flightrec/flightrec/recorder/hooks.py", True),
+        ("/tmp/x/flightrec/flightrec/recorder/hooks/install.py", True),
     ],
 )
 def test_library_files(file: str, library: bool) -> None:

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from flightrec.format.slot import COMPLETED
-from flightrec.recorder import completion
-from flightrec.recorder.completion import Cuda, Tracker, Untrackable
+from flightrec.recorder.recording import completion
+from flightrec.recorder.recording.completion import Cuda, Tracker, Untrackable
 
 
 class Event:
@@ -81,12 +81,19 @@ class Recorder:
     def on_error(self, rid: int, exc: BaseException) -> None:
         raise AssertionError("an event never fails an entry")
 
+    def internal_error(self, where: str, exc: BaseException) -> None:
+        raise AssertionError(f"no internal error expected ({where}: {exc})")
+
+
+def new_tracker(rec: Recorder, cuda: Any) -> Tracker:
+    return Tracker(rec.ring.finish, rec.on_error, rec.internal_error, cuda)
+
 
 def tracker(monkeypatch: pytest.MonkeyPatch) -> tuple[Tracker, Recorder, FakeTorch]:
     fake = FakeTorch()
     monkeypatch.setitem(__import__("sys").modules, "torch", fake)
     rec = Recorder()
-    return Tracker(rec, Cuda()), rec, fake  # type: ignore[arg-type]
+    return new_tracker(rec, Cuda()), rec, fake
 
 
 def test_each_call_completes_with_its_own_event_so_a_later_stall_holds_only_later_calls(
@@ -135,7 +142,7 @@ def test_without_cuda_the_call_is_untrackable_at_once() -> None:
         def event_on_current(self) -> Any:
             raise RuntimeError("Found no NVIDIA driver on your system")
 
-    t = Tracker(Recorder(), NoCuda())  # type: ignore[arg-type]
+    t = new_tracker(Recorder(), NoCuda())
     with pytest.raises(Untrackable) as raised:
         t.track_stream(5)
     assert raised.value.rids == (5,)

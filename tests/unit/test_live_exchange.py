@@ -21,8 +21,8 @@ from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.read import read_dump
 from flightrec.format.slot import STARTED
 from flightrec.live.verdict import render
-from flightrec.recorder import exchange
-from flightrec.recorder.exchange import Exchange, Round, died_key, left_key
+from flightrec.recorder.exchange import verdict as exchange
+from flightrec.recorder.exchange.verdict import Exchange, Round, died_key, left_key
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "stalled_rank"
 
@@ -390,6 +390,6 @@ def test_a_sigterm_just_after_the_others_round_reached_this_rank_joins_that_roun
 def test_a_request_names_a_rank_and_a_reason_from_the_vocabulary(
     raw: bytes, parsed: tuple[int, str]
 ) -> None:
-    from flightrec.recorder.store import parse_request
+    from flightrec.recorder.exchange.store import parse_request
 
     assert parse_request(raw) == parsed

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from flightrec.recorder.config import Config
-from flightrec.recorder.groups import GroupInfo
+from flightrec.recorder.hotpath.groups import GroupInfo
+from flightrec.recorder.hotpath.ring import COMPLETED, ENQUEUED
 from flightrec.recorder.metrics import (
     BLACKBOX_STATES,
     Counts,
@@ -17,7 +18,6 @@ from flightrec.recorder.metrics import (
     blackbox_state,
     metrics_port,
 )
-from flightrec.recorder.ring import COMPLETED, ENQUEUED
 
 pytest.importorskip("prometheus_client", reason="metrics need prometheus_client (test extra)")
 pytest.importorskip("torch", reason="the recorder needs torch")
@@ -26,7 +26,7 @@ S = 1_000_000_000
 
 
 def recorder(tmp_path: Path, blackbox: bool = False):  # type: ignore[no-untyped-def]
-    from flightrec.recorder.recorder import Recorder
+    from flightrec.recorder.recording.recorder import Recorder
 
     return Recorder(
         Config(enabled=True, directory=str(tmp_path), buffer=8, timeout_s=10, blackbox=blackbox)

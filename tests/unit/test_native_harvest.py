@@ -1,4 +1,4 @@
-"""Merging PyTorch's native ring into flightrec's at dump time (recorder/native_harvest.py).
+"""Merging PyTorch's native ring into flightrec's at dump time (recorder/native/harvest.py).
 
 Scenarios are built from small factories: flightrec ``Slot``s as the ring decodes them and
 ``NativeOp``s as the harvest reads them; times are monotonic microseconds.
@@ -14,10 +14,10 @@ import pytest
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import EntryValues
 from flightrec.format.slot import Slot
-from flightrec.recorder import native_harvest
-from flightrec.recorder.native_harvest import Harvest, NativeOp
-from flightrec.recorder.native_merge import merge
-from flightrec.recorder.native_watch import NativeWatch
+from flightrec.recorder.native import harvest as native_harvest
+from flightrec.recorder.native.harvest import Harvest, NativeOp
+from flightrec.recorder.native.merge import merge
+from flightrec.recorder.native.watch import NativeWatch
 
 US = 1_000
 STRINGS = ["", "MainThread", "worker", "all_reduce", "all_gather_object", "SUM", "cpu", "send"]

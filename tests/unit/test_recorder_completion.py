@@ -4,7 +4,7 @@ job's log the first time it is called)."""
 
 from __future__ import annotations
 
-from flightrec.recorder.completion import _succeeded
+from flightrec.recorder.recording.completion import _succeeded
 
 
 class Future:

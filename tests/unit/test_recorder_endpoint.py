@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.recorder.endpoint import (
+from flightrec.recorder.exchange.endpoint import (
     Endpoint,
     parse_address,
     parse_file,
@@ -55,7 +55,7 @@ def test_addresses() -> None:
 
 def test_torchrun_command_lines() -> None:
     pytest.importorskip("torch.distributed.run")
-    from flightrec.recorder.endpoint import agent_rendezvous
+    from flightrec.recorder.exchange.endpoint import agent_rendezvous
 
     run = ["/usr/bin/python3", "-m", "torch.distributed.run"]
     c10d = ["--nnodes=2", "--rdzv-backend=c10d", "--rdzv-endpoint", "head:29555", "train.py"]

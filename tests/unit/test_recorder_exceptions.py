@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from flightrec.recorder.exceptions import ExceptionHooks, RaisedException, from_error_file
+from flightrec.recorder.dumping.exceptions import ExceptionHooks, RaisedException, from_error_file
 
 
 def compute_loss() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from flightrec.format.slot import COMPLETED, ENQUEUED, FAILED, SLOT_SIZE, decode
-from flightrec.recorder.ring import Ring
+from flightrec.recorder.hotpath.ring import Ring
 
 
 def put(ring: Ring, seq: int, state: int = ENQUEUED, enqueue: int = 100) -> int:

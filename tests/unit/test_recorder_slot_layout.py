@@ -11,7 +11,7 @@ from flightrec.format import slot
 from flightrec.format.builder import IS_P2P
 
 _fast = pytest.importorskip(
-    "flightrec.recorder.low_level._fast",
+    "flightrec.recorder.hotpath._fast",
     reason="C hot path not built (tests/conftest.py builds it)",
 )
 

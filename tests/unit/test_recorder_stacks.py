@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 from types import FrameType
 
-from flightrec.recorder.stacks import MAX_SOURCE_CHARS, StackTable, frames_of, source_line
+import flightrec
+from flightrec.recorder.recording.stacks import MAX_SOURCE_CHARS, StackTable, frames_of, source_line
 
 
 def here(table: StackTable, fresh: list[list[tuple[str, str, int]]] | None = None) -> int:
@@ -87,8 +89,10 @@ def test_frames_of_live_frame() -> None:
 def test_dump_time_stacks_start_where_the_program_was() -> None:
     import threading as _threading
 
-    from flightrec.recorder import stacks
+    from flightrec.recorder.recording import stacks
 
+    # The whole package is flightrec's own, wherever in it the module that asks lives.
+    assert os.path.dirname(os.path.abspath(flightrec.__file__)) + os.sep == stacks._PACKAGE_DIR
     own = stacks._PACKAGE_DIR + "recorder/signals.py"
     lib = _threading.__file__
     program = [("train.py", "save_checkpoint", 48), ("train.py", "main", 90)]
@@ -103,7 +107,7 @@ def test_dump_time_stacks_start_where_the_program_was() -> None:
     watchdog = [(stacks._PACKAGE_DIR + "recorder/watchdog.py", "_loop", 60), (lib, "run", 982)]
     assert stacks.without_own_frames(watchdog) == watchdog
     # the main thread writing the exit dump from atexit: the program returned from main
-    at_exit = [(stacks._PACKAGE_DIR + "recorder/dumper.py", "Dumper._dump", 250)]
+    at_exit = [(stacks._PACKAGE_DIR + "recorder/dumping/dumper.py", "Dumper._dump", 250)]
     assert stacks.without_own_frames(at_exit, own_thread=False) == []
     # a helper thread that only runs flightrec's signal dump says nothing either
     assert stacks.without_own_frames(watchdog, own_thread=False) == []

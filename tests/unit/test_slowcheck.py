@@ -12,8 +12,8 @@ from flightrec.format.digest import MAX_BYTES, Digest, DigestError, GroupDigest,
 from flightrec.format.slot import COMPLETED, ENQUEUED, SLOT
 from flightrec.live.slow import SlowJudge, SlowOptions
 from flightrec.recorder.config import DEFAULT_SLOW_CHECK_S, from_env
-from flightrec.recorder.ring import Ring
-from flightrec.recorder.slowcheck import SlowCheck, make_digest, slow_key
+from flightrec.recorder.exchange.slowcheck import SlowCheck, make_digest, slow_key
+from flightrec.recorder.hotpath.ring import Ring
 from tests.unit.test_live_exchange import MemoryStore
 
 MS = 1_000_000

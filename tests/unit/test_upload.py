@@ -13,7 +13,7 @@ import pytest
 from flightrec.format.location import is_url, join_url, local_path, url_scheme
 from flightrec.readers.remote import _relative
 from flightrec.recorder.config import DEFAULT_DIR, from_env
-from flightrec.recorder.upload import Uploader
+from flightrec.recorder.dumping.upload import Uploader
 
 
 def test_a_url_dir_spools_locally_and_uploads_there() -> None:

@@ -72,7 +72,7 @@ def trigger_command(
     job was found.
     """
     from flightrec.recorder.config import store_namespace
-    from flightrec.recorder.trigger import endpoint_from_folder, trigger
+    from flightrec.recorder.exchange.trigger import endpoint_from_folder, trigger
 
     # torch's store client logs each failed try with a C++ stack trace: errors here are one
     # line, ours (read when torch is imported, which has not happened in this process yet).

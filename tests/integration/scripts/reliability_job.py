@@ -275,11 +275,11 @@ def inject_internal_error(where: str) -> None:
 
         SignalHandlers.install = broken  # type: ignore[method-assign]
     elif where == "pre":
-        from flightrec.recorder.groups import GroupRegistry
+        from flightrec.recorder.hotpath.groups import GroupRegistry
 
         GroupRegistry.get = broken  # type: ignore[method-assign]
     else:
-        from flightrec.recorder.completion import Tracker
+        from flightrec.recorder.recording.completion import Tracker
 
         Tracker.track = broken  # type: ignore[method-assign]
 

@@ -1,0 +1,486 @@
+"""The recorder's half of the verdict in the job's log: publish summaries, pick one reporter.
+
+When a hang is declared (or SIGTERM arrives), every rank answers one dump request ``n``: it
+dumps, then publishes the summary of that dump (``flightrec.format.summary``) through the
+job's store and offers to report. The lowest rank that answered reports: rank 0, or the
+lowest live rank when rank 0 cannot answer. The reporting itself (gathering, analysing,
+printing) is not the recorder's business: it is a callback handed in at enable time
+(``flightrec.live``), run here on a flightrec thread with a ``Round`` to work from.
+
+Keys, under ``flightrec/<namespace>/``:
+
+- ``summary/<rank>``: the rank's latest summary (at most ``summary.MAX_BYTES``, 3 KiB), and
+  ``progress/<rank>``: its progress record (at most ``progress.MAX_BYTES``, 1 KiB; typically
+  about 60 bytes), each overwritten by the next, so the store never holds more than one of
+  each per rank (at most 4 KiB a rank, 512 MiB at 131,072 ranks; typically 2 KB a rank);
+- ``round/<n>/ranks``: ``"<rank>,"`` appended by each rank that published for request ``n``;
+- ``round/<n>/reporter``: the lowest such rank (a ``compare_set`` loop); ``"<rank>!"`` once
+  that rank has gathered and prints the round's verdict (``Round.close``): a rank that answers
+  later, lower or not, reports nothing, and the round gets one verdict;
+- ``died/<restart>``: ``"<rank>,"`` appended by each rank whose main thread died of an
+  exception, after publishing its summary on the way out (``<restart>``: torchrun's restart
+  count, so a crash of an earlier attempt is never read as this one's). A dead rank answers
+  no round; the reporter reads its summary from there, and the verdict names the crash.
+- ``left/<restart>``: ``"<rank>,"`` appended by each rank that ends cleanly (destroys its
+  default group, or exits): one short store call. A rank whose data ran out early and whose
+  loop ended is then named as having exited, not as a process killed hard.
+
+Nothing here blocks the job: store calls run on flightrec's threads, on a connection of the
+exchange's own, and any failure costs one warning for the whole process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from flightrec.format.progress import encode_progress, progress
+from flightrec.format.slot import ENQUEUED, STARTED
+from flightrec.format.summary import MAX_BYTES, encode, summarize
+from flightrec.recorder.exchange.store import (
+    DEFAULT_NAMESPACE,
+    RANK_DIED,
+    ROUND_REASONS,
+    own_connection,
+)
+
+if TYPE_CHECKING:
+    from flightrec.format import flightrec_pb2 as pb
+    from flightrec.recorder.exchange.store import Poller
+    from flightrec.recorder.hotpath.ring import Ring
+
+log = logging.getLogger("flightrec")
+GATHER_S = 3.0
+"""How long the reporter waits for the other ranks' summaries (less when all have answered):
+with the watchdog's tick and the dumps, the verdict is out within FLIGHTREC_TIMEOUT + 5 s."""
+REUSE_S = 30.0
+"""A SIGTERM this soon after a round this rank took part in joins that round instead of a new
+one: torchrun stopping a job whose hang was just reported, or the other ranks' SIGTERM round,
+whose request reached this rank's request thread just before its own SIGTERM did."""
+MAX_CLAIM_TRIES = 16
+CLOSED = "!"
+"""Appended to the reporter's rank once it prints: the round takes no further reporter."""
+LOOK_EVERY_NS = 1_000_000_000
+"""How often ``tick`` looks for an operation pending long enough to load the reporter."""
+
+
+def summary_key(namespace: str, rank: int) -> str:
+    """Where rank ``rank`` publishes its summary."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/summary/{rank}"
+
+
+def progress_key(namespace: str, rank: int) -> str:
+    """Where rank ``rank`` publishes its progress record."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/progress/{rank}"
+
+
+def round_key(namespace: str, n: int, what: str) -> str:
+    """``ranks`` or ``reporter`` of round ``n``."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/round/{n}/{what}"
+
+
+def died_key(namespace: str, restart: str) -> str:
+    """Where ranks that died of an exception in attempt ``restart`` list themselves."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/died/{restart}"
+
+
+def left_key(namespace: str, restart: str) -> str:
+    """Where ranks that ended cleanly in attempt ``restart`` list themselves."""
+    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/left/{restart}"
+
+
+def restart_count() -> str:
+    """torchrun's restart count of this attempt ("0" outside torchrun, or when unreadable)."""
+    value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
+    return value if value.isdigit() and len(value) < 9 else "0"
+
+
+def _holder(raw: bytes) -> tuple[int | None, bool]:
+    """(the rank a reporter key names, whether the round is closed) (None: no rank)."""
+    closed = raw.endswith(CLOSED.encode())
+    digits = raw[:-1] if closed else raw
+    return (int(digits) if digits.isdigit() and len(digits) < 9 else None), closed
+
+
+def _ranks_in(raw: bytes, world_size: int) -> list[int]:
+    """The ranks of a ``"<rank>,"`` list (in range, each once, sorted)."""
+    ranks = {int(t) for t in raw[: 10 * world_size + 16].split(b",") if t.isdigit() and len(t) < 9}
+    return sorted(r for r in ranks if r < world_size)
+
+
+@dataclass(frozen=True, slots=True)
+class Round:
+    """One exchange, as the reporter sees it.
+
+    Attributes:
+        number: the dump request every answering rank names.
+        reason: why it was posted (``WATCHDOG_TIMEOUT``, ``SIGNAL_TERM``, ``RANK_DIED``).
+        rank: this process's rank, the reporter while ``reporter()`` says so.
+        world_size: ranks expected to answer.
+        namespace: the job's key namespace.
+        deadline: monotonic time by which gathering must end.
+        store: a connection of the reporter's own, for the keys above.
+        restart: torchrun's restart count of this attempt (``died_key``).
+    """
+
+    number: int
+    reason: str
+    rank: int
+    world_size: int
+    namespace: str
+    deadline: float
+    store: Any
+    restart: str = "0"
+    blackbox_dir: str = ""
+    """The reporter's FLIGHTREC_DIR where it keeps a black box: the rings of ranks on its host
+    that answer nothing (aborted inside the backend) are read from there ("": none)."""
+
+    def reporter(self) -> int:
+        """The lowest rank that answered so far (-1 when the key is unreadable)."""
+        key = round_key(self.namespace, self.number, "reporter")
+        holder, _ = _holder(bytes(self.store.get(key)))
+        return -1 if holder is None else holder
+
+    def close(self) -> bool:
+        """Whether this rank still reports, and if so, close the round to later reporters
+        (one ``compare_set``). Called once gathering ends, just before the verdict is made:
+        a rank answering after that (it was busy, or slow to connect) would otherwise start
+        a report of its own and print the round's verdict a second time, seconds later.
+        False when a lower rank answered meanwhile: it reports instead."""
+        mine = str(self.rank)
+        key = round_key(self.namespace, self.number, "reporter")
+        return bytes(self.store.compare_set(key, mine, mine + CLOSED)) == (mine + CLOSED).encode()
+
+    def answered(self) -> list[int]:
+        """Ranks that published for this round (in range, each once, sorted)."""
+        key = round_key(self.namespace, self.number, "ranks")
+        if not self.store.check([key]):
+            return []
+        return _ranks_in(bytes(self.store.get(key)), self.world_size)
+
+    def died(self) -> list[int]:
+        """Ranks of this attempt that died of an exception and published on the way out."""
+        return self._listed(died_key(self.namespace, self.restart))
+
+    def left(self) -> list[int]:
+        """Ranks of this attempt that ended cleanly (destroyed their group, or exited)."""
+        return self._listed(left_key(self.namespace, self.restart))
+
+    def _listed(self, key: str) -> list[int]:
+        if not self.store.check([key]):
+            return []
+        return _ranks_in(bytes(self.store.get(key)), self.world_size)
+
+    def summaries(self, ranks: list[int]) -> dict[int, bytes]:
+        """The published summaries of ``ranks`` (which all answered), as raw bytes."""
+        return self._gather(summary_key, ranks)
+
+    def progress(self, ranks: list[int]) -> dict[int, bytes]:
+        """The published progress records of ``ranks`` (which all answered), as raw bytes:
+        what the reporter reads from every rank before it reads any summary."""
+        return self._gather(progress_key, ranks)
+
+    def _gather(self, key: Callable[[str, int], str], ranks: list[int]) -> dict[int, bytes]:
+        """One value per rank, in store calls of 4,096 keys (a rank whose key is absent,
+        listed by someone else, is left out: ``get`` would block on it)."""
+        out: dict[int, bytes] = {}
+        for i in range(0, len(ranks), 4096):
+            chunk = ranks[i : i + 4096]
+            keys = [key(self.namespace, r) for r in chunk]
+            if not self.store.check(keys):
+                chunk = [r for r, k in zip(chunk, keys, strict=True) if self.store.check([k])]
+                keys = [key(self.namespace, r) for r in chunk]
+            values = self.store.multi_get(keys)
+            out.update(zip(chunk, (bytes(v) for v in values), strict=True))
+        return out
+
+
+Reporter = Callable[[Round], None]
+"""Gathers, analyses and prints (``flightrec.live.REPORTER``); must not raise. It may have a
+``prepare()`` method, called on a thread of its own once an operation has been pending for
+half the timeout, that loads what reporting needs (the analysis takes seconds to import on a
+busy machine: not after the hang is declared)."""
+
+
+class Exchange:
+    """This process's part in every round."""
+
+    def __init__(
+        self, poller: Poller, rank: int, world_size: int, namespace: str, reporter: Reporter
+    ) -> None:
+        self._poller = poller
+        self.rank = rank
+        self.world_size = world_size
+        self.namespace = namespace
+        self._reporter = reporter
+        self._lock = threading.Lock()  # one exchange at a time, on the one connection
+        self._publishing = threading.Lock()
+        """Held from taking the latest dump to starting the report: the signal thread and the
+        request thread may both answer one round, and whichever finds the dump taken waits
+        until the other has published it (and started the report, if this rank reports)."""
+        self._store: Any = None
+        self._latest: tuple[pb.Dump, Path | None] | None = None
+        self._last: tuple[pb.Dump, Path | None] | None = None
+        """The dump published last (``rejoin`` answers another round with it)."""
+        self._answered: dict[int, float] = {}
+        """Rounds this process published into -> monotonic time."""
+        self._reasons: dict[int, str] = {}
+        self._reported: set[int] = set()
+        """Rounds this process started reporting (once each)."""
+        self._reporting: threading.Thread | None = None
+        self._warned = False
+        self._lost = False
+        """A store operation failed: the store is gone (its host exited or was killed). Exit
+        and death then skip theirs, each of which would wait out the connect timeout."""
+        self._prepared = False
+        self._next_look_ns = 0
+        self.restart = restart_count()
+        self.blackbox_dir = ""
+        """Where this process's black box lives ("": none); told to the verdict (``Round``)."""
+        self._left = False
+
+    def on_dump(self, dump: pb.Dump, path: Path | None) -> None:
+        """The dumper's hook: remember the dump just built (written to ``path``, or not)."""
+        self._latest = (dump, path)
+
+    def after_hang(self, n: int) -> None:
+        """This rank declared the hang; request ``n`` stands for it (posted here or not)."""
+        self._answer(n, "WATCHDOG_TIMEOUT", wait=False)
+
+    def after_request(self, n: int, reason: str) -> None:
+        """This rank dumped for request ``n``, posted for ``reason``."""
+        if reason in ROUND_REASONS:
+            self._answer(n, reason, wait=False)
+
+    def rejoin(self, n: int, reason: str) -> None:
+        """Another rank's request ``n`` is for the hang this rank declared moments ago (its
+        dump stands for both): answer round ``n`` with that dump's summary. Left out, the
+        round's verdict would blame this live rank for leaving no dump."""
+        with self._publishing:
+            if self._latest is None:
+                self._latest = self._last
+        self._answer(n, reason, wait=False)
+
+    def after_term(self) -> None:
+        """SIGTERM was dumped: answer (or start) a round and, if reporting, finish the report
+        before returning (the process ends right after).
+
+        Under torchrun every surviving rank gets SIGTERM at once, and the first to post asks
+        the others to dump: a rank's request thread may have taken that request a moment
+        before its own SIGTERM came. Then the SIGTERM joins that round; starting a second one
+        would split the ranks' answers between two rounds and leave each report short.
+        """
+        poller = self._poller
+        n, reason, at_ns = poller.latest
+        if n and time.monotonic_ns() - at_ns < REUSE_S * 1e9 and reason in (*ROUND_REASONS, ""):
+            self._answer(n, reason or "SIGNAL_TERM", wait=True)
+            return
+        try:
+            _, n = poller.start_round(self.rank, "SIGNAL_TERM", poller.seen)
+        except Exception as exc:
+            self._warn(exc)
+            return
+        self._answer(n, "SIGNAL_TERM", wait=True)
+
+    def after_death(self) -> None:
+        """This process is dying of an exception and just dumped: list this rank as dead
+        (rounds it can no longer answer read its summary from there), and start a round, or
+        join the one under way, so that a verdict is printed even when no rank survives to be
+        stopped by SIGTERM (gloo fails every peer of a dead rank at once). If this rank is the
+        reporter, the report finishes before the process ends.
+
+        A process that already answered a round (a hang was reported) starts none: dying of
+        the collective timeout minutes after the hang's verdict, it would only repeat it. It
+        still lists itself as dead, with its summary, for whoever reports next."""
+        if self.store_gone:
+            return
+        poller = self._poller
+        n, reason, at_ns = poller.latest
+        if self._answered:
+            n = max(self._answered)
+            reason = self._reasons.get(n, RANK_DIED)
+        elif not (n and time.monotonic_ns() - at_ns < REUSE_S * 1e9 and reason in ROUND_REASONS):
+            try:
+                _, n = poller.start_round(self.rank, RANK_DIED, poller.seen)
+            except Exception as exc:
+                self._warn(exc)
+                return
+            reason = RANK_DIED
+        self._publish(n, reason or RANK_DIED)  # the summary first: it carries the exception
+        if self.store_gone:
+            return
+        try:
+            with self._lock:
+                self._connection().append(died_key(self.namespace, self.restart), f"{self.rank},")
+        except Exception as exc:
+            self._warn(exc)
+        running = self._reporting
+        if running is not None:  # this rank reports: before the process ends
+            running.join(GATHER_S + 5.0)
+
+    def after_exit(self) -> None:
+        """This process ends cleanly (its default group is being destroyed, or it exits): say
+        so, once, so that a hang among the ranks still running names it as exited."""
+        if self._left or self.store_gone:
+            return
+        self._left = True
+        try:
+            with self._lock:
+                self._connection().append(left_key(self.namespace, self.restart), f"{self.rank},")
+        except Exception as exc:
+            self._warn(exc)
+
+    def close(self, wait_s: float) -> None:
+        """At exit: let a report under way finish (a daemon thread inside a store call when
+        the interpreter finalizes can abort the process), for at most ``wait_s``."""
+        running = self._reporting
+        if running is not None and running is not threading.current_thread():
+            running.join(wait_s)
+
+    def connect(self) -> None:
+        """Open this exchange's store connection now rather than at the first answer (its
+        set-up takes about 0.2 s, far longer on a loaded host, and every rank would pay it
+        after the hang is declared). Never raises: a failure costs the one warning."""
+        if self.store_gone:
+            return
+        try:
+            with self._lock:
+                self._connection()
+        except Exception as exc:
+            self._warn(exc)
+
+    def tick(self, now_ns: int, ring: Ring, timeout_s: float) -> None:
+        """From the watchdog's tick: once something is half-way to a hang, open the store
+        connection and prepare the reporter (at most one look per second, at the first
+        pending slots)."""
+        if self._prepared or now_ns < self._next_look_ns:
+            return
+        self._next_look_ns = now_ns + LOOK_EVERY_NS
+        for index in ring.pending_slots()[:64]:
+            slot = ring.read(index)
+            if slot.state in (ENQUEUED, STARTED) and now_ns - slot.enqueue_ns > timeout_s * 5e8:
+                self._prepared = True
+                prepare = threading.Thread(target=self._prepare, name="flightrec-prepare")
+                prepare.daemon = True
+                prepare.start()
+                return
+
+    def _prepare(self) -> None:
+        self.connect()
+        prepare = getattr(self._reporter, "prepare", None)
+        if prepare is not None:
+            prepare()
+
+    # -----------------------------------------------------------------------------------------
+    def _answer(self, n: int, reason: str, wait: bool) -> None:
+        self._publish(n, reason)
+        running = self._reporting
+        if wait and running is not None:
+            # The process ends when this returns (SIGTERM): a report under way, started
+            # here or by the request thread, finishes first.
+            running.join(GATHER_S + 5.0)
+
+    def _publish(self, n: int, reason: str) -> None:
+        if self.store_gone:
+            return
+        with self._publishing:
+            self._reasons.setdefault(n, reason)
+            latest, self._latest = self._latest, None
+            if latest is None:
+                return  # the dump could not be built, or another thread published it already
+            self._last = latest
+            dump, path = latest
+            try:
+                data = encode(summarize(dump, n, str(path) if path else ""))
+                brief = encode_progress(progress(dump, n))
+                with self._lock:
+                    store = self._connection()
+                    store.set(summary_key(self.namespace, self.rank), data)
+                    store.set(progress_key(self.namespace, self.rank), brief)
+                    if n not in self._answered:
+                        store.append(round_key(self.namespace, n, "ranks"), f"{self.rank},")
+                    self._answered[n] = time.monotonic()
+                    holder = self._claim(store, round_key(self.namespace, n, "reporter"))
+            except Exception as exc:
+                self._warn(exc)
+                return
+            if holder == self.rank and n not in self._reported:
+                self._reported.add(n)
+                self._start_report(n, self._reasons[n])
+
+    def _claim(self, store: Any, key: str) -> int:
+        """Make ``key`` hold the lowest rank that offered; returns the holder."""
+        current = bytes(store.compare_set(key, "", str(self.rank)))
+        for _ in range(MAX_CLAIM_TRIES):
+            holder, closed = _holder(current)
+            if closed:  # the round's verdict is out: this late answer starts no second one
+                return -1 if holder is None else holder
+            if holder is not None and holder <= self.rank:
+                return holder
+            current = bytes(store.compare_set(key, current, str(self.rank)))
+        return -1
+
+    def _start_report(self, n: int, reason: str) -> None:
+        try:
+            store = own_connection(self._connection())
+        except Exception as exc:
+            self._warn(exc)
+            return
+        rnd = Round(
+            n, reason, self.rank, self.world_size, self.namespace,
+            time.monotonic() + GATHER_S, store, self.restart, self.blackbox_dir,
+        )  # fmt: skip
+        t = threading.Thread(target=self._report, args=(rnd,), name="flightrec-verdict")
+        t.daemon = True
+        self._reporting = t
+        t.start()
+
+    def _report(self, rnd: Round) -> None:
+        try:
+            self._reporter(rnd)
+        except Exception as exc:  # the reporter must not raise; if it does, one line
+            log.warning("flightrec: could not print the verdict: %s", exc)
+
+    def _connection(self) -> Any:
+        if self._store is None:
+            self._store = own_connection(self._poller.connection_source())
+        return self._store
+
+    @property
+    def store_gone(self) -> bool:
+        """A store call failed here, or the request thread finds the store failing."""
+        return self._lost or bool(getattr(self._poller, "failing", False))
+
+    def store_lost(self) -> None:
+        """Someone else found the store gone, and said so in the log: this exchange neither
+        says it again nor waits on the store at exit."""
+        self._lost = self._warned = True
+
+    def _warn(self, exc: BaseException) -> None:
+        self._lost = True
+        if not self._warned:
+            self._warned = True
+            log.warning(
+                "flightrec: no verdict in the log from this rank: the job's store does not "
+                "answer (%s)",
+                str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+            )
+
+
+__all__ = [
+    "MAX_BYTES",
+    "Exchange",
+    "Reporter",
+    "Round",
+    "died_key",
+    "left_key",
+    "progress_key",
+    "round_key",
+    "summary_key",
+]
