@@ -66,6 +66,24 @@ def child_env(extra: Mapping[str, str] | None = None, *, flightrec: bool = True)
     return env
 
 
+def descendants(pids: Sequence[int]) -> list[int]:
+    """Every process below ``pids`` (children, their children, ...), read from /proc."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found: list[int] = []
+    todo = list(pids)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
 @dataclass
 class Job:
     """A running (or finished) job: its processes, its dump folder and its port."""
@@ -149,11 +167,16 @@ class Job:
         self.procs[rank].send_signal(sig)
 
     def kill(self) -> None:
-        """Kill whatever is still running (process groups included: spawn and torchrun children)."""
+        """Kill whatever is still running: each launched process's group, and every process
+        below it (torchrun starts its workers in sessions of their own: killing torchrun's
+        group alone left them running, hung, for good)."""
+        below = descendants([p.pid for p in self.procs if p.poll() is None])
         for p in self.procs:
-            if p.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(p.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(p.pid, signal.SIGKILL)
+        for pid in below:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
         for p in self.procs:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 p.wait(5)
