@@ -14,7 +14,7 @@ import pytest
 
 from flightrec.format.slot import COMPLETED
 from flightrec.recorder.recording import completion
-from flightrec.recorder.recording.completion import Cuda, Tracker, Untrackable
+from flightrec.recorder.recording.completion import Cuda, Tracker
 
 
 class Event:
@@ -132,9 +132,9 @@ def test_an_event_that_cannot_be_recorded_makes_the_call_untrackable(
 ) -> None:
     t, _, fake = tracker(monkeypatch)
     fake.broken = True
-    with pytest.raises(Untrackable) as raised:
+    with pytest.raises(RuntimeError, match="illegal memory access"):
         t.track_stream(4)
-    assert raised.value.rids == (4,) and t.pending() == 0
+    assert t.pending() == 0  # the recorder marks 4 unknown: nothing left to poll
 
 
 def test_without_cuda_the_call_is_untrackable_at_once() -> None:
@@ -143,9 +143,9 @@ def test_without_cuda_the_call_is_untrackable_at_once() -> None:
             raise RuntimeError("Found no NVIDIA driver on your system")
 
     t = new_tracker(Recorder(), NoCuda())
-    with pytest.raises(Untrackable) as raised:
+    with pytest.raises(RuntimeError, match="no NVIDIA driver"):
         t.track_stream(5)
-    assert raised.value.rids == (5,)
+    assert t.pending() == 0
 
 
 def test_the_pool_and_the_stream_cache_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:

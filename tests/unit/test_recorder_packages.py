@@ -3,27 +3,11 @@ needs nothing of the recorder above it (read with tools/check_layers.py's own im
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.unit.test_check_layers import REPO, check_layers
+
 RECORDER = "flightrec.recorder"
-
-
-def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "check_layers", REPO / "tools" / "check_layers.py"
-    )
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("check_layers", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-check_layers = _load()
 
 
 def folder_of(module: str, modules: dict[str, Path]) -> str:

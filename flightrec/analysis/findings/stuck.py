@@ -111,7 +111,7 @@ def stuck_finding(
     late = late_arrival_finding(m, group, seq, op, members, consequences)
     if late is not None:
         return late
-    devices = [m.run.dumps[r].header.device for r in members if r in m.run.dumps]
+    devices = [m.dump(r).header.device for r in members if r in m.run.dumps]
     on_gpu = bool(devices) and all(d.startswith("cuda") for d in devices)
     why = (
         "issued by the CPU on every member and not completed on the GPU: work queued before it "

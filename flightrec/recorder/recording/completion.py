@@ -32,14 +32,6 @@ STREAMS_MAX = 64
 """Stream objects cached at most; past it the cache starts over (streams made per step)."""
 
 
-class Untrackable(Exception):
-    """The completion of these entries can no longer be followed (a CUDA event failed)."""
-
-    def __init__(self, rids: tuple[int, ...], cause: BaseException) -> None:
-        super().__init__(f"{type(cause).__name__}: {cause}")
-        self.rids = rids
-
-
 class Cuda:
     """The CUDA calls made for a synchronous GPU call, resolved once (tests pass a fake)."""
 
@@ -149,16 +141,13 @@ class Tracker:
         """A synchronous GPU call returned: completion is when the current stream passes here.
 
         Raises:
-            Untrackable: the CUDA event could not be made or recorded; the recorder then marks
+            Exception: the CUDA event could not be made or recorded; the recorder then marks
                 the entry unknown (left ENQUEUED, the watchdog would report a false hang).
         """
-        try:
-            cuda = self._cuda
-            if cuda is None:
-                cuda = self._cuda = Cuda()
-            event = cuda.event_on_current()
-        except Exception as exc:
-            raise Untrackable((rid,), exc) from exc
+        cuda = self._cuda
+        if cuda is None:
+            cuda = self._cuda = Cuda()
+        event = cuda.event_on_current()
         with self._lock:
             self._polled.append(((rid,), event, True))
 

@@ -360,7 +360,7 @@ class Recorder:
                 self.ring.finish(rid, COMPLETED, _now())
         except Exception as exc:
             self.internal_error("completion tracking", exc)
-            self._untracked(exc.rids if isinstance(exc, completion.Untrackable) else (rid,))
+            self._untracked((rid,))
 
     def _failed(self, rid: int, exc: BaseException) -> None:
         """Completion tracking saw tracked work fail (``on_error`` may be set after init)."""
