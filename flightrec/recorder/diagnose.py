@@ -27,6 +27,7 @@ from typing import Any
 
 import flightrec
 from flightrec.recorder import config as _config
+from flightrec.recorder.torchapi import NEWEST_TESTED, OLDEST_TESTED, TorchAPI, probe
 
 PTH = "flightrec-autostart.pth"
 
@@ -84,8 +85,12 @@ def diagnose(env: Mapping[str, str] | None = None) -> Diagnosis:
     ]
     torch, torch_item = _torch()
     items.append(torch_item)
-    fast, path_item = _recording_path()
+    api = _torch_api(torch)
+    fast, path_item = _recording_path(api)
     items.append(path_item)
+    if api is not None:
+        items.append(_internals(api))
+        items.append(_native_recorder(api, cfg.native))
     items.append(_tensor_reader(fast, torch))
     items.append(_frame_walk(fast, cfg.stack_depth))
     items.append(_group_cache(fast))
@@ -131,7 +136,37 @@ def _torch() -> tuple[Any, Item]:
     return torch, Item("torch", torch.__version__, f"{cuda}; backends: {', '.join(backends)}")
 
 
-def _recording_path() -> tuple[Any, Item]:
+def _torch_api(torch: Any) -> TorchAPI | None:
+    if torch is None:
+        return None
+    try:
+        return probe()
+    except Exception:  # torch without torch.distributed: already reported
+        return None
+
+
+def _internals(api: TorchAPI) -> Item:
+    topic = "torch internals"
+    if api.newer_than_tested:
+        return Item(topic, "public API only", api.notice().removeprefix("flightrec: "))
+    tested = "-".join(".".join(map(str, r)) for r in (OLDEST_TESTED, NEWEST_TESTED))
+    world = "" if api.world else "; no c10d._world: the default group through GroupMember"
+    return Item(topic, "fast paths allowed", f"torch {api.version}, tested {tested}{world}")
+
+
+def _native_recorder(api: TorchAPI, wanted: bool) -> Item:
+    topic = "PyTorch's recorder"
+    if not wanted:
+        return Item(topic, "not merged", "FLIGHTREC_NATIVE=0")
+    if not api.native_dump:
+        return Item(topic, "not merged", "this torch has no _dump_fr_trace")
+    if not api.merge_native:
+        return Item(topic, "not merged", "a torch newer than tested: its private API is not used")
+    how = "one recorder per backend" if api.native_backends else "one recorder per process"
+    return Item(topic, "merged into dumps", how)
+
+
+def _recording_path(api: TorchAPI | None = None) -> tuple[Any, Item]:
     """The C extension where it is built and used, else None (the pure-Python path)."""
     try:
         from flightrec.recorder.hooks import codegen
@@ -151,6 +186,8 @@ def _recording_path() -> tuple[Any, Item]:
         )
     if not codegen.USE_FAST:
         return None, Item("recording path", "pure Python", "the C path is switched off")
+    if api is not None and not api.fast_paths:
+        return None, Item("recording path", "pure Python", "a torch newer than tested")
     return fast, Item("recording path", "C", str(fast.__file__))
 
 

@@ -8,6 +8,7 @@ that only imports torch.distributed (the torchrun launcher, a data-loading helpe
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -37,7 +38,8 @@ from flightrec.recorder.exchange.store import (
     store_address,
 )
 from flightrec.recorder.exchange.verdict import GATHER_S, Exchange, Reporter
-from flightrec.recorder.hooks import ddp
+from flightrec.recorder import torchapi
+from flightrec.recorder.hooks import codegen, ddp
 from flightrec.recorder.hooks.ddp import DDPHooks
 from flightrec.recorder.hooks.install import Hooks
 from flightrec.recorder.metrics import (
@@ -48,6 +50,7 @@ from flightrec.recorder.metrics import (
     metrics_port,
 )
 from flightrec.recorder.native import merge as native_merge
+from flightrec.recorder.hotpath import layout
 from flightrec.recorder.native.watch import NativeWatch
 from flightrec.recorder.recording.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
@@ -71,6 +74,11 @@ class Runtime:
     """The process's recorder with its triggers."""
 
     def __init__(self, config: Config) -> None:
+        self.torch = torchapi.probe()
+        """What the installed torch offers (``torchapi``): a torch newer than tested is traced
+        through its public API only."""
+        if config.native and not self.torch.merge_native:
+            config = dataclasses.replace(config, native=False)
         self.config = config
         self.recorder = Recorder(config)
         self.dumper = Dumper(self.recorder, config.job_id)
@@ -129,6 +137,9 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------
     def enable(self) -> None:
         self.recorder.enabled = True
+        if not self.torch.fast_paths and codegen.USE_FAST:
+            codegen.USE_FAST = layout.USE_LAYOUT = False
+            log.warning("%s", self.torch.notice())
         if self.config.native and not {
             "TORCH_FR_BUFFER_SIZE",
             "TORCH_NCCL_TRACE_BUFFER_SIZE",
