@@ -25,6 +25,7 @@ failed. docs/torch-versions.md publishes its output.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -123,11 +124,28 @@ def wait_for(path: Path, proc: subprocess.Popen[str], *needles: str) -> bool:
     return False
 
 
-def kill(proc: subprocess.Popen[str], sig: int = signal.SIGKILL) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:
-        pass
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (torchrun starts its workers in sessions of their own, so
+    killing its process group leaves them running)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    """SIGKILL the launcher and every process below it, at once (a hard death of the job)."""
+    for pid in [*descendants(proc.pid), proc.pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     proc.wait(timeout=60)
 
 

@@ -70,8 +70,13 @@ class Diagnosis:
         }
 
 
-def diagnose(env: Mapping[str, str] | None = None) -> Diagnosis:
-    """Check this interpreter and the FLIGHTREC_* settings in ``env`` (default: os.environ)."""
+def diagnose(env: Mapping[str, str] | None = None, live: bool = False) -> Diagnosis:
+    """Check this interpreter and the FLIGHTREC_* settings in ``env`` (default: os.environ).
+
+    With ``live``, also prove the answer: a fresh Python, with ``FLIGHTREC=1`` and nothing
+    imported from flightrec, runs one all_reduce on a 1-rank gloo group and exits; its exit
+    dump must hold the call (``live_check``).
+    """
     env = os.environ if env is None else env
     cfg = _config.from_env(env)
     # Under FLIGHTREC=1 the start-up hook armed itself in this very process (which shows it
@@ -95,6 +100,8 @@ def diagnose(env: Mapping[str, str] | None = None) -> Diagnosis:
     items.append(_frame_walk(fast, cfg.stack_depth))
     items.append(_group_cache(fast))
     items.append(_hook(env, armed=autostart is not None))
+    if live and torch is not None:
+        items.append(live_check())
     items.append(_dumps(cfg.directory))
     items.append(
         Item(
@@ -260,6 +267,18 @@ def _site_dirs() -> list[Path]:
     return [Path(d) for d in dict.fromkeys(dirs)]
 
 
+def installed_hook() -> Path | None:
+    """The start-up hook that starts flightrec, where one is in site-packages, else None."""
+    for d in _site_dirs():
+        pth = d / PTH
+        try:
+            if "flightrec._autostart" in pth.read_text():
+                return pth
+        except OSError:
+            continue
+    return None
+
+
 def _hook(env: Mapping[str, str], armed: bool) -> Item:
     on = _config.is_true(env.get("FLIGHTREC"))
     state = "FLIGHTREC is not set: set FLIGHTREC=1 for the job"
@@ -281,6 +300,57 @@ def _hook(env: Mapping[str, str], armed: bool) -> Item:
         "that never imports flightrec (pip install torch-flightrec installs it)",
         True,
     )
+
+
+LIVE_JOB = """
+import socket, torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+dist.destroy_process_group()
+"""
+"""The live check's job: plain torch, no flightrec import (the start-up hook must trace it)."""
+LIVE_TIMEOUT_S = 120.0
+
+
+def live_check(timeout_s: float = LIVE_TIMEOUT_S) -> Item:
+    """Run ``LIVE_JOB`` in a fresh interpreter under ``FLIGHTREC=1`` and read its exit dump:
+    the proof that a job started here is traced (the hook ran, the call was recorded, the
+    dump was written)."""
+    import subprocess
+
+    from flightrec.format.read import read_dump
+
+    topic = "live check"
+    with tempfile.TemporaryDirectory(prefix="flightrec-doctor-") as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC")}
+        env.update(FLIGHTREC="1", FLIGHTREC_DIR=tmp, FLIGHTREC_DUMP_ON_EXIT="1",
+                   FLIGHTREC_VERDICT="0", FLIGHTREC_SLOW_CHECK="0")  # fmt: skip
+        try:
+            run = subprocess.run(
+                [sys.executable, "-c", LIVE_JOB], cwd=tmp, env=env, capture_output=True,
+                text=True, timeout=timeout_s, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return Item(topic, "failed", f"a 1-rank gloo job did not end in {timeout_s:g} s", True)
+        if run.returncode:
+            last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+            return Item(topic, "failed", f"a 1-rank gloo job failed: {last}", True)
+        dumps = sorted(Path(tmp).rglob("*.frdump"))
+        recorded = False
+        for path in dumps:
+            try:
+                recorded = recorded or "all_reduce" in read_dump(path).strings
+            except Exception:
+                continue
+        if not recorded:
+            why = "its exit dump holds no all_reduce" if dumps else "it left no dump"
+            return Item(topic, "not traced", f"a 1-rank gloo job ran under FLIGHTREC=1; {why}",
+                        True)  # fmt: skip
+    return Item(topic, "traced", "a 1-rank gloo all_reduce in a fresh Python under FLIGHTREC=1 "
+                "was recorded and dumped")  # fmt: skip
 
 
 def _dumps(directory: str) -> Item:

@@ -18,6 +18,7 @@ from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.rawstacks import stacks_path
+from flightrec.recorder import torchapi
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.dumping.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.dumping.exceptions import (
@@ -38,10 +39,10 @@ from flightrec.recorder.exchange.store import (
     store_address,
 )
 from flightrec.recorder.exchange.verdict import GATHER_S, Exchange, Reporter
-from flightrec.recorder import torchapi
 from flightrec.recorder.hooks import codegen, ddp
 from flightrec.recorder.hooks.ddp import DDPHooks
 from flightrec.recorder.hooks.install import Hooks
+from flightrec.recorder.hotpath import layout
 from flightrec.recorder.metrics import (
     Counts,
     FlightrecCollector,
@@ -50,7 +51,6 @@ from flightrec.recorder.metrics import (
     metrics_port,
 )
 from flightrec.recorder.native import merge as native_merge
-from flightrec.recorder.hotpath import layout
 from flightrec.recorder.native.watch import NativeWatch
 from flightrec.recorder.recording.recorder import Recorder
 from flightrec.recorder.signals import SignalHandlers
