@@ -40,13 +40,14 @@ def in_global_terms(dump: NativeDump) -> NativeDump:
     """``dump`` with its replica's groups renamed and numbered by global rank, and its quorum
     as its job; unchanged when it is not in torchft's layout."""
     quorum = quorum_of(dump.path)
+    if not quorum:
+        return dump
     # The replica's default group: named so, or (gloo's record of it) an unnamed complete list.
-    default = next((c.ranks for c in dump.pg_config if c.desc == "default_pg" and c.ranks), None)
-    default = default or next(
-        (c.ranks for c in dump.pg_config if not c.name and c.ranks == tuple(range(len(c.ranks)))),
-        None,
+    lists = [(c, c.ranks) for c in dump.pg_config if c.ranks]
+    default = next((r for c, r in lists if c.desc == "default_pg"), None) or next(
+        (r for c, r in lists if not c.name and r == tuple(range(len(r)))), None
     )
-    if not quorum or not default:
+    if not default:
         return dump
     size = len(default)
     replica = dump.rank // size
