@@ -71,7 +71,7 @@ def _reduce_name(op: Any) -> str:
 def _default_group_of(c10d: Any) -> Callable[[], Any]:
     """How to read the default group: torch's private ``_world`` (a plain attribute read)
     where this torch has it, else the public ``GroupMember.WORLD``."""
-    world = getattr(c10d, "_world", None)
+    world: Any = getattr(c10d, "_world", None)
     try:
         world.default_pg  # noqa: B018 (a property on some releases: probe it)
     except AttributeError:
