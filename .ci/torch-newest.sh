@@ -4,11 +4,14 @@
 # environment of its own with the default wheel (a CUDA build, run on the CPU).
 #
 # Which tests: those that touch what changes between torch releases, namely the signatures of
-# torch.distributed's functions the wrappers are generated from, the tensor-memory reader,
-# DDP's hooks, PyTorch's own recorder (read in-process, and its dumps read by
-# `flightrec analyze`) and the job-level behaviour built on them (a stall's verdict in the log).
-# The rest of the suite (analysis, reports, CLI, samples) reads files and runs the same on any
-# torch; running it twice would add about 8 minutes to a CI that must stay under 25.
+# torch.distributed's functions the wrappers are generated from (hooks, C path), the
+# tensor-memory reader (layout), the black box, DDP's hooks, PyTorch's own recorder (read
+# in-process, and the dumps torch 2.15 writes read by `flightrec analyze`), object collectives
+# and one job-level check built on all of them (a stall's verdict in the log). The rest of the
+# suite (analysis, reports, CLI, samples, the other live jobs) reads files or exercises
+# flightrec's own machinery the same way on any torch; running it twice would add about
+# 8 minutes to a CI that must stay under 25. tools/torch_matrix.py runs the job-level checks
+# (stall, black box, exit dump) on every release from 2.4 to 2.15.
 #
 # The environment is kept in FLIGHTREC_TORCH_NEWEST_VENV (default /tmp/flightrec-torch-newest)
 # and reused while it holds that torch (the wheel is several GB: 1.5 to 7 minutes to fetch);
@@ -38,8 +41,9 @@ pip_ . pytest pytest-xdist hypothesis numpy setuptools
 rm -rf build ./*.egg-info
 "$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/integration/test_recorder_*.py \
-    tests/integration/test_native_live.py tests/integration/test_native_coverage_live.py \
-    tests/integration/test_native_forms_live.py tests/integration/test_live_verdict.py \
-    tests/integration/test_object_collectives.py tests/unit/test_doctor.py \
-    tests/unit/test_torchapi.py
+    tests/integration/test_recorder_hooks.py tests/integration/test_recorder_fast.py \
+    tests/integration/test_recorder_layout.py tests/integration/test_recorder_blackbox.py \
+    tests/integration/test_recorder_ddp.py tests/integration/test_native_live.py \
+    tests/integration/test_native_forms_live.py tests/integration/test_object_collectives.py \
+    "tests/integration/test_live_verdict.py::test_the_job_log_names_the_stalled_rank_the_collective_and_the_line" \
+    tests/unit/test_doctor.py tests/unit/test_torchapi.py

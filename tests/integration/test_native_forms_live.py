@@ -5,6 +5,7 @@ runs it on the newest torch (.ci/torch-newest.sh)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -31,9 +32,11 @@ def test_a_hang_recorded_by_the_hook_is_named(
 ) -> None:
     _needs_the_hook()
     out = tmp_path / "dumps"
+    # A hang timeout of 6 s: gloo connects within it even on a loaded machine.
+    env = {**os.environ, "FR_JOB_TIMEOUT_S": "6"}
     run = subprocess.run(
         [sys.executable, str(SCRIPT), "hang", str(out), layout],
-        capture_output=True, text=True, timeout=240, check=False,
+        capture_output=True, text=True, timeout=240, check=False, env=env,
     )  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
     first = analyze_dir(str(out)).findings[0]

@@ -169,7 +169,7 @@ class Recorder:
         self.strings = StringTable()
         self.tensors = TensorTable()
         self.stacks = StackTable(config.stack_depth)
-        self.groups = GroupRegistry()
+        self.groups = GroupRegistry(follow_native=config.native)
         if self.blackbox is not None:
             bb = self.blackbox
             self.strings.on_new, self.tensors.on_new = bb.on_string, bb.on_tensors
