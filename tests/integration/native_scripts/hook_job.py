@@ -117,10 +117,10 @@ def _rank_main(rank: int, world: int, port: int, scenario: str, out: str, layout
         )  # fmt: skip
         store.set(f"ready/{group_rank}", "1")
         store.wait(["ready/0", "ready/1"])
-        dist.init_process_group(
-            "relay", store=store, rank=group_rank, world_size=2, timeout=timeout
-        )
         faulty = scenario if quorum == 2 else "healthy"
+        # The healthy quorum needs no short timeout (only connecting would feel it).
+        wait = timeout if faulty != "healthy" else datetime.timedelta(seconds=60)
+        dist.init_process_group("relay", store=store, rank=group_rank, world_size=2, timeout=wait)
         _steps(faulty, 2 if (scenario == "hang" and rank == 3) else group_rank,
                lambda: _dump_fr_trace_file(group_rank, backend="relay"))  # fmt: skip
         if quorum == 1:
