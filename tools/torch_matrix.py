@@ -255,6 +255,7 @@ def main() -> int:
     for version in args.versions:
         rows.append(check(version, args.venvs, args.keep))
         say(f"   {'ok' if rows[-1].ok else 'FAILED'} in {rows[-1].seconds:.0f} s")
+        say(table(rows[-1:]).splitlines()[-1])  # the row, as soon as it is known
     print(table(rows))
     return 0 if all(r.ok for r in rows) else 1
 
