@@ -79,6 +79,9 @@ class Runtime:
         through its public API only."""
         if config.native and not self.torch.merge_native:
             config = dataclasses.replace(config, native=False)
+        if not self.torch.fast_paths:  # once per process: the wrappers are generated after this
+            codegen.USE_FAST = layout.USE_LAYOUT = False
+            log.warning("%s", self.torch.notice())
         self.config = config
         self.recorder = Recorder(config)
         self.dumper = Dumper(self.recorder, config.job_id)
@@ -137,9 +140,6 @@ class Runtime:
     # -- lifecycle ------------------------------------------------------------------------
     def enable(self) -> None:
         self.recorder.enabled = True
-        if not self.torch.fast_paths and codegen.USE_FAST:
-            codegen.USE_FAST = layout.USE_LAYOUT = False
-            log.warning("%s", self.torch.notice())
         if self.config.native and not {
             "TORCH_FR_BUFFER_SIZE",
             "TORCH_NCCL_TRACE_BUFFER_SIZE",
