@@ -180,10 +180,7 @@ class GroupRegistry:
     group's counters are still wanted in dumps.
     """
 
-    def __init__(self, follow_native: bool = True) -> None:
-        self.follow = follow_native
-        """Whether groups are numbered from the ProcessGroup's own counter once the two part
-        (off with FLIGHTREC_NATIVE=0: flightrec's own numbering, one entry per Python call)."""
+    def __init__(self) -> None:
         self.by_pg: dict[Any, GroupInfo] = {}
         self.groups: list[GroupInfo] = []
         self._lock = threading.Lock()
@@ -198,8 +195,6 @@ class GroupRegistry:
                 info = self.by_pg.get(pg)
                 if info is None:
                     info = _describe(pg, len(self.groups))
-                    if not self.follow:
-                        info.native = None
                     info.follow_native()  # torch may have run collectives on it already
                     self.groups.append(info)
                     self.by_pg[pg] = info

@@ -169,7 +169,7 @@ class Recorder:
         self.strings = StringTable()
         self.tensors = TensorTable()
         self.stacks = StackTable(config.stack_depth)
-        self.groups = GroupRegistry(follow_native=config.native)
+        self.groups = GroupRegistry()
         if self.blackbox is not None:
             bb = self.blackbox
             self.strings.on_new, self.tensors.on_new = bb.on_string, bb.on_tensors
@@ -313,6 +313,16 @@ class Recorder:
         if key is None:
             self.groups.by_pg[None] = info
         return info
+
+    def object_call_returned(self, group: Any) -> None:
+        """An object collective on ``group`` returned. torch ran collectives inside it that
+        no hook recorded, and where the ProcessGroup counts them (gloo on torch 2.15) its
+        numbering parts from flightrec's now: look now, at the same point on every rank,
+        rather than at the next watchdog tick, which would come at a different call on each
+        rank and number the ranks differently. Never raises."""
+        info = self.groups.by_pg.get(group)
+        if info is not None:
+            info.follow_native()
 
     def forget_default(self) -> None:
         """The default group was created or destroyed: drop the None -> group shortcut."""
