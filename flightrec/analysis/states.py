@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flightrec.analysis.findings.crashes import died_of, process_ended
-from flightrec.analysis.findings.stacks import stack_place
+from flightrec.analysis.findings.stacks import attached_line, stack_place
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import FrameInfo, Status, op_label, user_frame
 from flightrec.analysis.waitgraph.transfers import stuck_transfer
@@ -87,7 +87,7 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
                 op_label(rec.op, rec.flags),
                 rec.group,
                 number,
-                user_frame(rec.stack),
+                user_frame(rec.stack) or attached_line(d),
                 how=gone,
             )
             continue

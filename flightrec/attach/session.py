@@ -38,6 +38,7 @@ class RankOutcome:
 
     rank: int
     pid: int
+    job_id: str = ""
     path: Path | None = None
     """The snapshot written; None when none was."""
     threads: int = 0
@@ -214,7 +215,9 @@ def _write_one(
     if proc.pid in failed:
         # Gone or unreadable part way: a snapshot of a process that ended since would say
         # where it no longer is.
-        return RankOutcome(proc.rank, proc.pid, problem=failed[proc.pid], note=proc.note)
+        return RankOutcome(
+            proc.rank, proc.pid, proc.job_id, problem=failed[proc.pid], note=proc.note
+        )
     kids = [taken[c] for c in proc.children if taken.get(c) and c not in failed]
     index = _next_index(out, proc)
     dump = build_snapshot(proc, own, kids, ring, detail, index)
@@ -222,11 +225,15 @@ def _write_one(
         path = write_dump(dump, out, dump_filename(proc.rank, index, REASON, proc.pid))
     except OSError as exc:
         return RankOutcome(
-            proc.rank, proc.pid, problem=f"cannot write into {out}: {exc.strerror or exc}"
+            proc.rank,
+            proc.pid,
+            proc.job_id,
+            problem=f"cannot write into {out}: {exc.strerror or exc}",
         )
     return RankOutcome(
         proc.rank,
         proc.pid,
+        proc.job_id,
         path=path,
         threads=len(own[-1].threads),
         children=len(kids),

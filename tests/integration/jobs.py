@@ -254,7 +254,9 @@ def start_job(
     try:
         if launch == "procs":
             for rank in range(world_size):
-                own = dict(base, RANK=str(rank), LOCAL_RANK=str(rank), **(rank_env or {}).get(rank, {}))
+                own = dict(
+                    base, RANK=str(rank), LOCAL_RANK=str(rank), **(rank_env or {}).get(rank, {})
+                )
                 popen([sys.executable, str(path), *args], own, f"rank{rank}")
         elif launch == "spawn":
             popen([sys.executable, str(path), "--spawn", str(world_size), *args], base, "spawn")

@@ -111,6 +111,15 @@ def is_stack_snapshot(header: pb.Header, entries: int) -> bool:
     return header.reason == pb.ATTACHED and entries == 0
 
 
+def attached_line(d: RankDump) -> FrameInfo | None:
+    """The user's line a snapshot ``flightrec attach`` took shows the rank at (ring or not),
+    for a waiting entry whose own stack torch did not record; None for other dumps."""
+    if d.header.reason != pb.ATTACHED:
+        return None
+    thread = rank_thread(d.threads())
+    return place_of(thread.stack).location if thread is not None else None
+
+
 def stack_place(d: RankDump) -> Place | None:
     """Where a rank of a stack-only snapshot stands; None for any other dump."""
     if not is_stack_snapshot(d.header, len(d)):
