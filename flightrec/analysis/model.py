@@ -201,6 +201,8 @@ class ThreadInfo:
     """The child process it runs in (a snapshot ``flightrec attach`` took); 0: the rank's own."""
     still_ms: int = 0
     """In a snapshot ``flightrec attach`` took: over how many ms its stack stayed the same."""
+    cpu_ms: int = 0
+    """In such a snapshot: the CPU time it used over those ``still_ms``."""
 
 
 _State: TypeAlias = (
@@ -398,6 +400,7 @@ class RankDump:
                 else without_recorder_frames(self.stack(t.stack)),
                 t.pid,
                 t.still_ms,
+                t.cpu_ms,
             )
             for t in self.dump.threads
         ]

@@ -11,6 +11,7 @@ carry no ``RANK``, so they are numbered in the order the launcher started them (
 
 from __future__ import annotations
 
+import os
 import socket
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -315,3 +316,19 @@ def alive(pid: int) -> bool:
         return False
     rest = raw[raw.rfind(b")") + 2 :].split()
     return bool(rest) and rest[0] not in (b"Z", b"X")
+
+
+_TICK_NS = 1_000_000_000 // max(1, os.sysconf("SC_CLK_TCK"))
+
+
+def thread_cpu_ns(pid: int, tid: int) -> int | None:
+    """CPU time (user and system) a thread of a process has used; None when it is gone."""
+    try:
+        raw = (PROC / str(pid) / "task" / str(tid) / "stat").read_bytes()
+    except OSError:
+        return None
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return (int(rest[11]) + int(rest[12])) * _TICK_NS
+    except (IndexError, ValueError):
+        return None

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flightrec.attach.processes import Found, RankProcess, find_ranks
+from flightrec.attach.processes import Found, RankProcess, find_ranks, thread_cpu_ns
 from flightrec.attach.pyspy import StackReadError, find_pyspy, read_stacks
 from flightrec.attach.snapshot import Ring, Sample, build_snapshot
 from flightrec.attach.torchring import SOCKET_VARIABLE, RingUnavailable, fetch_ring
@@ -94,7 +94,10 @@ def _sample_all(
             except StackReadError as exc:
                 failed[pid] = exc.reason
                 continue
-            taken[pid].append(Sample(time.monotonic_ns(), tuple(threads)))
+            now = time.monotonic_ns()
+            cpu = {t.native_id: thread_cpu_ns(pid, t.native_id) for t in threads}
+            used = {tid: ns for tid, ns in cpu.items() if ns is not None}
+            taken[pid].append(Sample(now, tuple(threads), used))
     return taken, failed
 
 

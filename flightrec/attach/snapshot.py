@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import linecache
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from flightrec import __version__
@@ -27,26 +27,30 @@ class Sample:
 
     mono_ns: int
     threads: tuple[ThreadStack, ...]
+    cpu_ns: Mapping[int, int]
+    """CPU time each thread (by kernel thread id) had used, read right after its stack."""
 
 
-def still_ms(samples: Sequence[Sample], thread: ThreadStack) -> int:
-    """Over how many ms, up to the last sample, every sample showed ``thread`` with its last
-    stack; 0 when the last two samples differ (or there is one).
+def stillness(samples: Sequence[Sample], thread: ThreadStack) -> tuple[int, int]:
+    """(still_ms, cpu_ms) of ``thread``: over how many ms, up to the last sample, every
+    sample showed it with its last stack (0 when the last two differ, or there is one), and
+    the CPU time it used over that span.
 
     Args:
         samples: one process' samples, oldest first; ``thread`` is of the last.
         thread: the thread as the last sample saw it.
     """
     if not samples:
-        return 0
-    last = samples[-1].mono_ns
-    since = last
+        return 0, 0
+    last = first = samples[-1]
     for sample in reversed(samples[:-1]):
         same = next((t for t in sample.threads if t.native_id == thread.native_id), None)
         if same is None or same.frames != thread.frames:
             break
-        since = sample.mono_ns
-    return (last - since) // 1_000_000
+        first = sample
+    tid = thread.native_id
+    used = last.cpu_ns.get(tid, 0) - first.cpu_ns.get(tid, 0) if tid in first.cpu_ns else 0
+    return (last.mono_ns - first.mono_ns) // 1_000_000, max(0, used) // 1_000_000
 
 
 def _source(file: str, line: int) -> str:
@@ -96,13 +100,15 @@ def build_snapshot(
         if not sample_list:
             continue
         for t in sample_list[-1].threads:
+            still, cpu = stillness(sample_list, t)
             b.thread(
                 t.ident,
                 t.name,
                 t.frames,
                 is_main=t.is_main and t.pid == proc.pid,
                 pid=0 if t.pid == proc.pid else t.pid,
-                still_ms=still_ms(sample_list, t),
+                still_ms=still,
+                cpu_ms=cpu,
             )
     if columns is not None:
         b.entry_columns({name: list(column) for name, column in columns.items()})

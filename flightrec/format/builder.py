@@ -263,9 +263,10 @@ class DumpBuilder:
         holds_recorder: bool = False,
         pid: int = 0,
         still_ms: int = 0,
+        cpu_ms: int = 0,
     ) -> None:
-        """Record one thread's stack at dump time (innermost frame first); ``pid`` and
-        ``still_ms`` as in ``ThreadState`` (a snapshot taken from outside)."""
+        """Record one thread's stack at dump time (innermost frame first); ``pid``,
+        ``still_ms`` and ``cpu_ms`` as in ``ThreadState`` (a snapshot taken from outside)."""
         self._dump.threads.add(
             ident=ident,
             name=name,
@@ -274,6 +275,7 @@ class DumpBuilder:
             holds_recorder=holds_recorder,
             pid=pid,
             still_ms=still_ms,
+            cpu_ms=cpu_ms,
         )
 
     def exception(

@@ -698,6 +698,7 @@ class ThreadState(google.protobuf.message.Message):
     HOLDS_RECORDER_FIELD_NUMBER: builtins.int
     PID_FIELD_NUMBER: builtins.int
     STILL_MS_FIELD_NUMBER: builtins.int
+    CPU_MS_FIELD_NUMBER: builtins.int
     ident: builtins.int
     name: builtins.str
     stack: builtins.int
@@ -709,6 +710,8 @@ class ThreadState(google.protobuf.message.Message):
     """the process it runs in when that is not the dump's own: a child of the rank (a DataLoader worker) seen by `flightrec attach`; 0 for the dump's process (1.5)"""
     still_ms: builtins.int
     """ATTACHED: every sample over this many ms, up to the dump, showed this same stack; 0 when it changed between the last two samples (1.5)"""
+    cpu_ms: builtins.int
+    """ATTACHED: CPU time the thread used over those still_ms (a thread blocked in a wait uses none) (1.5)"""
     def __init__(
         self,
         *,
@@ -719,8 +722,9 @@ class ThreadState(google.protobuf.message.Message):
         holds_recorder: builtins.bool = ...,
         pid: builtins.int = ...,
         still_ms: builtins.int = ...,
+        cpu_ms: builtins.int = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["holds_recorder", b"holds_recorder", "ident", b"ident", "is_main", b"is_main", "name", b"name", "pid", b"pid", "stack", b"stack", "still_ms", b"still_ms"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["cpu_ms", b"cpu_ms", "holds_recorder", b"holds_recorder", "ident", b"ident", "is_main", b"is_main", "name", b"name", "pid", b"pid", "stack", b"stack", "still_ms", b"still_ms"]) -> None: ...
 
 global___ThreadState = ThreadState
 

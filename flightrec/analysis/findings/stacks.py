@@ -42,6 +42,10 @@ _CONTEXTS = (
     ("DTensor", re.compile(r"(^|/)torch/distributed/tensor/")),
 )
 _BACKWARD = re.compile(r"(^|/)torch/autograd/(graph|__init__)\.py$")
+BUSY = 0.1
+"""The share of a CPU above which a thread whose stack stood still is taken to be working
+(a long call into C: a matmul, a loop of all_reduces that the samples all caught at one line)
+rather than waiting: a thread blocked in a gloo collective, a sleep or a lock uses none."""
 BACKWARD = "backward"
 """The place of a rank in autograd's backward: where DDP's reducer and FSDP reduce gradients
 (a backward that never ends is waiting for them)."""
@@ -139,7 +143,8 @@ class RanksAt:
     """``file:line`` of the user's frame ("" when the stack has none)."""
     function: str
     moving: bool
-    """Their stacks changed between attach's samples: they are running, not stuck."""
+    """They are running, not stuck: their stacks changed between attach's samples, or
+    their threads used a CPU (``BUSY``) meanwhile."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +170,12 @@ class _Seen:
     rank: int
     place: Place
     still_ms: int
+    cpu_ms: int
+
+    @property
+    def idle(self) -> bool:
+        """Its thread used under ``BUSY`` of a CPU while its stack stood still: it waits."""
+        return self.cpu_ms < BUSY * self.still_ms
 
 
 def _who(m: Matched, ranks: Sequence[int]) -> str:
@@ -208,8 +219,10 @@ def find_stack_hangs(m: Matched) -> list[Finding]:
         m: the lined-up histories (here: no entries, only the ranks' threads).
 
     Returns:
-        One finding, or none where every rank's stack moved (the job runs) or some rank's
-        dump is not such a snapshot (the ring's analysis speaks then).
+        One finding, or none: where every rank's stack moved (the job runs); where no rank
+        stands apart and some rank's thread used a CPU (``BUSY``) while its stack stood
+        still (a job caught at one line each time); or where some rank's dump is not such a
+        snapshot (the ring's analysis speaks then).
     """
     dumps = m.run.dumps
     if not dumps or not all(is_stack_snapshot(d.header, len(d)) for d in dumps.values()):
@@ -218,20 +231,21 @@ def find_stack_hangs(m: Matched) -> list[Finding]:
     for rank, d in sorted(dumps.items()):
         thread = rank_thread(d.threads())
         if thread is not None:
-            seen.append(_Seen(rank, place_of(thread.stack), thread.still_ms))
-    moving = frozenset(s.rank for s in seen if s.still_ms == 0)
+            seen.append(_Seen(rank, place_of(thread.stack), thread.still_ms, thread.cpu_ms))
+    # Running: its stack changed between samples, or stood still while its thread worked
+    # (a long call into C, a loop of collectives every sample caught at one line). Waiting:
+    # still and idle inside a collective (blocked in gloo, a sleep or a lock uses no CPU).
+    moving = frozenset(s.rank for s in seen if not s.still_ms or not s.idle)
     waiting = [s for s in seen if s.place.collective is not None and s.rank not in moving]
-    if len(moving) == len(seen):
-        return []  # every stack changed between samples: the job is running
-    elsewhere = [s for s in seen if s not in waiting]
+    outside = [s for s in seen if s.place.collective is None]
     missing = m.run.missing_ranks
-    if waiting and elsewhere:
-        return [_odd_ones(m, waiting, elsewhere, moving, missing)]
+    if waiting and outside:
+        return [_odd_ones(m, waiting, outside, moving, missing)]
+    if len(waiting) + len(outside) < len(seen) or moving:
+        return []  # a rank goes on through collectives, or nobody waits while some run
     if not waiting:
-        if moving:
-            return []  # nobody waits in a collective, and some are running: no hang seen
         return [_undecided(m, seen, moving, "no_collective", missing)]
-    # Everyone waits, still, in a collective: the odd ones are in another than most.
+    # Everyone waits in a collective: the odd ones are in another than most.
     counts = Counter((s.place.collective, s.place.location) for s in waiting)
     (top, n), *rest = counts.most_common()
     if not rest:
@@ -282,7 +296,11 @@ def _is(p: RanksAt) -> str:
     where = f" at {p.location}" if p.location else ""
     verb = "is" if len(p.ranks) == 1 else "are"
     if p.collective is None:
-        running = " (running: its stack changed between samples)" if p.moving else ""
+        running = (
+            " (running: its stack changed or its thread used a CPU between samples)"
+            if p.moving
+            else ""
+        )
         inside = f", in {p.function}{where}" if p.function else ""
         return f"{verb} outside any collective{inside}{running}"
     return f"{'waits' if len(p.ranks) == 1 else 'wait'} in {p.collective}{where}"

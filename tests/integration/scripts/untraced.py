@@ -60,6 +60,7 @@ class Samples(Dataset[torch.Tensor]):
 def train(rank: int, scenario: str, culprit: int) -> None:
     loss = torch.ones(4)
     if scenario == "healthy":
+        torch.set_num_threads(1)  # four ranks on two cores: no intra-op threads to contend
         step = 0
         while True:
             step += 1
@@ -67,12 +68,12 @@ def train(rank: int, scenario: str, culprit: int) -> None:
             for _ in range(20):
                 x = torch.tanh(x @ x.T / 64)
             dist.all_reduce(loss)
-            if step % 50 == 0:
+            if step % 10 == 0:
                 print(f"STEP {step}", flush=True)
     if scenario == "dataloader":
         loader = DataLoader(Samples(rank == culprit), batch_size=4, num_workers=1)
         for step, batch in enumerate(loader):
-            if step == 3 and rank == culprit:
+            if step == 1 and rank == culprit:
                 print("HUNG", flush=True)  # its worker is stuck on the next batch
             dist.all_reduce(loss + batch.sum())
         return
