@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import socket
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,6 +36,8 @@ KEPT_VARIABLES = (
     "SLURM_JOB_ID",
     "SLURM_STEP_ID",
     "SLURM_PROCID",
+    "SLURM_LOCALID",
+    "SLURM_NTASKS",
     "FLIGHTREC_JOB_ID",
     "TORCH_WORKER_SERVER_SOCKET",
 )
@@ -164,16 +166,24 @@ def _int(value: str | None, default: int) -> int:
 
 
 def job_id_of(environ: Mapping[str, str]) -> str:
-    """The job's id from the first of ``JOB_VARIABLES`` set ("" when none is)."""
-    return next((environ[v] for v in JOB_VARIABLES if environ.get(v)), "")
+    """The job's id from the first of ``JOB_VARIABLES`` set ("" when none is). torchrun's
+    placeholder "none" counts as unset, as the recorder counts it (``job_id_from_env``), so
+    that a traced job's dumps and its snapshots name the job alike."""
+    for name in JOB_VARIABLES:
+        value = environ.get(name, "").strip()
+        if value and value != "none":
+            return value
+    return ""
 
 
-def _is_rank(environ: Mapping[str, str]) -> bool:
-    return any(v in environ for v in RANK_VARIABLES)
+def _is_rank(environ: Mapping[str, str], variables: Sequence[str] = RANK_VARIABLES) -> bool:
+    return any(v in environ for v in variables)
 
 
 def _rank_of(environ: Mapping[str, str]) -> int:
-    return _int(environ.get("RANK"), _int(environ.get("LOCAL_RANK"), -1))
+    return _int(
+        environ.get("RANK"), _int(environ.get("LOCAL_RANK"), _int(environ.get("SLURM_PROCID"), -1))
+    )
 
 
 @dataclass
@@ -187,10 +197,13 @@ class Found:
 def find_ranks(pids: Iterable[int], host: str | None = None) -> Found:
     """The rank processes at or below each of ``pids``.
 
-    A pid whose environment names a rank is that rank (its descendants its children).
-    Otherwise it is a launcher: its descendants whose environment names a rank, the topmost
-    of each (a rank's DataLoader workers inherit its variables); where none does, its child
-    processes that ``multiprocessing`` spawned (``mp.spawn``), numbered in start order.
+    A pid whose environment names a rank (``RANK_VARIABLES``) is that rank, its descendants
+    its children. Otherwise it is a launcher, and its ranks are, first found first: its
+    descendants whose environment names a rank, the topmost of each (a rank's DataLoader
+    workers inherit its variables); the child processes ``multiprocessing`` spawned
+    (``mp.spawn``), numbered in start order; itself or its topmost descendants with
+    ``SLURM_PROCID`` (``srun`` tasks of a script that sets its rank itself). A pid below another rank found (a DataLoader
+    worker that a ``pgrep`` matched too) is that rank's child, not a rank.
 
     Args:
         pids: launchers' or ranks' process ids.
@@ -202,7 +215,6 @@ def find_ranks(pids: Iterable[int], host: str | None = None) -> Found:
     host = host or socket.gethostname()
     children, _ = process_table()
     found = Found()
-    seen: set[int] = set()
     for pid in pids:
         try:
             env = environ_of(pid)
@@ -210,9 +222,7 @@ def find_ranks(pids: Iterable[int], host: str | None = None) -> Found:
             found.problems.append(str(exc))
             continue
         if _is_rank(env):
-            if pid not in seen:
-                seen.add(pid)
-                found.ranks.append(_rank(pid, env, host, children))
+            found.ranks.append(_rank(pid, env, host, children))
             continue
         ranks, unreadable = _ranks_below(pid, env, host, children)
         if not ranks:
@@ -220,14 +230,14 @@ def find_ranks(pids: Iterable[int], host: str | None = None) -> Found:
             below = len(descendants(pid, children))
             found.problems.append(
                 f"pid {pid} ({_short(cmdline_of(pid))}): no rank process found below it "
-                f"({below} descendant process{'es' if below != 1 else ''}, none with RANK or "
-                f"LOCAL_RANK in its environment or started by multiprocessing{why})"
+                f"({below} descendant process{'es' if below != 1 else ''}, none with RANK, "
+                f"LOCAL_RANK or SLURM_PROCID in its environment or started by multiprocessing"
+                f"{why})"
             )
-        for r in ranks:
-            if r.pid not in seen:
-                seen.add(r.pid)
-                found.ranks.append(r)
-    found.ranks.sort(key=lambda r: (r.rank, r.pid))
+        found.ranks.extend(ranks)
+    below_a_rank = {c for r in found.ranks for c in r.children}
+    unique = {r.pid: r for r in found.ranks if r.pid not in below_a_rank}
+    found.ranks = sorted(unique.values(), key=lambda r: (r.rank, r.pid))
     return found
 
 
@@ -247,11 +257,12 @@ def _rank(
     world_size: int = 0,
     note: str = "",
 ) -> RankProcess:
+    local = _int(env.get("LOCAL_RANK"), _int(env.get("SLURM_LOCALID"), -1))
     return RankProcess(
         pid=pid,
         rank=_rank_of(env) if rank is None else rank,
-        world_size=_int(env.get("WORLD_SIZE"), world_size),
-        local_rank=_int(env.get("LOCAL_RANK"), -1 if rank is None else rank),
+        world_size=_int(env.get("WORLD_SIZE"), _int(env.get("SLURM_NTASKS"), world_size)),
+        local_rank=local if rank is None else rank,
         host=host,
         job_id=job_id_of(env),
         environ=dict(env),
@@ -260,10 +271,11 @@ def _rank(
     )
 
 
-def _ranks_below(
-    launcher: int, launcher_env: Mapping[str, str], host: str, children: Mapping[int, list[int]]
+def _topmost(
+    launcher: int, variables: Sequence[str], host: str, children: Mapping[int, list[int]]
 ) -> tuple[list[RankProcess], list[str]]:
-    """The ranks below a launcher, and the descendants that could not be read."""
+    """The topmost descendants of ``launcher`` with one of ``variables`` in their
+    environment, as ranks; and the descendants that could not be read."""
     ranks: list[RankProcess] = []
     unreadable: list[str] = []
     below_rank: set[int] = set()
@@ -275,9 +287,17 @@ def _ranks_below(
         except ProcessUnreadable as exc:
             unreadable.append(str(exc))
             continue
-        if _is_rank(env):
+        if _is_rank(env, variables):
             ranks.append(_rank(pid, env, host, children))
             below_rank.update(descendants(pid, children))
+    return ranks, unreadable
+
+
+def _ranks_below(
+    launcher: int, launcher_env: Mapping[str, str], host: str, children: Mapping[int, list[int]]
+) -> tuple[list[RankProcess], list[str]]:
+    """The ranks below a launcher, and the descendants that could not be read."""
+    ranks, unreadable = _topmost(launcher, RANK_VARIABLES, host, children)
     if ranks:
         return ranks, unreadable
     # mp.spawn: the launcher's own children that multiprocessing started, in start order.
@@ -305,17 +325,15 @@ def _ranks_below(
                 ),
             )
         )
-    return ranks, unreadable
-
-
-def alive(pid: int) -> bool:
-    """Whether a process still exists (a zombie counts as gone)."""
-    try:
-        raw = (PROC / str(pid) / "stat").read_bytes()
-    except OSError:
-        return False
-    rest = raw[raw.rfind(b")") + 2 :].split()
-    return bool(rest) and rest[0] not in (b"Z", b"X")
+    if ranks:
+        return ranks, unreadable
+    if "SLURM_PROCID" in launcher_env:
+        # The step's own process (srun's task) with no rank below it: it is the rank.
+        return [_rank(launcher, launcher_env, host, children)], unreadable
+    slurm, _ = _topmost(launcher, ("SLURM_PROCID",), host, children)
+    if slurm:
+        return slurm, unreadable
+    return [], unreadable
 
 
 _TICK_NS = 1_000_000_000 // max(1, os.sysconf("SC_CLK_TCK"))

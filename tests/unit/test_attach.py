@@ -136,6 +136,8 @@ def test_a_rank_is_found_by_its_environment_and_its_children_are_not_ranks(tmp_p
         assert launcher.stdout is not None and launcher.stdout.readline().strip() == b"up"
         time.sleep(0.3)  # its child is started
         found = find_ranks([launcher.pid])
+        # Its children named too (a pgrep matches a rank's DataLoader workers): still one rank.
+        also = find_ranks([launcher.pid, *found.ranks[0].children])
     finally:
         launcher.kill()
         subprocess.run(["pkill", "-KILL", "-P", str(launcher.pid)], check=False)
@@ -145,6 +147,23 @@ def test_a_rank_is_found_by_its_environment_and_its_children_are_not_ranks(tmp_p
     (rank,) = found.ranks
     assert (rank.rank, rank.local_rank, rank.world_size, rank.job_id) == (5, 1, 8, "run-9")
     assert len(rank.children) == 2 and not found.problems
+    assert [r.pid for r in also.ranks] == [launcher.pid]
+
+
+def test_an_srun_task_is_a_rank_by_slurm_procid() -> None:
+    env = {"SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NTASKS": "8", "SLURM_JOB_ID": "42"}
+    task = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], env={**env, "PATH": "/usr/bin:/bin"}
+    )
+    try:
+        time.sleep(0.2)
+        (rank,) = find_ranks([task.pid]).ranks
+    finally:
+        task.kill()
+        task.wait()
+    assert (rank.pid, rank.rank, rank.local_rank, rank.world_size, rank.job_id) == (
+        task.pid, 3, 1, 8, "42",
+    )  # fmt: skip
 
 
 def test_a_pid_that_is_gone_is_one_line() -> None:
@@ -303,3 +322,11 @@ def test_the_json_report_of_a_stack_hang_follows_the_schema(
     schema = json.loads((Path(__file__).parents[2] / "docs" / "report-schema.json").read_text())
     errors = list(jsonschema.validators.validator_for(schema)(schema).iter_errors(report))
     assert errors == []
+
+
+def test_the_job_id_is_read_as_the_recorder_reads_it() -> None:
+    from flightrec.attach.processes import job_id_of
+
+    assert job_id_of({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}) == "77"
+    assert job_id_of({"FLIGHTREC_JOB_ID": "a", "TORCHELASTIC_RUN_ID": "b"}) == "a"
+    assert job_id_of({}) == ""

@@ -41,12 +41,15 @@ def attach_command(
 ) -> None:
     """Snapshot a running job's ranks on this node, traced or not: stacks and torch's ring.
 
-    Finds the rank processes at or below each PID (those with RANK or LOCAL_RANK in their
-    environment, or the processes mp.spawn started), reads every thread's Python stack a few
-    times with py-spy (a pause of milliseconds each; needs the right to ptrace them), and
-    torch's Flight Recorder ring where the job serves it (TORCH_WORKER_SERVER_SOCKET); writes
-    one dump per rank into --out. Then: flightrec analyze DIR. One node per call: on SLURM,
-    srun --overlap --ntasks-per-node=1 runs it on every node into one shared folder.
+    Finds the rank processes at or below each PID: those with RANK or LOCAL_RANK in their
+    environment, or the processes mp.spawn started.
+
+    Reads every thread's Python stack a few times with py-spy (a pause of milliseconds
+    each; needs the right to ptrace them), and torch's Flight Recorder ring where the job
+    serves it (TORCH_WORKER_SERVER_SOCKET). Writes one dump per rank into --out.
+
+    Then: flightrec analyze DIR. One node per call: on SLURM, run it on every node into one
+    shared folder with srun --overlap --ntasks-per-node=1.
 
     Exit status: 0 every rank found was snapshotted, 1 some could not be (each says why),
     2 none was.
