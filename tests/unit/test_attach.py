@@ -330,3 +330,22 @@ def test_the_job_id_is_read_as_the_recorder_reads_it() -> None:
     assert job_id_of({"TORCHELASTIC_RUN_ID": "none", "SLURM_JOB_ID": "77"}) == "77"
     assert job_id_of({"FLIGHTREC_JOB_ID": "a", "TORCHELASTIC_RUN_ID": "b"}) == "a"
     assert job_id_of({}) == ""
+
+
+def test_show_says_how_long_a_thread_stood_still_and_whose_child_it_is(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from flightrec_cli import exiting
+    from flightrec_cli.app import app
+    from typer.testing import CliRunner
+
+    from flightrec.format.write import write_dump
+
+    d = _snapshot(3, WAIT, cpu_ms=20, child=[(TRAIN, "Samples.__getitem__", 56)])
+    path = write_dump(d.dump.meta, tmp_path, "rank3.frdump")
+    monkeypatch.setattr(exiting, "_skip", False)
+    result = CliRunner().invoke(app, ["show", str(path)], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "MainThread (main, still for 1.0 s, 20 ms CPU)" in result.output
+    assert "MainThread (child process 903, still for 1.0 s, 0 ms CPU)" in result.output
+    assert "ATTACHED #0: test" in result.output
