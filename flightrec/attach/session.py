@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -72,12 +72,8 @@ class AttachReport:
         return [r for r in self.ranks if r.path is not None]
 
 
-Clock = Callable[[], int]
-Sleep = Callable[[float], None]
-
-
 def _sample_all(
-    procs: Sequence[int], pyspy: str, samples: int, interval_s: float, sleep: Sleep
+    procs: Sequence[int], pyspy: str, samples: int, interval_s: float
 ) -> tuple[dict[int, list[Sample]], dict[int, str]]:
     """Every process' samples, oldest first, in rounds ``interval_s`` apart; and per process
     that py-spy could not read, why (its samples stop there)."""
@@ -85,7 +81,7 @@ def _sample_all(
     failed: dict[int, str] = {}
     for i in range(samples):
         if i:
-            sleep(interval_s)
+            time.sleep(interval_s)
         for pid in procs:
             if pid in failed:
                 continue
@@ -143,7 +139,6 @@ def attach(
     samples: int = SAMPLES,
     interval_s: float = INTERVAL_S,
     pyspy: str | None = None,
-    sleep: Sleep = time.sleep,
 ) -> AttachReport:
     """Snapshot every rank at or below ``pids`` on this node into ``out``, one file each.
 
@@ -155,7 +150,6 @@ def attach(
             is a rank that is moving).
         interval_s: seconds between samples.
         pyspy: the py-spy executable (default: ``find_pyspy``).
-        sleep: waits between samples (tests pass their own).
 
     Returns:
         What was written, and one line per rank or pid that could not be read.
@@ -184,7 +178,7 @@ def attach(
         report.seconds = time.monotonic() - began
         return report
     procs = [p.pid for p in found.ranks] + [c for p in found.ranks for c in p.children]
-    taken, failed = _sample_all(procs, tool, samples, interval_s, sleep)
+    taken, failed = _sample_all(procs, tool, samples, interval_s)
     rings, ring_notes = _rings([p for p in found.ranks if p.pid not in failed])
     detail = (
         f"taken from outside by flightrec attach (py-spy): {samples} samples {interval_s:g} s apart"

@@ -349,3 +349,14 @@ def test_show_says_how_long_a_thread_stood_still_and_whose_child_it_is(
     assert "MainThread (main, still for 1.0 s, 20 ms CPU)" in result.output
     assert "MainThread (child process 903, still for 1.0 s, 0 ms CPU)" in result.output
     assert "ATTACHED #0: test" in result.output
+
+
+def test_attach_refuses_what_cannot_work(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from flightrec.attach import session
+    from flightrec.errors import UsageError
+
+    with pytest.raises(UsageError, match="2 or more"):
+        session.attach([1], tmp_path, samples=1)
+    monkeypatch.setattr(session, "find_pyspy", lambda: None)
+    with pytest.raises(UsageError, match=r"pip install 'torch-flightrec\[attach\]'"):
+        session.attach([1], tmp_path)
