@@ -42,7 +42,7 @@ _CONTEXTS = (
     ("DTensor", re.compile(r"(^|/)torch/distributed/tensor/")),
 )
 _BACKWARD = re.compile(r"(^|/)torch/autograd/(graph|__init__)\.py$")
-BUSY = 0.1
+BUSY = 0.02
 """The share of a CPU above which a thread whose stack stood still is taken to be working
 (a long call into C: a matmul, a loop of all_reduces that the samples all caught at one line)
 rather than waiting: a thread blocked in a gloo collective, a sleep or a lock uses none."""
