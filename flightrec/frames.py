@@ -316,10 +316,12 @@ def call_name(file: str, function: str) -> str:
     return ".".join([*parts, function])
 
 
-def keep_user_frames(frames: Sequence[T], origins: Sequence[FrameOrigin], limit: int) -> list[T]:
+def keep_user_frames(
+    frames: Sequence[T], origins: Sequence[FrameOrigin], functions: Sequence[str], limit: int
+) -> list[T]:
     """At most ``limit`` of ``frames`` (innermost first), in order: the innermost one, the
-    framework call the first user frame made, then the user's frames, then the rest in order
-    while room is left.
+    framework call the first user frame made (``called_index``), then the user's frames,
+    then the rest in order while room is left.
 
     A stack cut to its innermost frames alone loses the user's line under torch's (a DDP
     bucket all-reduce is six frames below ``loss.backward()``).
@@ -328,8 +330,9 @@ def keep_user_frames(frames: Sequence[T], origins: Sequence[FrameOrigin], limit:
         return list(frames)
     keep = [0]
     first = user_index(origins)
-    if first is not None and first >= 2 and origins[first - 1] is FrameOrigin.FRAMEWORK:
-        keep.append(first - 1)
+    called = None if first is None else called_index(origins, functions, first)
+    if called and limit > 2:
+        keep.append(called)
     keep += [i for i in range(1, len(frames)) if origins[i] is FrameOrigin.USER][
         : max(0, limit - len(keep))
     ]

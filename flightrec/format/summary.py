@@ -37,7 +37,7 @@ from flightrec.format.members import members_of
 from flightrec.format.read import validate
 from flightrec.format.schema import SUMMARY_SOURCE
 from flightrec.format.threads import issuing_thread, where_thread
-from flightrec.frames import FrameOrigin, keep_user_frames, origin_of
+from flightrec.frames import FrameOrigin, called_index, keep_user_frames, origin_of, user_index
 
 MAGIC = "flightrec.summary"
 MAX_BYTES = 3072
@@ -202,10 +202,11 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
     def stack(i: int, limit: int) -> tuple[Frame, ...]:
         """The innermost frame and the user's, within ``limit`` (``keep_user_frames``)."""
         ids = stacks[i].frames
-        origins = (
-            [_origin(frames[f].origin, s[frames[f].file]) for f in ids] if len(ids) > limit else []
-        )
-        return tuple(frame(f) for f in keep_user_frames(ids, origins, limit))
+        if len(ids) <= limit:
+            return tuple(frame(f) for f in ids)
+        origins = [_origin(frames[f].origin, s[frames[f].file]) for f in ids]
+        functions = [s[frames[f].name] for f in ids]
+        return tuple(frame(f) for f in keep_user_frames(ids, origins, functions, limit))
 
     def tensors(i: int) -> tuple[Tensor, ...]:
         spec = specs[i]
@@ -377,18 +378,37 @@ def _trimmed(s: Summary, step: int) -> Summary:
     if step == 2:  # groups with nothing pending go
         busy = tuple(g for g in s.groups if any(en.state != pb.COMPLETED for en in g.entries))
         return replace(_trimmed(s, 1), groups=busy)
-    if step == 3:  # one frame per entry, four on the stack, no source text
+    if step == 3:  # the user's frame per entry (and its call), four on the stack, no text
         groups = tuple(
-            replace(g, entries=tuple(replace(en, stack=en.stack[:1]) for en in g.entries))
+            replace(g, entries=tuple(replace(en, stack=_call_site(en.stack)) for en in g.entries))
             for g in s.groups
         )
-        return replace(s, groups=groups, stack=tuple(no_code[f] for f in s.stack[:4]))
+        return replace(s, groups=groups, stack=tuple(no_code[f] for f in _kept(s.stack, 4)))
     exceptions = tuple(
         replace(x, stack=tuple(no_code[f] for f in x.stack[:1])) for x in s.exceptions
     )
     return replace(
-        s, groups=(), stack=s.stack[:1], dump_path=s.dump_path[-200:], exceptions=exceptions
+        s, groups=(), stack=_kept(s.stack, 1), dump_path=s.dump_path[-200:], exceptions=exceptions
     )
+
+
+def _kept(stack: tuple[Frame, ...], limit: int) -> tuple[Frame, ...]:
+    """``limit`` frames of a thread's stack, the user's first (``keep_user_frames``)."""
+    if limit == 1:
+        return _call_site(stack)[-1:]
+    origins = [_origin(f.origin, f.file) for f in stack]
+    return tuple(keep_user_frames(stack, origins, [f.function for f in stack], limit))
+
+
+def _call_site(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """The frames of an entry's stack the verdict shows: the user's, with the framework call
+    it made when it made one; the innermost frame when the stack has no user frame."""
+    origins = [_origin(f.origin, f.file) for f in stack]
+    at = user_index(origins)
+    if at is None:
+        return stack[:1]
+    called = called_index(origins, [f.function for f in stack], at)
+    return (stack[called], stack[at]) if called is not None else (stack[at],)
 
 
 def encode(s: Summary) -> bytes:

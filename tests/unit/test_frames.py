@@ -109,10 +109,19 @@ def test_the_schema_and_the_rules_name_the_same_origins() -> None:
 def test_a_cut_stack_keeps_the_innermost_frame_the_framework_call_and_the_users() -> None:
     names = ["torch", "accelerate op", "Accelerator.gather", "train", "main", "runpy"]
     origins = [CORE, FRAMEWORK, FRAMEWORK, USER, USER, CORE]
-    assert keep_user_frames(names, origins, 4) == ["torch", "Accelerator.gather", "train", "main"]
-    assert keep_user_frames(names, origins, 3) == ["torch", "Accelerator.gather", "train"]
+    assert keep_user_frames(names, origins, names, 4) == [
+        "torch",
+        "Accelerator.gather",
+        "train",
+        "main",
+    ]
+    assert keep_user_frames(names, origins, names, 3) == ["torch", "Accelerator.gather", "train"]
+    # behind a decorator's wrapper, the function it wraps is the call kept
+    wrapped = ["backend", "all_reduce", "timed_op.<locals>.log_wrapper", "step", "main"]
+    origins = [FRAMEWORK, FRAMEWORK, FRAMEWORK, USER, USER]
+    assert keep_user_frames(wrapped, origins, wrapped, 3) == ["backend", "all_reduce", "step"]
     plain = [CORE, CORE, USER, USER]
-    assert keep_user_frames(["a", "b", "c", "d"], plain, 3) == ["a", "c", "d"]
+    assert keep_user_frames(["a", "b", "c", "d"], plain, ["a", "b", "c", "d"], 3) == ["a", "c", "d"]
 
 
 def _frame(file: str, function: str, line: int, origin: FrameOrigin = FrameOrigin.UNKNOWN):  # type: ignore[no-untyped-def]
