@@ -78,3 +78,59 @@ def assert_names(report: Report, kind: str, rank: int, line: str, *, via: str = 
     html = HtmlRenderer().render(report)
     assert line in html
     return summary
+
+
+# -- the scenarios each framework's test runs (on a job started with that fault) --------------
+def stalled(job: Job, script: str) -> str:
+    """Rank 2 stalled at the line marked ``# FAULT stall``: named so in the log and by the
+    analysis of the dumps. Returns the job's output."""
+    out = wait_for_text(job, VERDICT_DONE)
+    report = analyzed(job)
+    line = fault_line(script, "stall")
+    said = log_verdict(out)
+    assert "Rank 2 (" in said and "never entered" in said and line in said, said
+    assert_names(report, "not_arrived", 2, line)
+    return out
+
+
+def raised(job: Job, script: str) -> None:
+    """Rank 2 died of the ValueError raised at the line marked ``# FAULT raise``."""
+    out = wait_for_text(job, VERDICT_DONE)
+    report = analyzed(job, count=3)
+    line = fault_line(script, "raise")
+    said = log_verdict(out)
+    assert "Rank 2 (" in said and "ValueError" in said and line in said, said
+    summary = assert_names(report, report.findings[0].kind.value, 2, line)
+    assert "ValueError: corrupt batch" in summary, summary
+
+
+def settled(job: Job, count: int, timeout: float = JOB_S) -> Report:
+    """The report on what the job left once ``count`` dumps are written or it has ended
+    (a launcher that kills every rank when one aborts leaves black boxes, not dumps)."""
+    deadline = time.monotonic() + timeout
+    while len(job.dump_files()) < count and any(p.poll() is None for p in job.procs):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{count} dumps not written after {timeout}s\n{job.output()}")
+        time.sleep(0.5)
+    time.sleep(1.0)  # a dump being renamed into place as the last process ends
+    return analyze_dir(job.dump_dir)
+
+
+def mismatched(job: Job, script: str, via: str) -> None:
+    """Rank 2 passed [3] where the others passed [2], at the line marked ``# FAULT
+    mismatch``, through the framework's ``via`` (gloo may abort a rank on the size it did
+    not expect: the dumps' analysis is what is read)."""
+    report = settled(job, count=3)
+    line = fault_line(script, "mismatch")
+    summary = assert_names(report, "mismatch", 2, line, via=via)
+    assert "[3]" in summary and "[2]" in summary, summary
+
+
+def healthy(job: Job) -> None:
+    """The job ends well, prints no verdict, and its exit dumps hold no finding."""
+    codes = job.wait(timeout=JOB_S)
+    out = job.output()
+    report = analyzed(job)
+    assert not any(codes), out
+    assert "Verdict" not in out, out
+    assert report.findings == [], [f.summary for f in report.findings]

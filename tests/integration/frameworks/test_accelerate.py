@@ -3,6 +3,7 @@ accelerate_job.py`` (on CPU: torchrun underneath, gloo), traced by ``FLIGHTREC=1
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 
 import pytest
@@ -11,70 +12,39 @@ pytest.importorskip(
     "accelerate", reason="accelerate is not installed (.ci/frameworks.sh installs the frameworks)"
 )
 
-from tests.integration.frameworks.common import (
-    FAULT_ENV,
-    HEALTHY_ENV,
-    JOB_S,
-    SCRIPTS,
-    VERDICT_DONE,
-    analyzed,
-    assert_names,
-    fault_line,
-    log_verdict,
-    wait_for_text,
-)
-from tests.integration.jobs import free_port, start_job
+from tests.integration.frameworks import common as fw
+from tests.integration.jobs import Job, free_port, start_job
 
-SCRIPT = SCRIPTS / "accelerate_job.py"
+SCRIPT = "accelerate_job.py"
 
 
-def launcher() -> list[str]:
-    """``accelerate launch`` for 4 CPU processes on this machine."""
-    return [
+def run(tmp_path: Path, fault: str, env: dict[str, str]) -> AbstractContextManager[Job]:
+    """``accelerate launch`` of the script with 4 CPU processes on this machine."""
+    launcher = [
         "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes=4",
         "--num_machines=1", "--mixed_precision=no", "--dynamo_backend=no",
         f"--main_process_port={free_port()}",
     ]  # fmt: skip
-
-
-def run(tmp_path: Path, fault: str, env: dict[str, str]):  # type: ignore[no-untyped-def]
-    return start_job(SCRIPT, [fault], launch="self", launcher=launcher(), env=env, workdir=tmp_path)
+    return start_job(
+        fw.SCRIPTS / SCRIPT, [fault], launch="self", launcher=launcher, env=env, workdir=tmp_path
+    )
 
 
 def test_a_stalled_rank_is_named_at_its_line(tmp_path: Path) -> None:
-    with run(tmp_path, "stall", FAULT_ENV) as job:
-        out = wait_for_text(job, VERDICT_DONE)
-        report = analyzed(job)
-    line = fault_line("accelerate_job.py", "stall")
-    said = log_verdict(out)
-    assert "Rank 2 (" in said and "never entered" in said and line in said, said
-    assert_names(report, "not_arrived", 2, line)
+    with run(tmp_path, "stall", fw.FAULT_ENV) as job:
+        fw.stalled(job, SCRIPT)
 
 
 def test_a_rank_that_raises_is_named_with_its_exception(tmp_path: Path) -> None:
-    with run(tmp_path, "raise", FAULT_ENV) as job:
-        out = wait_for_text(job, VERDICT_DONE)
-        report = analyzed(job, count=3)
-    line = fault_line("accelerate_job.py", "raise")
-    said = log_verdict(out)
-    assert "Rank 2 (" in said and "ValueError" in said and line in said, said
-    summary = assert_names(report, report.findings[0].kind.value, 2, line)
-    assert "ValueError: corrupt batch" in summary, summary
+    with run(tmp_path, "raise", fw.FAULT_ENV) as job:
+        fw.raised(job, SCRIPT)
 
 
 def test_a_mismatched_gather_names_accelerators_gather(tmp_path: Path) -> None:
-    with run(tmp_path, "mismatch", FAULT_ENV) as job:
-        report = analyzed(job, count=3, timeout=JOB_S)
-    line = fault_line("accelerate_job.py", "mismatch")
-    summary = assert_names(report, "mismatch", 2, line, via="Accelerator.gather")
-    assert "[3]" in summary and "[2]" in summary, summary
+    with run(tmp_path, "mismatch", fw.FAULT_ENV) as job:
+        fw.mismatched(job, SCRIPT, via="Accelerator.gather")
 
 
 def test_a_healthy_run_reports_nothing(tmp_path: Path) -> None:
-    with run(tmp_path, "none", HEALTHY_ENV) as job:
-        codes = job.wait(timeout=JOB_S)
-        out = job.output()
-        report = analyzed(job)
-    assert codes == [0], out
-    assert "Verdict" not in out, out
-    assert report.findings == [], [f.summary for f in report.findings]
+    with run(tmp_path, "none", fw.HEALTHY_ENV) as job:
+        fw.healthy(job)

@@ -15,18 +15,10 @@ pytest.importorskip(
     reason="Ray Train is not installed (.ci/frameworks.sh installs the frameworks)",
 )
 
-from tests.integration.frameworks.common import (
-    SCRIPTS,
-    VERDICT_DONE,
-    analyzed,
-    assert_names,
-    fault_line,
-    log_verdict,
-    wait_for_text,
-)
+from tests.integration.frameworks import common as fw
 from tests.integration.jobs import start_job
 
-SCRIPT = SCRIPTS / "ray_job.py"
+SCRIPT = fw.SCRIPTS / "ray_job.py"
 
 
 def test_a_hung_worker_is_named_by_world_rank_host_pid_and_line(tmp_path: Path) -> None:
@@ -34,16 +26,16 @@ def test_a_hung_worker_is_named_by_world_rank_host_pid_and_line(tmp_path: Path) 
     args = ["stall", "--dumps", str(dumps), "--timeout", "8"]
     env = {"RAY_DISABLE_USAGE_STATS": "1"}
     with start_job(SCRIPT, args, launch="self", flightrec=False, env=env, workdir=tmp_path) as job:
-        out = wait_for_text(job, VERDICT_DONE)
-        report = analyzed(job)
-    line = fault_line("ray_job.py", "stall")
+        out = fw.wait_for_text(job, fw.VERDICT_DONE)
+        report = fw.analyzed(job)
+    line = fw.fault_line("ray_job.py", "stall")
     # Ray's own list of the worker group: which process is world rank 2, on which host
     worker = re.search(r"\(ip=(\S+), pid=(\d+)\) world_rank=2,", out)
     assert worker, out
-    said = log_verdict(out)
+    said = fw.log_verdict(out)
     assert re.search(rf"Rank 2 \(\S+, pid {worker.group(2)}, cpu\) never entered", said), said
     assert f"in train_loop at {line}" in said, said
     assert "main_loop" not in said, said
-    summary = assert_names(report, "not_arrived", 2, line)
+    summary = fw.assert_names(report, "not_arrived", 2, line)
     assert f"pid {worker.group(2)}" in summary, summary
     assert all(p.parent == dumps for p in job.dump_files())

@@ -1,7 +1,9 @@
 """A Lightning job as its users run it: ``python lightning_job.py FAULT --strategy ddp``.
 
 Lightning's own launcher starts the other three ranks (it runs this script again in each);
-``FLIGHTREC=1`` in the environment traces every rank. One fault on rank ``--bad-rank`` at
+``FLIGHTREC=1`` in the environment traces every rank. ``--strategy fsdp`` shards the model with
+FSDP2 (``fully_shard``) under Lightning's ``ModelParallelStrategy``: Lightning's ``"fsdp"``
+strategy (FSDP1) refuses to run without a GPU. One fault on rank ``--bad-rank`` at
 step 2: ``stall`` (sleeps in ``training_step``), ``raise`` (an exception there), ``mismatch``
 (``self.all_gather`` of a tensor of another size), or ``none``.
 """
@@ -14,7 +16,9 @@ import time
 
 import lightning as L
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
+from torch.distributed.fsdp import fully_shard
 from torch.utils.data import DataLoader, TensorDataset
 
 
@@ -23,6 +27,10 @@ class Net(L.LightningModule):
         super().__init__()
         self.layer = nn.Linear(8, 1)
         self.fault, self.bad_rank = fault, bad_rank
+
+    def configure_model(self) -> None:
+        if isinstance(self.trainer.strategy, ModelParallelStrategy):
+            fully_shard(self.layer, mesh=self.device_mesh["data_parallel"])
 
     def training_step(self, batch: list[torch.Tensor], index: int) -> torch.Tensor:
         x, y = batch
@@ -51,8 +59,14 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(256, 8), torch.randn(256, 1))
+    ranks = int(os.environ.get("JOB_RANKS", "4"))
+    strategy = (
+        ModelParallelStrategy(data_parallel_size=ranks, tensor_parallel_size=1)
+        if args.strategy == "fsdp"
+        else args.strategy
+    )
     trainer = L.Trainer(
-        accelerator="cpu", devices=int(os.environ.get("JOB_RANKS", "4")), strategy=args.strategy,
+        accelerator="cpu", devices=ranks, strategy=strategy,
         max_steps=args.steps, logger=False, enable_checkpointing=False,
         enable_progress_bar=False, enable_model_summary=False,
     )  # fmt: skip
