@@ -16,7 +16,7 @@ A frame has one of three origins (``FrameOrigin``):
 
 The recording process decides, at dump time, with what only it knows (``Roots``: its
 prefixes, site folders, editable installs, working folder and main script) and writes the
-answer into the dump (``Frame.origin``, schema 1.5), so a dump analyzed on another machine
+answer into the dump (``Frame.origin``, schema 1.6), so a dump analyzed on another machine
 keeps its verdict. A frame without a recorded origin (an older dump, a native one) is judged
 where it is read, from its path alone: the folders of this process's own installation, the
 names installed packages have anywhere (``site-packages/...``, ``lib/python3.X/...``), and
@@ -50,7 +50,7 @@ class FrameOrigin(enum.IntEnum):
     """Whose code a frame runs; the values are those of the schema's ``FrameOrigin``."""
 
     UNKNOWN = 0
-    """Not recorded (a dump older than schema 1.5, a native dump): judged from the path."""
+    """Not recorded (a dump older than schema 1.6, a native dump): judged from the path."""
     USER = 1
     """The user's own code."""
     FRAMEWORK = 2

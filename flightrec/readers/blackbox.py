@@ -115,7 +115,7 @@ def read_tables(path: Path) -> Tables:
             elif kind == "c":
                 if rec[2]:
                     t.sources[index] = str(rec[2])  # cut to length by the builder
-                if len(rec) > 3 and int(rec[3]) in ORIGINS:  # (none before schema 1.5)
+                if len(rec) > 3 and int(rec[3]) in ORIGINS:  # (none before schema 1.6)
                     t.origins[index] = int(rec[3])
             elif kind == "k":
                 t.stacks[index] = [int(f) for f in rec[2]]

@@ -107,7 +107,7 @@ def test_source_lines_are_journaled_off_the_calling_thread(tmp_path: Path) -> No
     dump = read_blackbox(rec.bb.path)
     frame = dump.frames[dump.stacks[dump.entries.stack[0]].frames[0]]
     assert dump.strings[frame.code] == 'rec.call("all_reduce", (4,))  # the line a reader must name'
-    # ... with whose code each frame is, as this process judges it (schema 1.5)
+    # ... with whose code each frame is, as this process judges it (schema 1.6)
     assert top.frames[0].origin == pb.ORIGIN_UNKNOWN
     assert frame.origin == origin_of(__file__) == pb.ORIGIN_USER
     assert {f.origin for f in dump.frames} <= {pb.ORIGIN_USER, pb.ORIGIN_FRAMEWORK, pb.ORIGIN_CORE}
