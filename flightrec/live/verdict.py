@@ -61,19 +61,27 @@ class Selection:
 
 
 def select(
-    raw: Mapping[int, bytes], number: int, world_size: int, dead: AbstractSet[int] = frozenset()
+    raw: Mapping[int, bytes],
+    number: int,
+    world_size: int,
+    dead: AbstractSet[int] = frozenset(),
+    listing_problem: str = "",
 ) -> Selection:
     """Decide whose summaries to read, from every answering rank's progress record.
 
     Args:
-        raw: per rank, the bytes read from its progress key.
+        raw: per rank, the bytes read for its progress record.
         number: the round; a record answering an older one is refused (unless the rank is in
             ``dead``: it published on its way out).
         world_size: ranks expected.
         dead: ranks that died of an exception (``load``).
+        listing_problem: why the round's list of progress records was not read to its end
+            (``Round.progress``; "": it was): one line among the problems.
     """
     progress: dict[int, pb.Progress] = {}
     problems: list[FileProblem] = []
+    if listing_problem:
+        problems.append(FileProblem("the round's progress records", listing_problem))
     for rank, data in raw.items():
         try:
             p = decode_progress(data, rank, world_size)
