@@ -25,6 +25,8 @@ if TYPE_CHECKING:
     from flightrec.analysis import Report
     from flightrec.analysis.model import Finding
 
+MAX_LINE = 200
+"""Characters of the one line a later round prints (as every line of the verdict)."""
 MAX_SUMMARY = 400
 """Characters of the verdict's summary kept in the store (it is read back as untrusted)."""
 NO_ANSWER_KINDS = frozenset({FindingKind.MISSING_DUMP})
@@ -110,12 +112,17 @@ def standing_line(
     """The one line a later round prints instead of a panel."""
     since = []
     if dead:
-        since.append(f"{ranks_phrase(sorted(dead))} died since")
+        since.append(f"{ranks_phrase(sorted(dead), 40)} died since")
     if exited:
-        since.append(f"{ranks_phrase(sorted(exited))} exited since")
+        since.append(f"{ranks_phrase(sorted(exited), 40)} exited since")
     tail = f"; {'; '.join(since)}" if since else ""
-    return (
+    head = (
         f"flightrec verdict: request {number} ({what}, {answered} of {world_size} ranks "
         f"answered): the verdict of request {before.round} stands: {before.kind}: "
-        f"{before.summary}{tail}\n"
     )
+    room = MAX_LINE - len(head) - len(tail)
+    summary = before.summary
+    if len(summary) > room:
+        summary = summary[: max(room - 1, 0)] + "…"
+    line = f"{head}{summary}{tail}"
+    return (line if len(line) <= MAX_LINE else line[: MAX_LINE - 1] + "…") + "\n"
