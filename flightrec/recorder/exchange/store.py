@@ -332,6 +332,7 @@ class Poller:
         with self._post_lock:
             store = self.connection()
             n = seen + 1
+            self.own.add(n)  # before posting: this process's own thread wakes for it too
             if not _take(store, self.keys, rank, reason, n):
                 # Posted meanwhile: the newest request stands for this event.
                 n = max(n, first_free(store, self.keys, n) - 1)
