@@ -80,9 +80,7 @@ def report(rnd: Round) -> None:
         # Every rank's progress first; then the summaries of the ranks it implicates (all of
         # them in a small job).
         progress, why = rnd.progress(sorted({*answered, *dead}))
-        chosen = select(
-            progress, rnd.number, rnd.world_size, frozenset(dead), listing_problem=why
-        )
+        chosen = select(progress, rnd.number, rnd.world_size, frozenset(dead), listing_problem=why)
         raw = rnd.summaries(list(chosen.ranks))
         gathered = time.monotonic() - started
         before = earlier(rnd.store, rnd.namespace, rnd.restart)

@@ -211,7 +211,9 @@ class WireStore:
 
     def check(self, keys: Sequence[str | bytes]) -> bool:
         """Whether every key exists."""
-        return self._ask(bytes([Query.CHECK]) + _keys(keys), lambda: bool(self._recv(1)[0] == READY))
+        return self._ask(
+            bytes([Query.CHECK]) + _keys(keys), lambda: bool(self._recv(1)[0] == READY)
+        )
 
     def delete_key(self, key: str | bytes) -> bool:
         """Delete ``key``; whether it existed."""
