@@ -267,6 +267,23 @@ def _value(buf: bytearray, at: int) -> tuple[bytes, int] | None:
     return bytes(buf[at + 8 : at + 8 + size]), at + 8 + size
 
 
+def _connect(port: int) -> socket.socket:
+    """A connection past the handshake. On a loaded machine torch's libuv server now and then
+    leaves a new connection's first bytes unread (they sit in its receive queue): such a
+    connection is dropped and made again."""
+    for _ in range(5):
+        sock = socket.create_connection(("127.0.0.1", port))
+        sock.settimeout(5.0)
+        sock.sendall(wire.handshake(os.getpid()))
+        try:
+            if len(sock.recv(4)) == 4:
+                return sock
+        except TimeoutError:
+            pass
+        sock.close()
+    raise RuntimeError("the store does not answer new connections")
+
+
 def driver(port: int, world: int, cache: str, connections: int) -> None:
     """Ranks 1.. of the job: wait, read the request, publish; one connection per rank up to
     ``connections``."""
@@ -293,9 +310,7 @@ def driver(port: int, world: int, cache: str, connections: int) -> None:
     conns: dict[int, Conn] = {}
     poll = select.epoll()
     for c in range(count):
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.sendall(wire.handshake(os.getpid()))
-        sock.recv(4)
+        sock = _connect(port)
         sock.setblocking(False)
         conn = Conn(sock, ranks[c::count])
         conns[sock.fileno()] = conn

@@ -11,7 +11,7 @@ connection and thread that a traced rank has. Two modes:
            doorbell key per rank in one ``multi_set`` (the design before issue 50), the same
            in pieces of 1,024 keys, and the current design (one description key every rank
            waits on: the server writes one byte to each waiting connection; measured with up
-           to 16,384 connections, the most a process here may hold, and per connection).
+           to ``--connections`` waiting connections, and per connection).
   exchange the verdict's exchange end to end: each rank also has the recorder's ``Exchange``
            with its dump of a simulated hang (``flightrec simulate``'s tp=8,pp=8 stall); a
            request makes every rank publish its summary and progress record, and the lowest
@@ -306,19 +306,20 @@ def _server_cpu(server: Server, action: Callable[[], Any], probe: Any) -> float:
     return server.counters()[1] - cpu0
 
 
-def run_request(ranks: int) -> None:
+def run_request(ranks: int, connections: int) -> None:
     """One dump request's cost at the server, three ways (see the module docstring)."""
     for how in ("doorbells, one multi_set", "doorbells, pieces of 1,024", "one key, waited on"):
         server = Server()
         try:
             print(
-                f"request {ranks:6d} ranks, {how}: {_request_cost(server, how, ranks)}", flush=True
+                f"request {ranks:6d} ranks, {how}: {_request_cost(server, how, ranks, connections)}",
+                flush=True,
             )
         finally:
             server.close()
 
 
-def _request_cost(server: Server, how: str, ranks: int) -> str:
+def _request_cost(server: Server, how: str, ranks: int, connections: int) -> str:
     keys = Keys(NAMESPACE)
     poster = wire.WireStore("127.0.0.1", server.port, 600)
     bells = [f"{keys.requests}/bell/{r}" for r in range(ranks)]
@@ -332,7 +333,7 @@ def _request_cost(server: Server, how: str, ranks: int) -> str:
                 poster.multi_set(bells[i : i + 1024], ones[i : i + 1024])
 
         return f"{_server_cpu(server, pieces, poster):.3f} s"
-    waiting = min(ranks, 16384)
+    waiting = min(ranks, connections)
     socks = []
     for _ in range(waiting):
         sock = socket.create_connection(("127.0.0.1", server.port))
@@ -357,6 +358,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=10.0, help="steady-state measurement")
     p.add_argument("--requests", type=int, default=3)
     p.add_argument(
+        "--connections", type=int, default=4096, help="request mode: waiting connections at most"
+    )
+    p.add_argument(
         "--mode",
         nargs="+",
         default=["poll", "current"],
@@ -376,7 +380,7 @@ def main() -> None:
             if mode == "exchange":
                 run_exchange(ranks, args.requests, not args.cold)
             elif mode == "request":
-                run_request(ranks)
+                run_request(ranks, args.connections)
             else:
                 run(mode, ranks, args.seconds, args.requests)
 

@@ -119,11 +119,18 @@ def wire_connection(store: Any) -> WireStore | None:
     host, port = getattr(store, "host", ""), getattr(store, "port", 0)
     if not host or not port:
         return None
-    try:
-        return WireStore(host, int(port), CONNECT_TIMEOUT_S)
-    except OSError as exc:
-        log.debug("flightrec: polling the store for dump requests: %s", exc)
-        return None
+    for attempt in range(2):
+        try:
+            return WireStore(host, int(port), CONNECT_TIMEOUT_S)
+        except TimeoutError:
+            # Seen on a loaded host: torch's libuv server left a new connection's first bytes
+            # unread. A second connection is answered.
+            if attempt:
+                log.debug("flightrec: polling the store for dump requests: no answer")
+        except OSError as exc:
+            log.debug("flightrec: polling the store for dump requests: %s", exc)
+            return None
+    return None
 
 
 def _count(raw: bytes) -> int:

@@ -149,7 +149,7 @@ class WireStore:
         """Connect and check that the peer speaks the protocol.
 
         Raises:
-            OSError: nothing accepts the connection within ``timeout_s``.
+            OSError: nothing accepts the connection, or answers, within ``timeout_s``.
             ProtocolError: the peer does not answer the ping as a TCPStore server does.
         """
         self.host, self.port, self.timeout_s = host, port, timeout_s
@@ -162,7 +162,7 @@ class WireStore:
             self._sock.sendall(handshake(nonce))
             try:
                 answer = _U32.unpack(self._recv(4))[0]
-            except (ConnectionError, TimeoutError) as exc:
+            except ConnectionError as exc:  # (a TimeoutError stays one: no answer at all)
                 raise ProtocolError(
                     f"{host}:{port} does not answer as torch's TCPStore does ({exc})"
                 ) from None
