@@ -49,6 +49,10 @@ class FindingKind(enum.StrEnum):
     """A rank arrives last at collective after collective; nothing hangs, everyone waits."""
     DESYNC = "desync"
     """Ranks of one group issued different numbers of collectives, and nobody waits."""
+    STACK_HANG = "stack_hang"
+    """From stacks alone (``flightrec attach`` on an untraced job): ranks outside any
+    collective, or in another one, while the others wait, still, in one; or no rank blamed
+    where the stacks cannot tell."""
 
 
 class Status(enum.StrEnum):
@@ -193,6 +197,12 @@ class ThreadInfo:
     is_main: bool
     holds_recorder: bool
     stack: tuple[FrameInfo, ...]
+    pid: int = 0
+    """The child process it runs in (a snapshot ``flightrec attach`` took); 0: the rank's own."""
+    still_ms: int = 0
+    """In a snapshot ``flightrec attach`` took: over how many ms its stack stayed the same."""
+    cpu_ms: int = 0
+    """In such a snapshot: the CPU time it used over those ``still_ms``."""
 
 
 _State: TypeAlias = (
@@ -388,6 +398,9 @@ class RankDump:
                 self.stack(t.stack)
                 if t.name.startswith("flightrec-")
                 else without_recorder_frames(self.stack(t.stack)),
+                t.pid,
+                t.still_ms,
+                t.cpu_ms,
             )
             for t in self.dump.threads
         ]

@@ -104,6 +104,12 @@ class DumpBuilder:
         other._cols = {name: list(column) for name, column in self._cols.items()}
         return other
 
+    def read_sources(self, source: SourceReader) -> None:
+        """Read the source line of every frame interned from now on with ``source`` (a
+        producer that started from frames without it: a snapshot adding stacks to a
+        converted ring)."""
+        self._source = source
+
     @property
     def header(self) -> pb.Header:
         """The dump's header, to be filled in place."""
@@ -255,14 +261,21 @@ class DumpBuilder:
         *,
         is_main: bool = False,
         holds_recorder: bool = False,
+        pid: int = 0,
+        still_ms: int = 0,
+        cpu_ms: int = 0,
     ) -> None:
-        """Record one thread's stack at dump time (innermost frame first)."""
+        """Record one thread's stack at dump time (innermost frame first); ``pid``,
+        ``still_ms`` and ``cpu_ms`` as in ``ThreadState`` (a snapshot taken from outside)."""
         self._dump.threads.add(
             ident=ident,
             name=name,
             stack=self.stack(frames),
             is_main=is_main,
             holds_recorder=holds_recorder,
+            pid=pid,
+            still_ms=still_ms,
+            cpu_ms=cpu_ms,
         )
 
     def exception(

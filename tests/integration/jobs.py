@@ -213,6 +213,7 @@ def start_job(
     flightrec: bool = True,
     launch: str = "procs",
     workdir: Path | None = None,
+    rank_env: Mapping[int, Mapping[str, str]] | None = None,
 ) -> Iterator[Job]:
     """Start a job; kill what is left of it when the block ends.
 
@@ -228,6 +229,7 @@ def start_job(
             (``--standalone``: ``port`` is unused).
         workdir: folder for the dumps (``workdir/dumps``, the FLIGHTREC_DIR) and the
             processes' logs; a new temporary folder, left for the caller, when omitted.
+        rank_env: per rank, environment of its own (launch "procs" only).
     """
     path = Path(script)
     if not path.is_absolute():
@@ -252,8 +254,10 @@ def start_job(
     try:
         if launch == "procs":
             for rank in range(world_size):
-                rank_env = dict(base, RANK=str(rank), LOCAL_RANK=str(rank))
-                popen([sys.executable, str(path), *args], rank_env, f"rank{rank}")
+                own = dict(
+                    base, RANK=str(rank), LOCAL_RANK=str(rank), **(rank_env or {}).get(rank, {})
+                )
+                popen([sys.executable, str(path), *args], own, f"rank{rank}")
         elif launch == "spawn":
             popen([sys.executable, str(path), "--spawn", str(world_size), *args], base, "spawn")
         elif launch.startswith("torchrun"):
