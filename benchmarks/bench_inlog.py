@@ -65,7 +65,7 @@ from flightrec.format.progress import encode_progress, progress  # noqa: E402
 from flightrec.format.summary import encode, summarize  # noqa: E402
 from flightrec.recorder.exchange import wire  # noqa: E402
 from flightrec.recorder.exchange.keys import Keys  # noqa: E402
-from flightrec.recorder.exchange.store import post_request  # noqa: E402
+from flightrec.recorder.exchange.store import answered_connection, post_request  # noqa: E402
 from flightrec.recorder.exchange.verdict import frame  # noqa: E402
 from flightrec.simulate.faults import Fault  # noqa: E402
 from flightrec.simulate.job import SimConfig, build_rank_dump, plan  # noqa: E402
@@ -268,23 +268,6 @@ def _value(buf: bytearray, at: int) -> tuple[bytes, int] | None:
     return bytes(buf[at + 8 : at + 8 + size]), at + 8 + size
 
 
-def _connect(port: int) -> socket.socket:
-    """A connection past the handshake. On a loaded machine torch's libuv server now and then
-    leaves a new connection's first bytes unread (they sit in its receive queue): such a
-    connection is dropped and made again."""
-    for _ in range(5):
-        sock = socket.create_connection(("127.0.0.1", port))
-        sock.settimeout(5.0)
-        sock.sendall(wire.handshake(os.getpid()))
-        try:
-            if len(sock.recv(4)) == 4:
-                return sock
-        except TimeoutError:
-            pass
-        sock.close()
-    raise RuntimeError("the store does not answer new connections")
-
-
 def driver(port: int, world: int, cache: str, connections: int) -> None:
     """Ranks 1.. of the job: wait, read the request, publish; one connection per rank up to
     ``connections``."""
@@ -311,7 +294,8 @@ def driver(port: int, world: int, cache: str, connections: int) -> None:
     conns: dict[int, Conn] = {}
     poll = select.epoll()
     for c in range(count):
-        sock = _connect(port)
+        # (torch's libuv server now and then leaves a loaded host's new connection unread)
+        sock = answered_connection("127.0.0.1", port, 5.0, tries=5).socket
         sock.setblocking(False)
         conn = Conn(sock, ranks[c::count])
         conns[sock.fileno()] = conn
@@ -435,9 +419,7 @@ def wake_cost(ranks: int) -> float:
     keys = Keys(NAMESPACE)
     try:
         for _ in range(ranks):
-            s = socket.create_connection(("127.0.0.1", server.port))
-            s.sendall(wire.handshake(1))
-            s.recv(4)
+            s = answered_connection("127.0.0.1", server.port, 5.0, tries=5).socket
             s.sendall(wire.encode_wait([keys.request(1)]))
             socks.append(s)
         time.sleep(1.0)

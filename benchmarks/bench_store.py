@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -336,9 +335,8 @@ def _request_cost(server: Server, how: str, ranks: int, connections: int) -> str
     waiting = min(ranks, connections)
     socks = []
     for _ in range(waiting):
-        sock = socket.create_connection(("127.0.0.1", server.port))
-        sock.sendall(wire.handshake(1) + wire.encode_wait([keys.request(1)]))
-        sock.recv(4)
+        sock = channel.answered_connection("127.0.0.1", server.port, 5.0, tries=5).socket
+        sock.sendall(wire.encode_wait([keys.request(1)]))
         socks.append(sock)
     time.sleep(1.0)
     cpu = _server_cpu(server, lambda: channel.post_request(poster, keys, -1, "CLI_TRIGGER"), poster)

@@ -119,18 +119,28 @@ def wire_connection(store: Any) -> WireStore | None:
     host, port = getattr(store, "host", ""), getattr(store, "port", 0)
     if not host or not port:
         return None
-    for attempt in range(2):
+    try:
+        return answered_connection(host, int(port), CONNECT_TIMEOUT_S)
+    except OSError as exc:
+        log.debug("flightrec: polling the store for dump requests: %s", exc or "no answer")
+        return None
+
+
+def answered_connection(host: str, port: int, timeout_s: float, tries: int = 2) -> WireStore:
+    """A ``WireStore``, tried again when the handshake gets no answer: seen on a loaded host,
+    torch's libuv server leaves a new connection's first bytes unread now and then, and a
+    second connection is answered.
+
+    Raises:
+        OSError: as ``WireStore``, after ``tries`` connections.
+    """
+    for attempt in range(tries):
         try:
-            return WireStore(host, int(port), CONNECT_TIMEOUT_S)
+            return WireStore(host, port, timeout_s)
         except TimeoutError:
-            # Seen on a loaded host: torch's libuv server left a new connection's first bytes
-            # unread. A second connection is answered.
-            if attempt:
-                log.debug("flightrec: polling the store for dump requests: no answer")
-        except OSError as exc:
-            log.debug("flightrec: polling the store for dump requests: %s", exc)
-            return None
-    return None
+            if attempt == tries - 1:
+                raise
+    raise ValueError("tries must be at least 1")
 
 
 def _count(raw: bytes) -> int:

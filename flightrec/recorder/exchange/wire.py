@@ -155,7 +155,7 @@ class WireStore:
         self.host, self.port, self.timeout_s = host, port, timeout_s
         self._lock = threading.Lock()
         self._closed = False
-        self._sock = socket.create_connection((host, port), timeout=timeout_s)
+        self._sock: socket.socket = socket.create_connection((host, port), timeout=timeout_s)
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce = os.getpid() & 0xFFFFFFFF
@@ -259,6 +259,11 @@ class WireStore:
         with contextlib.suppress(OSError):  # (not connected any more)
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
+
+    @property
+    def socket(self) -> socket.socket:
+        """The connection, past its handshake (``benchmarks/`` send prepared requests on it)."""
+        return self._sock
 
     @property
     def closed(self) -> bool:
