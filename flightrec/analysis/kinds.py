@@ -65,7 +65,9 @@ KINDS: dict[FindingKind, KindSpec] = {
         KindSpec(FindingKind.STUCK, "stuck", 0, True, False, False, False, True, True, False, False, ()),
         KindSpec(FindingKind.P2P_UNMATCHED, "p2p", 1, False, True, False, False, True, True, False, False, ()),
         KindSpec(FindingKind.DESYNC, "desync", 2, False, True, False, True, True, True, False, False, ()),
-        KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, False, ("straggler",)),
+        KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, False, ("straggler", "slow_worker")),
+        KindSpec(FindingKind.SLOW_STAGE, "slow_stage", 3, False, False, False, False, True, False, True, False, ("slow_stage",)),
+        KindSpec(FindingKind.IMBALANCE, "imbalance", 4, False, False, False, False, True, False, False, False, ("spread_imbalance",)),
     )
 }  # fmt: skip
 """Every kind's row (``test_kinds_table`` checks that none is missing)."""

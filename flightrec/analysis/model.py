@@ -49,6 +49,12 @@ class FindingKind(enum.StrEnum):
     """A rank arrives last at collective after collective; nothing hangs, everyone waits."""
     DESYNC = "desync"
     """Ranks of one group issued different numbers of collectives, and nobody waits."""
+    SLOW_STAGE = "slow_stage"
+    """One pipeline stage spends longer outside communication than the others (stage
+    imbalance): every rank of it, no single one; nothing hangs."""
+    IMBALANCE = "imbalance"
+    """Ranks that do the same work keep waiting for each other, and a different one is last
+    each time (spread imbalance): time lost, no culprit; nothing hangs."""
 
 
 class Status(enum.StrEnum):
@@ -317,6 +323,12 @@ class RankDump:
         return len(self.dump.entries.record_id)
 
     @cached_property
+    def completion_times(self) -> bool:
+        """Whether entries record when they completed. PyTorch's recorder without timing
+        enabled says which completed, not when; converted gloo dumps say neither."""
+        return any(self.dump.entries.complete_ns)
+
+    @cached_property
     def tracks_completion(self) -> bool:
         """Whether entry states are real. Converted gloo dumps leave every entry ``ENQUEUED``."""
         e = self.dump.entries
@@ -569,6 +581,9 @@ class Finding:
     explains: tuple[Folded, ...] = ()
     """Findings this one explains (deaths of its peers, desyncs and unmatched transfers of
     the ranks it held up), folded into it by ``fold.fold_consequences``."""
+    held_by: tuple[int, ...] = ()
+    """Ranks at the head of the chain of waits that made this finding's ranks late: the
+    finding that blames them explains this one (``fold.fold_consequences``)."""
 
 
 @dataclass(frozen=True, slots=True)

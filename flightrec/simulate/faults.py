@@ -38,6 +38,20 @@ class Fault(Enum):
     """The rank waits for its next stage's gradient before sending its activations."""
     STRAGGLER = "straggler"
     """The rank arrives last at every collective, by tens of milliseconds; nothing hangs."""
+    SLOW_WORKER = "slow_worker"
+    """The rank computes about twice as slowly as its peers (a throttled GPU), and everyone
+    who waits on it, through its collectives or down its pipeline, runs late too."""
+    SLOW_STAGE = "slow_stage"
+    """Every rank of the fault rank's pipeline stage computes half again as long as the other
+    stages (stage imbalance): all its workers, no single rank."""
+    SPREAD_IMBALANCE = "spread_imbalance"
+    """Every rank's compute varies from step to step (uneven batches): someone is always
+    last, never the same rank; no culprit."""
+
+    @property
+    def slows(self) -> bool:
+        """A fault of timing alone, played out by ``simulate.timing``: nothing hangs."""
+        return self in (Fault.SLOW_WORKER, Fault.SLOW_STAGE, Fault.SPREAD_IMBALANCE)
 
 
 Key = tuple[object, ...]

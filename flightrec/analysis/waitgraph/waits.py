@@ -133,11 +133,13 @@ def build_wait_graph(m: Matched) -> WaitGraph:
                 peer, n = cols["peer"][pos], cols["p2p_seq"][pos]
                 sending = bool(cols["flags"][pos] & pb.SEND)
                 sender, receiver = (rank, peer) if sending else (peer, rank)
+                if not sending:  # (numbered as the sender numbers it)
+                    n = m.sender_ordinal(group, sender, receiver, n)
                 node: Node = ("p2p", group, sender, receiver, n)
                 if peer in present:
-                    sends, recvs = m.p2p_counts.get((group, peer, rank), (0, 0))
-                    issued = recvs if sending else sends
-                    if issued >= n:
+                    sends = m.p2p_counts.get((group, sender, receiver), (0, 0))[0]
+                    issued = m.received(group, sender, receiver) if sending else sends
+                    if issued >= n or not m.judged(group, sender, receiver):
                         # The peer issued its side: the transfer is in progress, not a wait on
                         # a person.
                         continue

@@ -1,0 +1,157 @@
+"""Spread imbalance: ranks that do the same work keep waiting for each other, and a different
+one is last each time.
+
+Batches of different lengths, data-dependent compute (mixture-of-experts routing, variable
+sequence lengths) or a noisy host make each rank's step a little longer or shorter at
+random. Then at every collective someone is last and the others wait, but never the same
+rank: there is no straggler and no slow stage, yet the job loses time. The finding says how
+much, and that no rank is to blame (``ranks`` is empty).
+
+Measured on the groups whose members do the same work (every member in one pipeline stage:
+data- and tensor-parallel groups; every group in a job without stages), over the same
+recent collectives the straggler pass lines up (``timing.tallies``): per collective, how far
+the last member arrived behind the median one, against the time between collectives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+from dataclasses import dataclass
+from statistics import median
+from typing import ClassVar
+
+from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.model import Evidence, Finding, FindingKind
+from flightrec.analysis.timing.activity import Activity
+from flightrec.analysis.timing.tallies import Pending, Tallied
+
+KINDS = (FindingKind.IMBALANCE,)
+"""The kinds this module makes (``kinds.KINDS`` names it for each)."""
+
+MIN_LOST = 0.10
+"""A typical rank spends at least this share of its time waiting for the last member of its
+groups of ranks doing the same work."""
+MIN_SPREAD_MS = 10.0
+"""... the last arriving typically at least this long after the median one (below that,
+jitter on a busy host: the in-job slow check's floor too)."""
+MAX_SAME_LAST = 0.5
+"""... and no member is last at more than this share of a group's collectives (of more than
+two members; 0.75 in a pair)."""
+MIN_GROUPS = 1
+MAX_GROUPS = 256
+"""Groups measured at most (evenly spread): a job-wide typical value."""
+MIN_COLLECTIVES = 8
+
+
+@dataclass(frozen=True, slots=True)
+class ImbalanceEvidence(Evidence):
+    """Evidence of an ``imbalance`` finding."""
+
+    HEADLINE: ClassVar[tuple[str, ...]] = ("lost_share", "median_spread_ms")
+
+    lost_share: float
+    """Typical share of a rank's time spent waiting for the last member of its groups of
+    ranks doing the same work."""
+    median_spread_ms: float
+    """Typical lateness of a collective's last member behind its median member."""
+    most_often_last: float
+    """The largest share of a group's collectives any one member was last at (typical)."""
+    groups: int
+    """Groups of ranks doing the same work that were measured."""
+    collectives: int
+    """Collectives measured over all of them."""
+
+
+@dataclass(frozen=True, slots=True)
+class _GroupSpread:
+    lost: float
+    spread_ms: float
+    same_last: float
+    collectives: int
+
+
+def _spread(p: Pending) -> _GroupSpread | None:
+    gt = p.tally
+    n = len(p.ranks)
+    if n < 2 or len(gt.seqs) < MIN_COLLECTIVES:
+        return None
+    rows = [gt.arrivals[j] for j in range(n)]
+    spreads: list[float] = []
+    middles: list[float] = []
+    for col in zip(*rows, strict=True):
+        ordered = sorted(col)
+        mid = median(ordered)
+        spreads.append(ordered[-1] - mid)
+        middles.append(mid)
+    span = middles[-1] - middles[0]
+    if span <= 0:
+        return None
+    lost = sum(spreads[1:]) / span
+    same_last = max(gt.lasts) / len(gt.seqs) if gt.lasts else 1.0
+    return _GroupSpread(lost, median(spreads) / 1e6, same_last, len(gt.seqs))
+
+
+def find_imbalance(
+    m: Matched, tallied: Tallied, activity: Activity, blamed: Set[int]
+) -> list[Finding]:
+    """Spread imbalance, where no rank or stage explains the time lost.
+
+    Args:
+        m: the lined-up histories.
+        tallied: every group's recent arrivals (``tallies.tally_groups``).
+        activity: the stages (groups within one stage compare ranks doing the same work).
+        blamed: ranks the findings above blame (a straggler, a slow stage): then the time
+            lost is theirs, and nothing is reported here.
+
+    Returns:
+        One ``imbalance`` finding, or none.
+    """
+    if blamed or m.run.missing_ranks:
+        return []
+    stage_of = activity.stages.stage_of
+    alike = [
+        p
+        for p in tallied.pending
+        if len({stage_of.get(r, -1) for r in p.ranks}) == 1 and len(p.ranks) >= 2
+    ]
+    if len(alike) > MAX_GROUPS:
+        alike = [alike[(i * len(alike)) // MAX_GROUPS] for i in range(MAX_GROUPS)]
+    spreads = {id(p): g for p in alike if (g := _spread(p)) is not None}
+    measured = list(spreads.values())
+    if len(measured) < MIN_GROUPS:
+        return []
+    # Per rank, the share of its time it waits for the last member, summed over its groups
+    # of ranks doing the same work (a tensor-parallel and a data-parallel one wait at
+    # different times); and the typical lateness in the group where it waits most.
+    per_rank: dict[int, list[_GroupSpread]] = {}
+    for p in alike:
+        g = spreads.get(id(p))
+        if g is not None:
+            for r in p.ranks:
+                per_rank.setdefault(r, []).append(g)
+    lost = median(sum(g.lost for g in gs) for gs in per_rank.values())
+    spread_ms = median(max(gs, key=lambda g: g.lost).spread_ms for gs in per_rank.values())
+    same = median(g.same_last for g in measured)
+    pairs = all(len(p.ranks) == 2 for p in alike)
+    if lost < MIN_LOST or spread_ms < MIN_SPREAD_MS or same > (0.75 if pairs else MAX_SAME_LAST):
+        return []
+    collectives = sum(g.collectives for g in measured)
+    summary = (
+        f"Ranks doing the same work keep waiting for each other, and a different one is last "
+        f"each time (spread imbalance): in {len(measured)} group(s) of such ranks, the members "
+        f"spend {100 * lost:.0f}% of their time waiting for the last one, which arrives "
+        f"typically {spread_ms:.1f} ms after the median one, and no rank is last at more than "
+        f"{100 * same:.0f}% of a group's collectives (typically). No culprit: uneven work from "
+        "step to step (batches of different lengths, data-dependent compute), not a slow rank "
+        "or stage. Nothing hangs"
+    )
+    return [
+        Finding(
+            kind=FindingKind.IMBALANCE,
+            ranks=(),
+            summary=summary,
+            evidence=ImbalanceEvidence(
+                round(lost, 3), round(spread_ms, 3), round(same, 3), len(measured), collectives
+            ),
+        )
+    ]

@@ -1,0 +1,120 @@
+"""Time outside communication: how long a rank computes between its operations.
+
+A rank in a synchronous job alternates between its own work and operations it waits in. The
+time between completing one operation and entering the next is its own (compute, data
+loading, anything outside ``torch.distributed``); the rest it spends inside operations,
+mostly waiting for slower peers. Comparing that own time across ranks that do the same work
+tells a slow worker from the ranks that merely wait for it, and a slow pipeline stage from
+its neighbours.
+
+Entries are in the order the rank issued them. Asynchronous operations make it less simple
+than "enqueue of the next minus completion of this one": a pipeline stage posts its sends and
+computes on while they are in flight, and a batch of sends and receives is issued at once
+and waited for together. So for each pair of consecutive entries, the rank's own time is
+from the latest completion that falls between them (what released it) to the next entry;
+when nothing completed between them, all of it. Asynchronous sends never release a rank (it
+did not wait for them).
+
+Used by the recorder's slow-check digest (its own ring) and by the analysis (every dump).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from flightrec.format import flightrec_pb2 as pb
+
+_ASYNC_SEND = pb.ASYNC_OP | pb.IS_P2P | pb.SEND
+
+
+class Gap(NamedTuple):
+    """The time between two consecutive entries, split into own time and blocked time."""
+
+    own_ns: int
+    """From the release (or the earlier entry, when nothing released it) to the later entry."""
+    blocked_ns: int
+    """From the earlier entry to the release: spent inside operations."""
+    released_by: int
+    """Index of the entry whose completion released the rank; -1 when none did."""
+
+
+def releases(completions: Sequence[int], flags: Sequence[int]) -> list[tuple[int, int]]:
+    """(completion, index) of the entries that can release a rank, sorted: completed ones,
+    asynchronous sends left out."""
+    return sorted(
+        (c, i)
+        for i, (c, f) in enumerate(zip(completions, flags, strict=True))
+        if c and f & _ASYNC_SEND != _ASYNC_SEND
+    )
+
+
+def gaps(
+    enqueue: Sequence[int], completions: Sequence[int], flags: Sequence[int]
+) -> list[Gap | None]:
+    """Per consecutive pair of entries (``i``, ``i + 1``), its ``Gap``; None where either
+    entry has no enqueue time.
+
+    Args:
+        enqueue: when each entry was issued, in issue order, on one clock (ns).
+        completions: when each completed on the same clock; 0 where unknown.
+        flags: each entry's ``EntryFlag`` bits.
+
+    Returns:
+        ``len(enqueue) - 1`` gaps.
+    """
+    done = releases(completions, flags)
+    times = [c for c, _ in done]
+    out: list[Gap | None] = []
+    for i in range(len(enqueue) - 1):
+        lo, hi = enqueue[i], enqueue[i + 1]
+        if not lo or not hi or hi < lo:
+            out.append(None)
+            continue
+        k = bisect_right(times, hi) - 1
+        while k >= 0 and times[k] > lo and done[k][1] > i:
+            k -= 1  # (a later entry that completed at once: it released nothing before it)
+        if k >= 0 and times[k] > lo:
+            out.append(Gap(hi - times[k], times[k] - lo, done[k][1]))
+        else:
+            out.append(Gap(hi - lo, 0, -1))
+    return out
+
+
+def own_time(
+    enqueue: Sequence[int], completions: Sequence[int], flags: Sequence[int]
+) -> tuple[int, int]:
+    """Own time and the span it was measured over (ns), over every consecutive pair of
+    entries with both times (``gaps``)."""
+    own = span = 0
+    for g in gaps(enqueue, completions, flags):
+        if g is not None:
+            own += g.own_ns
+            span += g.own_ns + g.blocked_ns
+    return own, span
+
+
+def step_period(signature: Sequence[int], agreement: float = 0.97) -> int | None:
+    """Entries per training step: the smallest period ``P`` at which the sequence of
+    operations repeats (``signature[i] == signature[i + P]`` for at least ``agreement`` of
+    them), over at least three repetitions; None when nothing repeats that regularly.
+
+    Args:
+        signature: one value per entry that names the operation (its op, group and peer).
+        agreement: the share of positions that must repeat.
+    """
+    n = len(signature)
+    for p in range(1, n // 3 + 1):
+        if signature[p] != signature[0] or signature[p + 1 : p + 4] != signature[1:4]:
+            continue
+        allowed = int((1.0 - agreement) * (n - p))
+        misses = 0
+        for a, b in zip(signature, signature[p:], strict=False):
+            if a != b:
+                misses += 1
+                if misses > allowed:
+                    break
+        else:
+            return p
+    return None
