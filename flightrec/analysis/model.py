@@ -21,6 +21,7 @@ from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.schema import ENTRY_COLUMNS
 from flightrec.format.view import DumpView, EntriesView, GroupView
 from flightrec.frames import is_library_file
+from flightrec.readers.native.convert import SOURCES as NATIVE_FORMS
 from flightrec.readers.scrub import scrub
 from flightrec.text import compress
 
@@ -321,6 +322,19 @@ class RankDump:
 
     def __len__(self) -> int:
         return len(self.dump.entries.record_id)
+
+    @cached_property
+    def converted(self) -> bool:
+        """Whether the dump was converted from PyTorch's own recorder (``flightrec convert``,
+        or read from a native dump)."""
+        return self.header.source in NATIVE_FORMS.values()
+
+    @cached_property
+    def records_gpu_start(self) -> bool:
+        """Whether a ``STARTED`` entry says its GPU work began: PyTorch's recorder watches
+        each collective's CUDA events (``scheduled``, ``started``, ``completed``); flightrec's
+        own entries go from ``ENQUEUED`` to ``COMPLETED``."""
+        return self.converted or any(self.dump.entries.start_ns)
 
     @cached_property
     def completion_times(self) -> bool:

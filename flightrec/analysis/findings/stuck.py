@@ -1,7 +1,12 @@
 """Stuck: every member entered a collective and none completed it.
 
 Where some members' own call failed at once, those members alone (a local error, not the
-transport); where some entered long after the others, they did not arrive in time.
+transport); where some entered long after the others, they did not arrive in time; where
+the dumps say which members' GPUs started it (PyTorch's recorder does), those whose GPU
+never did are still busy with earlier work (a hung kernel, a GPU fault). Otherwise the
+collective itself is stuck: nobody is missing and nobody disagrees, so no rank is blamed,
+and the finding points at what is left (the GPUs, NCCL, the network) with what the dumps
+show: where each member's GPU got to, and each member's last progress.
 """
 
 from __future__ import annotations
@@ -19,6 +24,29 @@ from flightrec.text import compress, ranks_phrase
 
 KINDS = (FindingKind.STUCK,)
 """The kinds this module makes (``kinds.KINDS`` names it for each)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where some members of a stuck collective last made progress."""
+
+    ranks: tuple[int, ...]
+    last_completed: str
+    """Their newest completed operation (``all_reduce #11 on group 0``); "" where none."""
+    seconds_before_dump: float | None
+    """How long before their dumps it completed (the longest of them); None unknown."""
+
+
+@dataclass(frozen=True, slots=True)
+class StuckEvidence(Evidence):
+    """Evidence of a ``stuck`` finding where every member entered and none completed."""
+
+    started_ranks: tuple[int, ...]
+    """Members whose GPU started it (the recorder says so); empty where it does not tell."""
+    not_started_ranks: tuple[int, ...]
+    """Members whose entry was issued by the CPU and never started on the GPU."""
+    last_progress: tuple[Progress, ...]
+    """Each member's last progress, members alike together."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,29 +136,124 @@ def stuck_finding(
             consequences=tuple(consequences),
             evidence=FailedAloneEvidence(tuple(failed), staying, errors),
         )
-    late = late_arrival_finding(m, group, seq, op, members, consequences)
+    states = _states(m, group, seq, members)
+    started = tuple(r for r, st in states.items() if st == pb.STARTED)
+    waiting = tuple(r for r, st in states.items() if st == pb.ENQUEUED)
+    progress = _progress(m, members)
+    if started and waiting:
+        return _not_started(m, (group, seq, op), members, started, waiting, progress, consequences)
+    late = None if started else late_arrival_finding(m, group, seq, op, members, consequences)
     if late is not None:
         return late
     devices = [m.dump(r).header.device for r in members if r in m.run.dumps]
     on_gpu = bool(devices) and all(d.startswith("cuda") for d in devices)
-    why = (
-        "issued by the CPU on every member and not completed on the GPU: work queued before it "
-        "on the stream that never ends (a spinning or hung kernel), a GPU fault, or NCCL and the "
-        "network"
-        if on_gpu
-        else "a transport failure or a collective issued from outside the recorder"
-    )
+    if started:
+        why = (
+            "every member's GPU started it and none finished: not a rank that is missing or "
+            "wrong, but NCCL, the network between them, or a GPU inside the collective"
+        )
+    elif on_gpu:
+        why = (
+            "issued by the CPU on every member and not completed on the GPU: work queued before "
+            "it on the stream that never ends (a spinning or hung kernel), a GPU fault, or NCCL "
+            "and the network"
+        )
+    else:
+        why = "a transport failure or a collective issued from outside the recorder"
     return Finding(
         kind=FindingKind.STUCK,
-        ranks=members,
+        ranks=(),
         summary=(
-            f"every member of group {group} [ranks {compress(members)}] entered "
-            f"{op} #{seq} and none completed it, with no disagreement in what "
-            f"they passed ({why})"
+            f"The collective itself is stuck: every member of group {group} [ranks "
+            f"{compress(members)}] entered {op} #{seq} and none completed it, with no "
+            f"disagreement in what they passed ({why}); last progress: "
+            f"{_progress_phrase(progress)}"
         ),
         process_group=group,
         pg_ranks=members,
         seq=seq,
         op=op,
         consequences=tuple(consequences),
+        evidence=StuckEvidence(started, waiting if started else (), progress),
+    )
+
+
+def _states(m: Matched, group: str, seq: int, members: tuple[int, ...]) -> dict[int, int]:
+    """Each member's state at (group, seq), where its dump holds the entry and says whether
+    its GPU started it (``RankDump.records_gpu_start``)."""
+    out: dict[int, int] = {}
+    for r in members:
+        gi = m.index.get(r, {}).get(group)
+        pos = gi.position_of(seq) if gi else None
+        d = m.run.dumps.get(r)
+        if d is not None and pos is not None and d.records_gpu_start:
+            out[r] = d.columns["state"][pos]
+    return out
+
+
+def _progress(m: Matched, members: tuple[int, ...]) -> tuple[Progress, ...]:
+    """Each member's newest completed operation and how long before its dump, members
+    alike together (the longest age among them)."""
+    ranks_of: dict[str, list[int]] = {}
+    age_of: dict[str, float | None] = {}
+    for r in members:
+        d = m.run.dumps.get(r)
+        rec = m.last_completed_entry(r) if d is not None else None
+        call, age = "", None
+        if d is not None and rec is not None and rec.state == pb.COMPLETED:
+            call = rec.call + ("" if rec.is_p2p else f" on group {rec.group}")
+            done = rec.complete_ns or rec.enqueue_ns
+            age = round(d.age_s(done), 1) if done else None
+        ranks_of.setdefault(call, []).append(r)
+        known = age_of.get(call)
+        age_of[call] = age if known is None or (age is not None and age > known) else known
+    return tuple(
+        Progress(tuple(sorted(rs)), call, age_of[call])
+        for call, rs in sorted(ranks_of.items(), key=lambda kv: min(kv[1]))
+    )
+
+
+def _progress_phrase(progress: tuple[Progress, ...]) -> str:
+    parts = []
+    for p in progress[:4]:
+        if not p.last_completed:
+            parts.append(f"{ranks_phrase(p.ranks)} completed nothing the dumps hold")
+            continue
+        age = f", {p.seconds_before_dump:.1f} s before the dump" if p.seconds_before_dump else ""
+        parts.append(f"{ranks_phrase(p.ranks)} completed {p.last_completed}{age}")
+    if len(progress) > 4:
+        parts.append(f"and {len(progress) - 4} more")
+    return "; ".join(parts)
+
+
+def _not_started(
+    m: Matched,
+    at: tuple[str, int, str],
+    members: tuple[int, ...],
+    started: tuple[int, ...],
+    waiting: tuple[int, ...],
+    progress: tuple[Progress, ...],
+    consequences: list[Consequence],
+) -> Finding:
+    """The members whose GPU never started a collective the others' GPUs are inside."""
+    group, seq, op = at
+    who = ranks_phrase(waiting)
+    ident = f" ({m.dump(waiting[0]).describe()})" if len(waiting) == 1 else ""
+    mine = [p for p in progress if set(p.ranks) & set(waiting)]
+    return Finding(
+        kind=FindingKind.STUCK,
+        ranks=waiting,
+        summary=(
+            f"{who[0].upper()}{who[1:]}{ident} issued {op} #{seq} on group {group} [ranks "
+            f"{compress(members)}] and {'its GPU' if len(waiting) == 1 else 'their GPUs'} "
+            f"never started it, while {ranks_phrase(started)} started it and wait: still busy "
+            f"with earlier work (a hung kernel, a GPU fault); last progress: "
+            f"{_progress_phrase(tuple(mine))}"
+        ),
+        process_group=group,
+        pg_ranks=members,
+        seq=seq,
+        op=op,
+        consequences=tuple(consequences),
+        evidence=StuckEvidence(started, waiting, progress),
     )

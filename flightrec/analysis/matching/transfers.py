@@ -29,9 +29,6 @@ from flightrec.format import flightrec_pb2 as pb
 _SEND = pb.SEND
 _IS_P2P = pb.IS_P2P
 _COMPLETED = pb.COMPLETED
-NATIVE_SOURCES = ("torch-native-pickle", "torch-native-json")
-"""``header.source`` of dumps converted from PyTorch's recorder: P2P ordinals count from the
-ring's oldest entry."""
 SEARCH = 16
 """Offsets tried either side of the one that pairs the newest transfers."""
 MIN_PAIRS = 3
@@ -52,8 +49,7 @@ class Alignment(NamedTuple):
 def ring_relative(d: RankDump) -> bool:
     """Whether the dump's P2P ordinals count from its ring's oldest entry rather than from
     the job's start: a converted native dump whose ring wrapped."""
-    h = d.header
-    return h.source in NATIVE_SOURCES and h.entries_recorded > len(d)
+    return d.converted and d.header.entries_recorded > len(d)
 
 
 def _side(
