@@ -566,6 +566,31 @@ class BelowTimeout:
     """The job's hang timeout, which none of those waits reached."""
 
 
+class Action(enum.StrEnum):
+    """What to do about a finding. The value is the JSON ``recommendation.action``."""
+
+    RESTART = "restart"
+    """Restart the job, leaving out the node if it happens again: a rank stalled, died or
+    left no dump, a GPU stopped completing work, a node is slow or gone. The code is fine."""
+    FIX_CODE = "fix_code"
+    """Stop and fix the code: ranks disagree about a collective, a rank skipped or added
+    one, raised an exception, or the work is split unevenly; a restart fails the same way."""
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """The recommendation a finding carries, and how sure of it the analysis is."""
+
+    action: Action
+    confidence: Literal["high", "medium", "low"]
+    """``high`` unless something the verdict rests on is missing (``lowered_by``)."""
+    why: str
+    """The reason for the action, in a few words."""
+    lowered_by: tuple[str, ...] = ()
+    """What lowered the confidence, one phrase each (dumps missing, rings wrapped past the
+    fault, clocks that could not be aligned, a wait shorter than the timeout...)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One diagnosis with the evidence a person needs.
@@ -598,6 +623,8 @@ class Finding:
     held_by: tuple[int, ...] = ()
     """Ranks at the head of the chain of waits that made this finding's ranks late: the
     finding that blames them explains this one (``fold.fold_consequences``)."""
+    advice: Advice | None = None
+    """What to do next, and how sure (``advice.advise``, the last refinement)."""
 
 
 @dataclass(frozen=True, slots=True)

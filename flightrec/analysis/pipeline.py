@@ -10,7 +10,8 @@ ones returned, so what a stage reads is in its arguments and nothing depends on 
     arbitration    the ends of the wait-for graph weighed with the mismatches
                    (``rootcause.root_causes``): not_arrived, dead_rank, missing_dump,
                    p2p_deadlock, deadlock, stuck, mismatch
-    refinements    crashes placed, consequences folded, skipped calls, waits below timeout
+    refinements    crashes placed, consequences folded, skipped calls, waits below timeout,
+                   what to do next (``advice.advise``)
 
 The report lists findings in the order ``diagnose`` collects them, which is each kind's
 priority (``kinds.KINDS``); a candidate orders its own findings (the arbitration weighs each
@@ -47,6 +48,7 @@ from flightrec.analysis.states import RankState, rank_states
 from flightrec.analysis.timing.activity import Activity
 from flightrec.analysis.timing.clocks import Clocks
 from flightrec.analysis.timing.tallies import tally_groups
+from flightrec.analysis.verdict.advice import advise
 from flightrec.analysis.verdict.fold import fold_consequences
 from flightrec.analysis.verdict.rootcause import explained_groups, root_causes
 from flightrec.analysis.verdict.skips import annotate_shifts
@@ -139,4 +141,6 @@ def diagnose(m: Matched, clocks: Clocks, workers: int = 1) -> Diagnosis:
     findings = annotate_shifts(m, findings)
     # Findings whose every wait a requested snapshot caught before the hang timeout.
     findings = mark_below_timeout(wait_graph.waits, findings)
+    # What to do next, and how sure: restart or fix the code.
+    findings = advise(m, findings)
     return Diagnosis(findings, rank_states(m, wait_graph.waits))

@@ -10,7 +10,8 @@ much, and that no rank is to blame (``ranks`` is empty).
 Measured on the groups whose members do the same work (every member in one pipeline stage:
 data- and tensor-parallel groups; every group in a job without stages), over the same
 recent collectives the straggler pass lines up (``timing.tallies``): per collective, how far
-the last member arrived behind the median one, against the time between collectives.
+the last member arrived behind the typical other one (the median of the others), against
+the time between collectives.
 """
 
 from __future__ import annotations
@@ -32,11 +33,11 @@ MIN_LOST = 0.10
 """A typical rank spends at least this share of its time waiting for the last member of its
 groups of ranks doing the same work."""
 MIN_SPREAD_MS = 10.0
-"""... the last arriving typically at least this long after the median one (below that,
+"""... the last arriving typically at least this long after the others' median (below that,
 jitter on a busy host: the in-job slow check's floor too)."""
 MAX_SAME_LAST = 0.5
-"""... and no member is last at more than this share of a group's collectives (of more than
-two members; 0.75 in a pair)."""
+"""... and in a typical group no member is last at more than this share of its collectives
+(or 1.5 times its fair share, in a small group: 0.75 in a pair)."""
 MIN_GROUPS = 1
 MAX_GROUPS = 256
 """Groups measured at most (evenly spread): a job-wide typical value."""
@@ -53,10 +54,10 @@ class ImbalanceEvidence(Evidence):
     """Typical share of a rank's time spent waiting for the last member of its groups of
     ranks doing the same work."""
     median_spread_ms: float
-    """Typical lateness of a collective's last member behind its median member."""
+    """Typical lateness of a collective's last member behind the others' median."""
     most_often_last: float
     """The largest share of a group's collectives any one member was last at (typical)."""
-    groups: int
+    groups_measured: int
     """Groups of ranks doing the same work that were measured."""
     collectives: int
     """Collectives measured over all of them."""
@@ -67,6 +68,8 @@ class _GroupSpread:
     lost: float
     spread_ms: float
     same_last: float
+    same_last_allowed: float
+    """``same_last`` against what a group of its size may show (1 at the limit)."""
     collectives: int
 
 
@@ -80,15 +83,16 @@ def _spread(p: Pending) -> _GroupSpread | None:
     middles: list[float] = []
     for col in zip(*rows, strict=True):
         ordered = sorted(col)
-        mid = median(ordered)
+        mid = median(ordered[:-1])  # (the others': in a pair, the one that waited)
         spreads.append(ordered[-1] - mid)
-        middles.append(mid)
+        middles.append(median(ordered))
     span = middles[-1] - middles[0]
     if span <= 0:
         return None
     lost = sum(spreads[1:]) / span
     same_last = max(gt.lasts) / len(gt.seqs) if gt.lasts else 1.0
-    return _GroupSpread(lost, median(spreads) / 1e6, same_last, len(gt.seqs))
+    allowed = max(MAX_SAME_LAST, 1.5 / n)
+    return _GroupSpread(lost, median(spreads) / 1e6, same_last, same_last / allowed, len(gt.seqs))
 
 
 def find_imbalance(
@@ -132,15 +136,18 @@ def find_imbalance(
     lost = median(sum(g.lost for g in gs) for gs in per_rank.values())
     spread_ms = median(max(gs, key=lambda g: g.lost).spread_ms for gs in per_rank.values())
     same = median(g.same_last for g in measured)
-    pairs = all(len(p.ranks) == 2 for p in alike)
-    if lost < MIN_LOST or spread_ms < MIN_SPREAD_MS or same > (0.75 if pairs else MAX_SAME_LAST):
+    if (
+        lost < MIN_LOST
+        or spread_ms < MIN_SPREAD_MS
+        or median(g.same_last_allowed for g in measured) > 1.0
+    ):
         return []
     collectives = sum(g.collectives for g in measured)
     summary = (
         f"Ranks doing the same work keep waiting for each other, and a different one is last "
         f"each time (spread imbalance): in {len(measured)} group(s) of such ranks, the members "
         f"spend {100 * lost:.0f}% of their time waiting for the last one, which arrives "
-        f"typically {spread_ms:.1f} ms after the median one, and no rank is last at more than "
+        f"typically {spread_ms:.1f} ms after the others, and no rank is last at more than "
         f"{100 * same:.0f}% of a group's collectives (typically). No culprit: uneven work from "
         "step to step (batches of different lengths, data-dependent compute), not a slow rank "
         "or stage. Nothing hangs"

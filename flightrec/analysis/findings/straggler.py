@@ -159,8 +159,10 @@ class StragglerEvidence(Evidence):
     hold (``flightrec.analysis.timing.trend``); None where arrivals cannot be lined up."""
     late_groups: tuple[str, ...] = ()
     """The groups where it was judged late (most late arrivals first)."""
-    stage: str | None = None
-    """Its pipeline stage (``stage 1 of 4``), where the job has stages."""
+    stage: int | None = None
+    """Its pipeline stage (0 is the first), where the job has stages."""
+    stages: int | None = None
+    """Stages per pipeline, where the job has stages."""
     own_time: OwnTime | None = None
     """Its time outside communication against the other ranks of its stage; None where it
     cannot be measured."""
@@ -325,7 +327,7 @@ def find_stragglers(
             tallied.assumed.get(r),
             _Roles(
                 activity.excess(r),
-                activity.stages.describe(r) if r in activity.stages.stage_of else "",
+                activity.stages.place(r),
                 activity.is_slow_worker(r),
                 tuple(sorted(held_up.get(r, ()))),
                 held_by.get(r, r if r in stage_ranks else None),
@@ -354,7 +356,8 @@ class _Roles:
     """What the own-time comparison and the wait chains say of a rank."""
 
     excess: Excess | None
-    stage: str
+    stage: tuple[int, int] | None
+    """(its stage, stages per pipeline), where the job has stages."""
     slow_worker: bool
     held_up: tuple[int, ...]
     held_by: int | None
@@ -393,10 +396,10 @@ def _groups_phrase(m: Matched, groups: Sequence[str]) -> str:
     return "groups " + ", ".join(groups)
 
 
-def own_phrase(own: OwnTime, stage: str) -> str:
+def own_phrase(own: OwnTime, staged: bool) -> str:
     """``it spends 67% of its time outside communication, against 34% for the other ranks
     of its stage (about 1350.0 ms a step against 680.0 ms)``."""
-    where = "of its stage" if stage else "of the job"
+    where = "of its stage" if staged else "of the job"
     per_step = (
         f" (about {own.ms_per_step:.1f} ms a step against {own.others_ms_per_step:.1f} ms)"
         if own.ms_per_step is not None and own.others_ms_per_step is not None
@@ -432,8 +435,9 @@ def _finding(
     d = m.dump(r)
     own = _own_time(roles.excess)
     lead = f"Rank {r} ({d.describe()})"
+    stage = f"stage {roles.stage[0]} of {roles.stage[1]}" if roles.stage else ""
     if roles.slow_worker:
-        lead += f" is a slow worker{f' ({roles.stage})' if roles.stage else ''}: it"
+        lead += f" is a slow worker{f' ({stage})' if stage else ''}: it"
     parts: list[str] = []
     if n and total:
         of = (
@@ -446,7 +450,7 @@ def _finding(
             f"after the next-latest rank (p90 {p90:.1f} ms)"
         )
     if roles.slow_worker and own is not None:
-        parts.append(own_phrase(own, roles.stage).removeprefix("it " if not parts else ""))
+        parts.append(own_phrase(own, bool(stage)).removeprefix("it " if not parts else ""))
     if tr.waited_ns:
         parts.append(
             f"the other ranks waited about {tr.waited_ns / 1e9:.2f} rank-seconds for it "
@@ -476,7 +480,8 @@ def _finding(
         lateness_by_rank=table,
         clock=clock,
         late_groups=judged.groups,
-        stage=roles.stage or None,
+        stage=roles.stage[0] if roles.stage else None,
+        stages=roles.stage[1] if roles.stage else None,
         own_time=own,
         slow_worker=roles.slow_worker,
         held_up=roles.held_up,

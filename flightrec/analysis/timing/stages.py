@@ -42,11 +42,11 @@ class Stages:
         """The ranks of ``stage``, increasing."""
         return tuple(sorted(r for r, s in self.stage_of.items() if s == stage))
 
-    def describe(self, rank: int) -> str:
-        """``stage 2 of 4``; "" without stages."""
-        if self.count < 2:
-            return ""
-        return f"stage {self.stage_of[rank]} of {self.count}"
+    def place(self, rank: int) -> tuple[int, int] | None:
+        """(the rank's stage, stages per pipeline); None without stages."""
+        if self.count < 2 or rank not in self.stage_of:
+            return None
+        return self.stage_of[rank], self.count
 
 
 def _peers(m: Matched) -> dict[int, set[int]]:
