@@ -183,7 +183,7 @@ def _played(world: int, steps: int, late_in_pair: int, seed: int = 0) -> Job:
                 e, enqueue_ns=int(arrive[r]), complete_ns=int(done)
             )
             t[r] = int(done) + 5 * MS
-    for r, st in job.ranks.items():
+    for st in job.ranks.values():
         st.clock = max(t.values())
     return job
 
