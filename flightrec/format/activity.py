@@ -95,6 +95,12 @@ def own_time(
     return own, span
 
 
+def signature(op: int, group: int, flags: int, peer: int) -> int:
+    """One value naming an entry's operation for ``step_period``: its op and group (indices
+    of one ring's tables), direction and peer."""
+    return (op << 24) ^ (group << 16) ^ (flags & (pb.IS_P2P | pb.SEND)) ^ ((peer + 1) << 32)
+
+
 def step_period(signature: Sequence[int], agreement: float = 0.97) -> int | None:
     """Entries per training step: the smallest period ``P`` at which the sequence of
     operations repeats (``signature[i] == signature[i + P]`` for at least ``agreement`` of
@@ -118,3 +124,40 @@ def step_period(signature: Sequence[int], agreement: float = 0.97) -> int | None
         else:
             return p
     return None
+
+
+WINDOW = 1024
+"""Newest entries of a ring whose gaps are measured (the analysis and the digest alike)."""
+MAX_PEERS = 8
+"""Point-to-point peers a ring summary keeps (a pipeline stage has two)."""
+
+
+class RingActivity(NamedTuple):
+    """What one rank's ring says of its own time and its pipeline neighbours."""
+
+    own_ns: int
+    """Time outside communication over its newest entries (``own_time``)."""
+    span_ns: int
+    """The time that was measured over."""
+    entries: int
+    """Entries measured."""
+    period: int
+    """Entries per step (``step_period``); 0 when no step repeats."""
+    peers: tuple[int, ...]
+    """Global ranks it sent to or received from, at most ``MAX_PEERS``, increasing."""
+
+
+def ring_activity(
+    enqueue: Sequence[int],
+    completions: Sequence[int],
+    flags: Sequence[int],
+    signature: Sequence[int],
+    peers: Sequence[int],
+) -> RingActivity:
+    """Own time, step period and P2P peers of a ring's entries (issue order, newest last;
+    completions 0 where an entry did not complete; ``peers`` -1 for collectives)."""
+    first = max(0, len(enqueue) - WINDOW)
+    own, span = own_time(enqueue[first:], completions[first:], flags[first:])
+    period = step_period(signature[first:]) or 0
+    mine = sorted({p for p, f in zip(peers, flags, strict=True) if f & pb.IS_P2P and p >= 0})
+    return RingActivity(own, span, len(enqueue) - first, period, tuple(mine[:MAX_PEERS]))

@@ -140,7 +140,7 @@ def test_spread_imbalance_blames_no_rank(tmp_path: Path) -> None:
     assert (f.kind, f.ranks) == (FindingKind.IMBALANCE, ())
     assert isinstance(f.evidence, ImbalanceEvidence)
     assert f.evidence.lost_share >= 0.1 and f.evidence.most_often_last <= 0.75
-    assert "No culprit" in f.summary
+    assert "No culprit" in f.summary and "spread imbalance" in f.summary
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])

@@ -16,7 +16,7 @@ the time between collectives.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from statistics import median
 from typing import ClassVar
@@ -95,6 +95,68 @@ def _spread(p: Pending) -> _GroupSpread | None:
     return _GroupSpread(lost, median(spreads) / 1e6, same_last, same_last / allowed, len(gt.seqs))
 
 
+def spread_imbalance(
+    pendings: Sequence[Pending], stage_of: Mapping[int, int]
+) -> ImbalanceEvidence | None:
+    """The time lost to spread imbalance, where it is enough to report (see the module).
+
+    Args:
+        pendings: groups' recent arrivals (``tallies.tally_groups``, or the in-job slow
+            check's digests lined up).
+        stage_of: each rank's pipeline stage (``stages.Stages.stage_of``): groups whose
+            members are all in one stage compare ranks doing the same work.
+
+    Returns:
+        The evidence, or None below ``MIN_LOST``, ``MIN_SPREAD_MS`` or with a member last
+        too often (a straggler's, not spread).
+    """
+    alike = [
+        p
+        for p in pendings
+        if len({stage_of.get(r, -1) for r in p.ranks}) == 1 and len(p.ranks) >= 2
+    ]
+    if len(alike) > MAX_GROUPS:
+        alike = [alike[(i * len(alike)) // MAX_GROUPS] for i in range(MAX_GROUPS)]
+    spreads = {id(p): g for p in alike if (g := _spread(p)) is not None}
+    measured = list(spreads.values())
+    if len(measured) < MIN_GROUPS:
+        return None
+    # Per rank, the share of its time it waits for the last member, summed over its groups
+    # of ranks doing the same work (a tensor-parallel and a data-parallel one wait at
+    # different times); and the typical lateness in the group where it waits most.
+    per_rank: dict[int, list[_GroupSpread]] = {}
+    for p in alike:
+        g = spreads.get(id(p))
+        if g is not None:
+            for r in p.ranks:
+                per_rank.setdefault(r, []).append(g)
+    lost = median(sum(g.lost for g in gs) for gs in per_rank.values())
+    spread_ms = median(max(gs, key=lambda g: g.lost).spread_ms for gs in per_rank.values())
+    if (
+        lost < MIN_LOST
+        or spread_ms < MIN_SPREAD_MS
+        or median(g.same_last_allowed for g in measured) > 1.0
+    ):
+        return None
+    return ImbalanceEvidence(
+        round(lost, 3),
+        round(spread_ms, 3),
+        round(median(g.same_last for g in measured), 3),
+        len(measured),
+        sum(g.collectives for g in measured),
+    )
+
+
+def imbalance_phrase(ev: ImbalanceEvidence) -> str:
+    """``ranks doing the same work spend 13% of their time waiting for the last one ...``."""
+    return (
+        f"ranks doing the same work spend {100 * ev.lost_share:.0f}% of their time waiting for "
+        f"the last one, which arrives typically {ev.median_spread_ms:.1f} ms after the others, "
+        f"and no rank is last at more than {100 * ev.most_often_last:.0f}% of a group's "
+        "collectives (typically)"
+    )
+
+
 def find_imbalance(
     m: Matched, tallied: Tallied, activity: Activity, blamed: Set[int]
 ) -> list[Finding]:
@@ -112,53 +174,13 @@ def find_imbalance(
     """
     if blamed or m.run.missing_ranks:
         return []
-    stage_of = activity.stages.stage_of
-    alike = [
-        p
-        for p in tallied.pending
-        if len({stage_of.get(r, -1) for r in p.ranks}) == 1 and len(p.ranks) >= 2
-    ]
-    if len(alike) > MAX_GROUPS:
-        alike = [alike[(i * len(alike)) // MAX_GROUPS] for i in range(MAX_GROUPS)]
-    spreads = {id(p): g for p in alike if (g := _spread(p)) is not None}
-    measured = list(spreads.values())
-    if len(measured) < MIN_GROUPS:
+    ev = spread_imbalance(tallied.pending, activity.stages.stage_of)
+    if ev is None:
         return []
-    # Per rank, the share of its time it waits for the last member, summed over its groups
-    # of ranks doing the same work (a tensor-parallel and a data-parallel one wait at
-    # different times); and the typical lateness in the group where it waits most.
-    per_rank: dict[int, list[_GroupSpread]] = {}
-    for p in alike:
-        g = spreads.get(id(p))
-        if g is not None:
-            for r in p.ranks:
-                per_rank.setdefault(r, []).append(g)
-    lost = median(sum(g.lost for g in gs) for gs in per_rank.values())
-    spread_ms = median(max(gs, key=lambda g: g.lost).spread_ms for gs in per_rank.values())
-    same = median(g.same_last for g in measured)
-    if (
-        lost < MIN_LOST
-        or spread_ms < MIN_SPREAD_MS
-        or median(g.same_last_allowed for g in measured) > 1.0
-    ):
-        return []
-    collectives = sum(g.collectives for g in measured)
     summary = (
-        f"Ranks doing the same work keep waiting for each other, and a different one is last "
-        f"each time (spread imbalance): in {len(measured)} group(s) of such ranks, the members "
-        f"spend {100 * lost:.0f}% of their time waiting for the last one, which arrives "
-        f"typically {spread_ms:.1f} ms after the others, and no rank is last at more than "
-        f"{100 * same:.0f}% of a group's collectives (typically). No culprit: uneven work from "
-        "step to step (batches of different lengths, data-dependent compute), not a slow rank "
-        "or stage. Nothing hangs"
+        f"A different rank is last each time (spread imbalance): in {ev.groups_measured} "
+        f"group(s) of ranks doing the same work, {imbalance_phrase(ev)}. No culprit: uneven "
+        "work from step to step (batches of different lengths, data-dependent compute), not a "
+        "slow rank or stage. Nothing hangs"
     )
-    return [
-        Finding(
-            kind=FindingKind.IMBALANCE,
-            ranks=(),
-            summary=summary,
-            evidence=ImbalanceEvidence(
-                round(lost, 3), round(spread_ms, 3), round(same, 3), len(measured), collectives
-            ),
-        )
-    ]
+    return [Finding(kind=FindingKind.IMBALANCE, ranks=(), summary=summary, evidence=ev)]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from statistics import median
@@ -39,10 +39,8 @@ from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.timing.clocks import base_ns
 from flightrec.analysis.timing.stages import Stages, find_stages
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.activity import Gap, gaps, step_period
+from flightrec.format.activity import WINDOW, Gap, gaps, signature, step_period
 
-WINDOW = 1024
-"""Newest entries per rank whose gaps are measured."""
 SAMPLE = 32
 """Ranks per stage whose own time sets the stage's typical value (evenly spread)."""
 MIN_KNOWN = 0.5
@@ -286,10 +284,10 @@ class Activity:
         return got
 
     def _signature(self, rank: int, first: int) -> list[int]:
-        """One value per entry naming the operation: op, group, peer and direction."""
+        """One value per entry naming the operation (``format.activity.signature``)."""
         cols = self.m.dump(rank).columns
         return [
-            (o << 24) ^ (g << 16) ^ (f & (_IS_P2P | _SEND)) ^ ((q + 1) << 32)
+            signature(o, g, f, q)
             for o, g, f, q in zip(
                 cols["op"][first:],
                 cols["group"][first:],
@@ -309,33 +307,18 @@ class Activity:
         mine = self.time_of(rank)
         if mine is None or rank not in self.stages.stage_of:
             return None
+        return excess_of(mine, self._others(rank))
+
+    def _others(self, rank: int) -> list[RankTime]:
         cohort = [r for r in self.stages.cohort(self.stages.stage_of[rank]) if r != rank]
-        others = self._shares(_evenly(cohort, SAMPLE))
-        if not others:
-            return None
-        steps = [t.own_per_step_ns for _, t in others if t.own_per_step_ns is not None]
-        return Excess(
-            mine.share,
-            median(t.share for _, t in others),
-            len(others),
-            _ms(mine.own_per_step_ns),
-            _ms(median(steps)) if steps else None,
-        )
+        return [t for _, t in self._shares(_evenly(cohort, SAMPLE))]
 
     def is_slow_worker(self, rank: int) -> bool:
-        """Whether the rank's own time stands out among its stage's (``SLOW_FACTOR``,
-        ``MIN_EXCESS``, and ``OUTLIER_SIGMAS`` where there are enough others)."""
-        ex = self.excess(rank)
-        if ex is None:
+        """Whether the rank's own time stands out among its stage's (``slow_worker``)."""
+        mine = self.time_of(rank)
+        if mine is None or rank not in self.stages.stage_of:
             return False
-        if ex.share < SLOW_FACTOR * ex.others_share or ex.share - ex.others_share < MIN_EXCESS:
-            return False
-        if ex.others >= 3:
-            cohort = [r for r in self.stages.cohort(self.stages.stage_of[rank]) if r != rank]
-            spread = _sigma([t.share for _, t in self._shares(_evenly(cohort, SAMPLE))])
-            if ex.share - ex.others_share < OUTLIER_SIGMAS * spread:
-                return False
-        return True
+        return slow_worker(mine, self._others(rank))
 
     @cached_property
     def slow_stages(self) -> tuple[SlowStage, ...]:
@@ -343,39 +326,10 @@ class Activity:
         st = self.stages
         if st.count < 2:
             return ()
-        sampled = {s: self._shares(_evenly(st.cohort(s), SAMPLE)) for s in range(st.count)}
-        typical = {s: median(t.share for _, t in v) for s, v in sampled.items() if v}
-        if len(typical) < 2:
-            return ()
-        out: list[SlowStage] = []
-        for s, share in typical.items():
-            others = median(v for k, v in typical.items() if k != s)
-            if share < SLOW_FACTOR * others or share - others < MIN_EXCESS:
-                continue
-            members = sampled[s]
-            elevated = sum(1 for _, t in members if t.share >= STAGE_MEMBER_FACTOR * others)
-            if elevated < STAGE_MEMBERS * len(members):
-                continue
-            mine = [t.own_per_step_ns for _, t in members if t.own_per_step_ns is not None]
-            theirs = [
-                t.own_per_step_ns
-                for k, v in sampled.items()
-                if k != s
-                for _, t in v
-                if t.own_per_step_ns is not None
-            ]
-            out.append(
-                SlowStage(
-                    s,
-                    st.cohort(s),
-                    round(share, 3),
-                    round(others, 3),
-                    round(elevated * len(st.cohort(s)) / len(members)),
-                    _ms(median(mine)) if mine else None,
-                    _ms(median(theirs)) if theirs else None,
-                )
-            )
-        return tuple(out)
+        sampled = {
+            s: [t for _, t in self._shares(_evenly(st.cohort(s), SAMPLE))] for s in range(st.count)
+        }
+        return slow_stages_of(st, sampled)
 
     @cached_property
     def slow_stage_ranks(self) -> frozenset[int]:
@@ -467,3 +421,78 @@ class Activity:
 
 def _ms(ns: float | None) -> float | None:
     return None if ns is None else round(ns / 1e6, 1)
+
+
+def excess_of(mine: RankTime, others: Sequence[RankTime]) -> Excess | None:
+    """``mine`` against ``others`` (the other ranks of its stage); None without others."""
+    if not others:
+        return None
+    steps = [t.own_per_step_ns for t in others if t.own_per_step_ns is not None]
+    return Excess(
+        mine.share,
+        median(t.share for t in others),
+        len(others),
+        _ms(mine.own_per_step_ns),
+        _ms(median(steps)) if steps else None,
+    )
+
+
+def slow_worker(mine: RankTime, others: Sequence[RankTime]) -> bool:
+    """Whether ``mine`` stands out among ``others`` (the other ranks of its stage): at
+    least ``SLOW_FACTOR`` times their typical own time and ``MIN_EXCESS`` more of the time,
+    and, among more than three others, ``OUTLIER_SIGMAS`` robust sigmas above them."""
+    ex = excess_of(mine, others)
+    if ex is None:
+        return False
+    if ex.share < SLOW_FACTOR * ex.others_share or ex.share - ex.others_share < MIN_EXCESS:
+        return False
+    spread = _sigma([t.share for t in others]) if len(others) >= 3 else 0.0
+    return ex.share - ex.others_share >= OUTLIER_SIGMAS * spread
+
+
+def slow_stages_of(
+    stages: Stages, sampled: Mapping[int, Sequence[RankTime]]
+) -> tuple[SlowStage, ...]:
+    """The stages whose ranks spend longer outside communication than the other stages'.
+
+    Args:
+        stages: the pipelines' stages.
+        sampled: per stage, the own times of (a sample of) its ranks.
+
+    Returns:
+        Each stage at least ``SLOW_FACTOR`` times (and ``MIN_EXCESS`` more than) the other
+        stages' typical own time, with ``STAGE_MEMBERS`` of its ranks elevated.
+    """
+    typical = {s: median(t.share for t in v) for s, v in sampled.items() if v}
+    if stages.count < 2 or len(typical) < 2:
+        return ()
+    out: list[SlowStage] = []
+    for s, share in typical.items():
+        others = median(v for k, v in typical.items() if k != s)
+        if share < SLOW_FACTOR * others or share - others < MIN_EXCESS:
+            continue
+        members = sampled[s]
+        elevated = sum(1 for t in members if t.share >= STAGE_MEMBER_FACTOR * others)
+        if elevated < STAGE_MEMBERS * len(members):
+            continue
+        mine = [t.own_per_step_ns for t in members if t.own_per_step_ns is not None]
+        theirs = [
+            t.own_per_step_ns
+            for k, v in sampled.items()
+            if k != s
+            for t in v
+            if t.own_per_step_ns is not None
+        ]
+        ranks = stages.cohort(s)
+        out.append(
+            SlowStage(
+                s,
+                ranks,
+                round(share, 3),
+                round(others, 3),
+                round(elevated * len(ranks) / len(members)),
+                _ms(median(mine)) if mine else None,
+                _ms(median(theirs)) if theirs else None,
+            )
+        )
+    return tuple(out)

@@ -15,7 +15,7 @@ stages: every rank is compared with every other.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from flightrec.analysis.matching.matching import Matched
@@ -73,13 +73,25 @@ def find_stages(m: Matched) -> Stages:
     Returns:
         The stages; one stage holding every rank where the transfers are not pipelines.
     """
-    flat = Stages(1, dict.fromkeys(m.run.dumps, 0), ())
-    peers = _peers(m)
-    # Links both ends of which have a dump, seen from either end.
+    return stages_from_peers(_peers(m))
+
+
+def stages_from_peers(peers: Mapping[int, Iterable[int]]) -> Stages:
+    """The stages of the pipelines that the ranks' peers form (see the module's doc).
+
+    Args:
+        peers: per rank, the global ranks it sent to or received from (every rank compared
+            is a key, with no peers where it has none).
+
+    Returns:
+        The stages; one stage holding every rank where the transfers are not pipelines.
+    """
+    flat = Stages(1, dict.fromkeys(peers, 0), ())
+    # Links both ends of which are known, seen from either end.
     links: dict[int, set[int]] = {r: set() for r in peers}
     for r, ps in peers.items():
         for p in ps:
-            if p in links:
+            if p in links and p != r:
                 links[r].add(p)
                 links[p].add(r)
     if not links or any(len(ps) > 2 for ps in links.values()):
@@ -87,9 +99,7 @@ def find_stages(m: Matched) -> Stages:
     seen: set[int] = set()
     pipelines: list[tuple[int, ...]] = []
     for start in sorted(links):
-        if start in seen:
-            continue
-        if len(links[start]) != 1:
+        if start in seen or len(links[start]) != 1:
             continue  # walk from path ends only
         path = [start]
         seen.add(start)
@@ -99,8 +109,6 @@ def find_stages(m: Matched) -> Stages:
             if not nxt:
                 break
             prev, cur = cur, nxt[0]
-            if cur in seen:
-                return flat  # (a cycle through a path end cannot happen; a guard)
             path.append(cur)
             seen.add(cur)
         pipelines.append(tuple(path) if path[0] < path[-1] else tuple(reversed(path)))
