@@ -12,8 +12,10 @@ than "enqueue of the next minus completion of this one": a pipeline stage posts 
 computes on while they are in flight, and a batch of sends and receives is issued at once
 and waited for together. So for each pair of consecutive entries, the rank's own time is
 from the latest completion that falls between them (what released it) to the next entry;
-when nothing completed between them, all of it. Asynchronous sends never release a rank (it
-did not wait for them).
+when nothing completed between them, all of it. An asynchronous send releases a rank only
+when it entered its next operation at once after the send completed (``ASYNC_RELEASE_NS``: a
+pipeline schedule waiting for its sends before the backward pass); otherwise the send
+completed while the rank computed on.
 
 Used by the recorder's slow-check digest (its own ring) and by the analysis (every dump).
 """
@@ -27,6 +29,9 @@ from typing import NamedTuple
 from flightrec.format import flightrec_pb2 as pb
 
 _ASYNC_SEND = pb.ASYNC_OP | pb.IS_P2P | pb.SEND
+ASYNC_RELEASE_NS = 2_000_000
+"""An asynchronous send that completed at most this long before the rank's next entry
+released it (the rank waited for it)."""
 
 
 class Gap(NamedTuple):
@@ -40,14 +45,24 @@ class Gap(NamedTuple):
     """Index of the entry whose completion released the rank; -1 when none did."""
 
 
-def releases(completions: Sequence[int], flags: Sequence[int]) -> list[tuple[int, int]]:
-    """(completion, index) of the entries that can release a rank, sorted: completed ones,
-    asynchronous sends left out."""
+def releases(
+    completions: Sequence[int], flags: Sequence[int], sends: bool = False
+) -> list[tuple[int, int]]:
+    """(completion, index) of the completed entries, sorted: asynchronous sends alone
+    (``sends``), or every other one."""
     return sorted(
         (c, i)
         for i, (c, f) in enumerate(zip(completions, flags, strict=True))
-        if c and f & _ASYNC_SEND != _ASYNC_SEND
+        if c and (f & _ASYNC_SEND == _ASYNC_SEND) == sends
     )
+
+
+def _latest(done: list[tuple[int, int]], times: list[int], lo: int, hi: int, i: int) -> int:
+    """Position in ``done`` of the latest completion in (lo, hi] of an entry up to ``i``."""
+    k = bisect_right(times, hi) - 1
+    while k >= 0 and times[k] > lo and done[k][1] > i:
+        k -= 1  # (a later entry that completed at once: it released nothing before it)
+    return k if k >= 0 and times[k] > lo else -1
 
 
 def gaps(
@@ -66,17 +81,23 @@ def gaps(
     """
     done = releases(completions, flags)
     times = [c for c, _ in done]
+    sent = releases(completions, flags, sends=True)
+    sent_times = [c for c, _ in sent]
     out: list[Gap | None] = []
     for i in range(len(enqueue) - 1):
         lo, hi = enqueue[i], enqueue[i + 1]
         if not lo or not hi or hi < lo:
             out.append(None)
             continue
-        k = bisect_right(times, hi) - 1
-        while k >= 0 and times[k] > lo and done[k][1] > i:
-            k -= 1  # (a later entry that completed at once: it released nothing before it)
-        if k >= 0 and times[k] > lo:
-            out.append(Gap(hi - times[k], times[k] - lo, done[k][1]))
+        best = (0, -1)
+        k = _latest(done, times, lo, hi, i)
+        if k >= 0:
+            best = done[k]
+        k = _latest(sent, sent_times, max(lo, hi - ASYNC_RELEASE_NS), hi, i)
+        if k >= 0 and sent[k][0] > best[0]:
+            best = sent[k]
+        if best[1] >= 0:
+            out.append(Gap(hi - best[0], best[0] - lo, best[1]))
         else:
             out.append(Gap(hi - lo, 0, -1))
     return out
@@ -102,21 +123,32 @@ def signature(op: int, group: int, flags: int, peer: int) -> int:
 
 
 def step_period(signature: Sequence[int], agreement: float = 0.97) -> int | None:
-    """Entries per training step: the smallest period ``P`` at which the sequence of
-    operations repeats (``signature[i] == signature[i + P]`` for at least ``agreement`` of
-    them), over at least three repetitions; None when nothing repeats that regularly.
+    """Entries per training step: the smallest period ``P`` at which the newest operations
+    repeat (``signature[i] == signature[i + P]`` for at least ``agreement`` of them, over
+    the newest two thirds of the sequence and at least three repetitions: a ring's oldest
+    entries may be the job's start, which never repeats, and its newest few its end); None
+    when nothing repeats that regularly.
 
     Args:
-        signature: one value per entry that names the operation (its op, group and peer).
+        signature: one value per entry that names the operation (``signature``).
         agreement: the share of positions that must repeat.
     """
-    n = len(signature)
+    for skip in range(4):  # (the very newest may be the job's end: a barrier, a dump)
+        found = _period(list(reversed(signature))[skip:], agreement)
+        if found is not None:
+            return found
+    return None
+
+
+def _period(newest: list[int], agreement: float) -> int | None:
+    n = len(newest)
     for p in range(1, n // 3 + 1):
-        if signature[p] != signature[0] or signature[p + 1 : p + 4] != signature[1:4]:
+        if newest[p] != newest[0] or newest[p + 1 : p + 4] != newest[1:4]:
             continue
-        allowed = int((1.0 - agreement) * (n - p))
+        span = min(n, max(3 * p, (2 * n) // 3)) - p
+        allowed = int((1.0 - agreement) * span)
         misses = 0
-        for a, b in zip(signature, signature[p:], strict=False):
+        for a, b in zip(newest[:span], newest[p : p + span], strict=True):
             if a != b:
                 misses += 1
                 if misses > allowed:

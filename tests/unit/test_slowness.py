@@ -36,9 +36,14 @@ def test_own_time_runs_from_the_release_to_the_next_entry() -> None:
     assert gaps([0, 140], [130, 150], [0, 0]) == [None]
 
 
-def test_asynchronous_sends_release_nothing() -> None:
+def test_asynchronous_sends_release_only_a_rank_that_waited_for_them() -> None:
     # A pipeline stage posts a send and computes on; the send completes during its compute.
-    assert gaps([100, 140], [105, 150], [_ASYNC_SEND, 0]) == [Gap(40, 0, -1)]
+    assert gaps([100 * MS, 140 * MS], [105 * MS, 150 * MS], [_ASYNC_SEND, 0]) == [
+        Gap(40 * MS, 0, -1)
+    ]
+    # It waits for its sends before its backward pass: the next entry follows at once.
+    got = gaps([100 * MS, 140 * MS], [int(139.5 * MS), 150 * MS], [_ASYNC_SEND, 0])
+    assert got == [Gap(MS // 2, int(39.5 * MS), 0)]
 
 
 def test_a_batch_is_released_by_its_receive() -> None:

@@ -457,8 +457,9 @@ def _finding(
             f"({tr.delay_ns / 1e9:.2f} s of job time)"
         )
     if roles.held_up:
+        they = "it" if len(roles.held_up) == 1 else "they"
         parts.append(
-            f"{ranks_phrase(roles.held_up)} arrived late because they waited on it, through "
+            f"{ranks_phrase(roles.held_up)} arrived late because {they} waited on it, through "
             "its collectives or down its pipeline"
         )
     if roles.held_by is not None and roles.held_by != r:

@@ -62,6 +62,7 @@ MAX_HOPS = 64
 
 _IS_P2P = pb.IS_P2P
 _SEND = pb.SEND
+_ASYNC = pb.ASYNC_OP
 _COMPLETED = pb.COMPLETED
 _MAD_SIGMA = 1.4826
 
@@ -193,35 +194,52 @@ class Activity:
         return out
 
     def _completions(self, rank: int, first: int) -> list[int]:
-        """Per entry from ``first``, its completion on the rank's clock: as recorded, or the
-        latest arrival of its participants (0 where neither is known)."""
+        """Per entry from ``first``, when it completed on the rank's clock (0 unknown).
+
+        As recorded where the recorder saw it complete at once (a call that returned, a
+        future's callback); the latest arrival of its participants where it only found out
+        later: PyTorch's recorder notes completions its watchdog discovers, and flightrec
+        polls asynchronous sends and receives (gloo's have no future), both a tenth of a
+        second late or more, which would count a rank's wait for a receive as its own
+        time. So for those entries (and where nothing is recorded) the earlier of the two.
+        """
         d = self.m.dump(rank)
         e = d.dump.entries
-        if d.completion_times:
-            states = e.state
-            return [
-                c if states[first + i] == _COMPLETED else 0
-                for i, c in enumerate(e.complete_ns[first:])
-            ]
-        if not self.one_clock:
-            return []
+        states, flags = e.state, e.flags
+        recorded = [
+            c if states[first + i] == _COMPLETED else 0 for i, c in enumerate(e.complete_ns[first:])
+        ]
+        late = [
+            not recorded[i] or d.converted or (flags[p] & _IS_P2P and flags[p] & _ASYNC)
+            for i, p in enumerate(range(first, len(d)))
+        ]
+        if not any(late) or not self._comparable(rank):
+            return recorded if d.completion_times else []
         base = base_ns(self.m, rank)
         cols = d.columns
         keys = d.group_keys
         enq = e.enqueue_ns
         out: list[int] = []
-        for p in range(first, len(d)):
-            if cols["flags"][p] & _IS_P2P:
-                got = self._p2p_completion(rank, p)
-            else:
-                got = self._collective_completion(keys[cols["group"][p]], cols["seq"][p])
-            got = got - base if got else 0
-            # Hosts' clocks differ by milliseconds: a peer that seems to arrive after this
-            # rank entered its next operation arrived before it (the rank waited for it).
-            if got and p + 1 < len(d) and enq[p + 1] and got > enq[p + 1]:
-                got = enq[p + 1]
+        for i, p in enumerate(range(first, len(d))):
+            got = recorded[i]
+            if late[i]:
+                if cols["flags"][p] & _IS_P2P:
+                    peers = self._p2p_completion(rank, p)
+                else:
+                    peers = self._collective_completion(keys[cols["group"][p]], cols["seq"][p])
+                peers = peers - base if peers else 0
+                # Hosts' clocks differ by milliseconds: a peer that seems to arrive after
+                # this rank entered its next operation arrived before it (it waited for it).
+                if peers and p + 1 < len(d) and enq[p + 1] and peers > enq[p + 1]:
+                    peers = enq[p + 1]
+                got = min(got, peers) if got and peers else got or peers
             out.append(got)
         return out
+
+    def _comparable(self, rank: int) -> bool:
+        """Whether the rank's arrivals compare with its peers' as recorded: one host, or
+        clocks its completions line up (a converted dump's are the wall clock)."""
+        return self.one_clock or self.m.dump(rank).converted
 
     def _collective_completion(self, group: str, seq: int) -> int:
         """Latest arrival of every member at (group, seq), wall-anchored; 0 when a member's
