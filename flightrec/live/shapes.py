@@ -82,7 +82,8 @@ def stage_line(s: SlowStage, count: int) -> str:
 def imbalance_line(ev: ImbalanceEvidence) -> str:
     """The log line saying time is lost to spread imbalance."""
     return (
-        f"flightrec: spread imbalance: {imbalance_phrase(ev)}; no culprit (uneven work from "
+        f"flightrec: spread imbalance: ranks doing the same work {imbalance_phrase(ev)}; no "
+        "culprit (uneven work from "
         "step to step). Nothing hangs.\n"
     )
 

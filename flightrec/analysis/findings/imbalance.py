@@ -148,9 +148,10 @@ def spread_imbalance(
 
 
 def imbalance_phrase(ev: ImbalanceEvidence) -> str:
-    """``ranks doing the same work spend 13% of their time waiting for the last one ...``."""
+    """``spend 13% of their time waiting for the last one ...`` (of ranks doing the same
+    work)."""
     return (
-        f"ranks doing the same work spend {100 * ev.lost_share:.0f}% of their time waiting for "
+        f"spend {100 * ev.lost_share:.0f}% of their time waiting for "
         f"the last one, which arrives typically {ev.median_spread_ms:.1f} ms after the others, "
         f"and no rank is last at more than {100 * ev.most_often_last:.0f}% of a group's "
         "collectives (typically)"
@@ -179,7 +180,7 @@ def find_imbalance(
         return []
     summary = (
         f"A different rank is last each time (spread imbalance): in {ev.groups_measured} "
-        f"group(s) of ranks doing the same work, {imbalance_phrase(ev)}. No culprit: uneven "
+        f"group(s) of ranks doing the same work, the ranks {imbalance_phrase(ev)}. No culprit: uneven "
         "work from step to step (batches of different lengths, data-dependent compute), not a "
         "slow rank or stage. Nothing hangs"
     )

@@ -108,11 +108,14 @@ def _lowered(m: Matched, f: Finding) -> tuple[list[str], bool]:
         ev = f.evidence
         involved = (set(f.ranks) | set(f.pg_ranks)) or set(run.dumps)
         untimed = any(r in run.dumps and not run.dumps[r].completion_times for r in involved)
-        if isinstance(ev, StragglerEvidence) and ev.clock.unaligned_ranks:
-            unaligned = ranks_phrase(ev.clock.unaligned_ranks)
-            out.append(f"the clocks of {unaligned} could not be aligned")
-        elif isinstance(ev, StragglerEvidence) and ev.clock_assumption is not None:
-            out.append("clocks could not be aligned (no completion times): taken as one host's")
+        hosts = {run.dumps[r].header.hostname for r in involved if r in run.dumps}
+        unaligned = (
+            sorted(set(ev.clock.unaligned_ranks) & involved)
+            if isinstance(ev, StragglerEvidence) and len(hosts) > 1
+            else []
+        )
+        if unaligned:
+            out.append(f"the clocks of {ranks_phrase(unaligned)} could not be aligned")
         elif untimed:
             out.append("the dumps record no completion times: taken from the ranks' arrivals")
         if isinstance(ev, StragglerEvidence) and ev.confidence == "low":
