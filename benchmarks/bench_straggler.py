@@ -73,7 +73,7 @@ def _real_runs(out: Path, runs: int, steps: int, slow: bool) -> list[Path]:
         sys.executable, str(SCRIPT), "--runs", str(runs), "--steps", str(steps),
         "--out", str(out), *(["--cycle-slow"] if slow else []),
     ]  # fmt: skip
-    subprocess.run(cmd, env=_env(), check=True, capture_output=True, timeout=60 + 5 * runs)
+    subprocess.run(cmd, env=_env(), check=True, capture_output=True, timeout=120 + 20 * runs)
     return sorted(out.glob("run-*"))
 
 

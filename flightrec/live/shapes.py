@@ -27,7 +27,13 @@ from flightrec.analysis.findings.imbalance import (
     imbalance_phrase,
     spread_imbalance,
 )
-from flightrec.analysis.timing.activity import RankTime, SlowStage, slow_stages_of, slow_worker
+from flightrec.analysis.timing.activity import (
+    RankTime,
+    SlowStage,
+    per_step_phrase,
+    slow_stages_of,
+    slow_worker,
+)
 from flightrec.analysis.timing.stages import Stages, stages_from_peers
 from flightrec.analysis.timing.tallies import Pending
 from flightrec.format.digest import Digest
@@ -66,15 +72,11 @@ def slow_stages(stages: Stages, times: Mapping[int, RankTime]) -> tuple[SlowStag
 
 def stage_line(s: SlowStage, count: int) -> str:
     """The log line naming a slow stage."""
-    per_step = (
-        f" (about {s.per_step_ms:.0f} ms a step against {s.others_per_step_ms:.0f} ms)"
-        if s.per_step_ms is not None and s.others_per_step_ms is not None
-        else ""
-    )
     return (
         f"flightrec: slow stage: stage {s.stage} of {count} (ranks {compress(s.ranks)}) spends "
         f"{100 * s.share:.0f}% of its time outside communication against "
-        f"{100 * s.others_share:.0f}% on the other stages{per_step}: every stage waits for it "
+        f"{100 * s.others_share:.0f}% on the other stages"
+        f"{per_step_phrase(s.per_step_ms, s.others_per_step_ms)}: every stage waits for it "
         "(stage imbalance, no single rank). Nothing hangs.\n"
     )
 

@@ -80,6 +80,19 @@ def op_keys(program: Sequence[OpTemplate]) -> list[tuple[GroupKind, int, int, bo
     return keys
 
 
+def instance(
+    layout: Layout, rank: int, key: tuple[GroupKind, int, int, bool], group_name: Sequence[str]
+) -> tuple[Key, int]:
+    """Which instance ``rank``'s operation is (``op_keys`` of it; ``group_name``: each rank's
+    group of that kind), and how many participants it has: a collective is one per group and
+    ordinal, a transfer one per pair and ordinal."""
+    kind, ordinal, delta, send = key
+    if delta:
+        peer = rank + delta * layout.tp
+        return ((rank, peer, ordinal) if send else (peer, rank, ordinal)), 2
+    return (group_name[rank], ordinal), len(layout.group_of(rank, kind).ranks)
+
+
 def play_out(
     layout: Layout,
     program_of: Callable[[int], Sequence[OpTemplate]],
@@ -110,15 +123,8 @@ def play_out(
         i = ptr[r]
         if i >= len(program) or i >= stop_at.get(r, len(program)) or inside[r]:
             continue
-        kind, ordinal, delta, send = keys_of(r)[i]
-        key: Key
-        if delta:
-            peer = r + delta * layout.tp
-            key = (r, peer, ordinal) if send else (peer, r, ordinal)
-            need = 2
-        else:
-            key = (group_name[kind][r], ordinal)
-            need = len(layout.group_of(r, kind).ranks)
+        k = keys_of(r)[i]
+        key, need = instance(layout, r, k, group_name[k[0]])
         members = waiting.setdefault(key, set())
         members.add(r)
         inside[r] = True

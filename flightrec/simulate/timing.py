@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from flightrec.simulate.faults import Fault, op_keys
+from flightrec.simulate.faults import Fault, instance, op_keys
 from flightrec.simulate.layout import GroupKind, Layout
 from flightrec.simulate.schedule import MS, OpTemplate
 
@@ -86,15 +86,8 @@ def _order(
         i = ptr[r]
         if i >= len(program) or ptr[r] < 0:
             continue
-        kind, ordinal, delta, send = keys[stage[r]][i]
-        key: tuple[object, ...]
-        if delta:
-            peer = r + delta * layout.tp
-            key = (r, peer, ordinal) if send else (peer, r, ordinal)
-            size = 2
-        else:
-            key = (names[kind][r], ordinal)
-            size = len(layout.group_of(r, kind).ranks)
+        k = keys[stage[r]][i]
+        key, size = instance(layout, r, k, names[k[0]])
         inst = ids.get(key)
         if inst is None:
             inst = ids[key] = len(parts)

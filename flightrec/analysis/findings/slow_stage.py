@@ -21,7 +21,7 @@ from typing import ClassVar
 
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind
-from flightrec.analysis.timing.activity import Activity, SlowStage
+from flightrec.analysis.timing.activity import Activity, SlowStage, per_step_phrase
 from flightrec.text import compress
 
 KINDS = (FindingKind.SLOW_STAGE,)
@@ -78,11 +78,7 @@ def _factor(f: Finding) -> float:
 def _finding(m: Matched, s: SlowStage, count: int, pipelines: int) -> Finding:
     where = "the last stage" if s.stage == count - 1 else "the first stage" if s.stage == 0 else ""
     name = f"Stage {s.stage} of {count}" + (f" ({where})" if where else "")
-    per_step = (
-        f": about {s.per_step_ms:.1f} ms a step against {s.others_per_step_ms:.1f} ms"
-        if s.per_step_ms is not None and s.others_per_step_ms is not None
-        else ""
-    )
+    per_step = per_step_phrase(s.per_step_ms, s.others_per_step_ms)
     alone = len(s.ranks) == pipelines == 1 or len(s.ranks) == 1
     who = (
         f"rank {s.ranks[0]} alone: with one rank per stage a slow worker and a slow stage "

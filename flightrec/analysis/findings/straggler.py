@@ -33,7 +33,7 @@ from typing import ClassVar
 
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
-from flightrec.analysis.timing.activity import Activity, Excess
+from flightrec.analysis.timing.activity import Activity, Excess, per_step_phrase
 from flightrec.analysis.timing.clocks import ClockAlignment, Clocks
 from flightrec.analysis.timing.tallies import Tallied, Tally, add_evidence, tally_groups
 from flightrec.analysis.timing.trend import Trend, straggler_trend, trend_phrase
@@ -400,11 +400,7 @@ def own_phrase(own: OwnTime, staged: bool) -> str:
     """``it spends 67% of its time outside communication, against 34% for the other ranks
     of its stage (about 1350.0 ms a step against 680.0 ms)``."""
     where = "of its stage" if staged else "of the job"
-    per_step = (
-        f" (about {own.ms_per_step:.1f} ms a step against {own.others_ms_per_step:.1f} ms)"
-        if own.ms_per_step is not None and own.others_ms_per_step is not None
-        else ""
-    )
+    per_step = per_step_phrase(own.ms_per_step, own.others_ms_per_step)
     return (
         f"it spends {100 * own.share:.0f}% of its time outside communication, against "
         f"{100 * own.others_share:.0f}% for the other ranks {where}{per_step}"

@@ -121,20 +121,15 @@ def stuck_finding(
             if (h := m.dump(r).header).reason == pb.COLLECTIVE_ERROR and h.reason_detail
         }
         said = f": {next(iter(errors.values()))}" if len(errors) == 1 else ""
-        return Finding(
-            kind=FindingKind.STUCK,
-            ranks=tuple(failed),
-            summary=(
-                f"{who[0].upper()}{who[1:]}{ident} failed {op} #{seq} on group {group} "
-                f"[ranks {compress(members)}] on its own while {ranks_phrase(staying)} entered "
-                f"it and wait: a local error on {who}, not the transport{said}"
-            ),
-            process_group=group,
-            pg_ranks=members,
-            seq=seq,
-            op=op,
-            consequences=tuple(consequences),
-            evidence=FailedAloneEvidence(tuple(failed), staying, errors),
+        return _finding(
+            (group, seq, op),
+            members,
+            tuple(failed),
+            f"{who[0].upper()}{who[1:]}{ident} failed {op} #{seq} on group {group} "
+            f"[ranks {compress(members)}] on its own while {ranks_phrase(staying)} entered "
+            f"it and wait: a local error on {who}, not the transport{said}",
+            consequences,
+            FailedAloneEvidence(tuple(failed), staying, errors),
         )
     states = _states(m, group, seq, members)
     started = tuple(r for r, st in states.items() if st == pb.STARTED)
@@ -160,21 +155,38 @@ def stuck_finding(
         )
     else:
         why = "a transport failure or a collective issued from outside the recorder"
+    return _finding(
+        (group, seq, op),
+        members,
+        (),
+        f"The collective itself is stuck: every member of group {group} [ranks "
+        f"{compress(members)}] entered {op} #{seq} and none completed it, with no "
+        f"disagreement in what they passed ({why}); last progress: {_progress_phrase(progress)}",
+        consequences,
+        StuckEvidence(started, waiting if started else (), progress),
+    )
+
+
+def _finding(
+    at: tuple[str, int, str],
+    members: tuple[int, ...],
+    ranks: tuple[int, ...],
+    summary: str,
+    consequences: list[Consequence],
+    evidence: Evidence,
+) -> Finding:
+    """A ``stuck`` finding at ``at`` (group, seq, op) of a group of ``members``."""
+    group, seq, op = at
     return Finding(
         kind=FindingKind.STUCK,
-        ranks=(),
-        summary=(
-            f"The collective itself is stuck: every member of group {group} [ranks "
-            f"{compress(members)}] entered {op} #{seq} and none completed it, with no "
-            f"disagreement in what they passed ({why}); last progress: "
-            f"{_progress_phrase(progress)}"
-        ),
+        ranks=ranks,
+        summary=summary,
         process_group=group,
         pg_ranks=members,
         seq=seq,
         op=op,
         consequences=tuple(consequences),
-        evidence=StuckEvidence(started, waiting if started else (), progress),
+        evidence=evidence,
     )
 
 
@@ -240,20 +252,15 @@ def _not_started(
     who = ranks_phrase(waiting)
     ident = f" ({m.dump(waiting[0]).describe()})" if len(waiting) == 1 else ""
     mine = [p for p in progress if set(p.ranks) & set(waiting)]
-    return Finding(
-        kind=FindingKind.STUCK,
-        ranks=waiting,
-        summary=(
-            f"{who[0].upper()}{who[1:]}{ident} issued {op} #{seq} on group {group} [ranks "
-            f"{compress(members)}] and {'its GPU' if len(waiting) == 1 else 'their GPUs'} "
-            f"never started it, while {ranks_phrase(started)} started it and wait: still busy "
-            f"with earlier work (a hung kernel, a GPU fault); last progress: "
-            f"{_progress_phrase(tuple(mine))}"
-        ),
-        process_group=group,
-        pg_ranks=members,
-        seq=seq,
-        op=op,
-        consequences=tuple(consequences),
-        evidence=StuckEvidence(started, waiting, progress),
+    return _finding(
+        at,
+        members,
+        waiting,
+        f"{who[0].upper()}{who[1:]}{ident} issued {op} #{seq} on group {group} [ranks "
+        f"{compress(members)}] and {'its GPU' if len(waiting) == 1 else 'their GPUs'} "
+        f"never started it, while {ranks_phrase(started)} started it and wait: still busy "
+        f"with earlier work (a hung kernel, a GPU fault); last progress: "
+        f"{_progress_phrase(tuple(mine))}",
+        consequences,
+        StuckEvidence(started, waiting, progress),
     )

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from forked import run_ranks
 from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
 STAGES = 2
@@ -81,12 +81,6 @@ def train(args: argparse.Namespace, shape: str) -> None:
     print("DONE", flush=True)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int, shape: str) -> None:
     os.environ.update(
         FLIGHTREC="1",
@@ -109,22 +103,10 @@ def runs(args: argparse.Namespace) -> int:
     """One forked 4-rank job per shape of ``args.runs``; returns how many ranks failed."""
     failed = 0
     for shape in args.runs.split(","):
-        port = _free_port()
-        pids = []
-        for rank in range(4):
-            pid = os.fork()
-            if pid == 0:  # the rank: run, then leave without unwinding the parent's stack
-                code = 0
-                try:
-                    _rank(args, os.path.join(args.out, shape), port, rank, shape)
-                except BaseException as e:  # reported through the exit status
-                    print(f"rank {rank} of {shape}: {e!r}", file=sys.stderr, flush=True)
-                    code = 1
-                os._exit(code)
-            pids.append(pid)
-        for pid in pids:
-            _, status = os.waitpid(pid, 0)
-            failed += int(os.waitstatus_to_exitcode(status) != 0)
+        run_dir = os.path.join(args.out, shape)
+        failed += run_ranks(
+            4, lambda rank, port, d=run_dir, s=shape: _rank(args, d, port, rank, s), shape
+        )
     return failed
 
 
