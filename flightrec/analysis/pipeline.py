@@ -42,6 +42,7 @@ from flightrec.analysis.findings.not_arrived import find_quiet_missing
 from flightrec.analysis.findings.p2p import find_unmatched
 from flightrec.analysis.findings.slow_stage import find_slow_stages
 from flightrec.analysis.findings.straggler import StragglerOptions, find_stragglers
+from flightrec.analysis.findings.stuck import find_unstarted
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Finding
 from flightrec.analysis.states import RankState, rank_states
@@ -120,6 +121,9 @@ def diagnose(m: Matched, clocks: Clocks, workers: int = 1) -> Diagnosis:
         # and every mismatch, weighed together.
         roots = root_causes(m, wait_graph, mismatches)
         findings = list(roots.findings)
+        # A second fault in a collective someone never entered: members whose GPU never
+        # started it while other members' GPUs are inside it.
+        findings += find_unstarted(m, wait_graph, blamed_by(findings))
         # Sends and receives that never paired, where nobody is blocked on them.
         findings += find_unmatched(m, wait_graph.graph)
         # Groups out of step that no root cause or mismatch explains.

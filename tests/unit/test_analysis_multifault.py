@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from flightrec.analysis import analyze
 from flightrec.analysis.findings.stuck import StuckEvidence
-from flightrec.analysis.model import FindingKind
+from flightrec.analysis.model import Action, FindingKind
 from tests.unit.factories import Job, gpu_progress, healthy
 
 
@@ -68,3 +68,26 @@ def test_every_gpu_inside_one_collective_blames_no_rank() -> None:
     assert isinstance(first.evidence, StuckEvidence)
     assert first.evidence.started_ranks == (0, 1, 2, 3)
     assert first.evidence.last_progress[0].ranks == (0, 1, 2, 3)
+
+
+def test_two_faults_in_one_collective_are_both_named() -> None:
+    # Rank 3 never enters the world all_reduce; rank 2 entered it, but its GPU never started
+    # it (stuck on earlier work), while the GPUs of ranks 0 and 1 are inside it.
+    job = _nccl_job(4)
+    job.collective(ranks=[0, 1, 2], complete=False)
+    job.stall(3)
+    gpu_progress(job, not_started={2: 1})
+    findings = analyze(job.run()).findings
+    assert [(f.kind, f.ranks) for f in findings] == [
+        (FindingKind.NOT_ARRIVED, (3,)),
+        (FindingKind.STUCK, (2,)),
+    ], [f.summary for f in findings]
+    assert "its GPU never started it, while ranks 0-1 started it" in findings[1].summary
+    assert all(f.advice is not None and f.advice.action is Action.RESTART for f in findings)
+    # The same without the GPU's word (flightrec's own dumps): rank 3 alone.
+    job = _nccl_job(4)
+    job.collective(ranks=[0, 1, 2], complete=False)
+    job.stall(3)
+    assert [(f.kind, f.ranks) for f in analyze(job.run()).findings] == [
+        (FindingKind.NOT_ARRIVED, (3,))
+    ]

@@ -11,19 +11,23 @@ show: where each member's GPU got to, and each member's last progress.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
 
 from flightrec.analysis.findings.not_arrived import late_arrival_finding
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
 from flightrec.analysis.waitgraph.graph import DiGraph
-from flightrec.analysis.waitgraph.waits import Node
+from flightrec.analysis.waitgraph.waits import Node, WaitGraph
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
 
 KINDS = (FindingKind.STUCK,)
 """The kinds this module makes (``kinds.KINDS`` names it for each)."""
+
+UNSTARTED_S = 5.0
+"""A collective issued this long before a rank's dump that its GPU never started, while
+other members' GPUs are inside it: that GPU is stuck on earlier work (``find_unstarted``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +169,65 @@ def stuck_finding(
         consequences,
         StuckEvidence(started, waiting if started else (), progress),
     )
+
+
+def find_unstarted(m: Matched, wait_graph: WaitGraph, blamed: Set[int]) -> list[Finding]:
+    """Members whose GPU never started a collective other members' GPUs are inside, where
+    not every member entered it (the arbitration names who did not; ``stuck_finding`` takes
+    the collectives every member entered): a second fault in the same collective.
+
+    Only where the dumps say which entries the GPU started (PyTorch's recorder), the entry
+    was issued ``UNSTARTED_S`` or more before the rank's dump, and nothing older of the rank
+    is still incomplete (then it waits there, and its queue is behind that).
+
+    Args:
+        m: the lined-up histories.
+        wait_graph: who waits on whom (``waits.build_wait_graph``).
+        blamed: ranks the findings above blame.
+
+    Returns:
+        One ``stuck`` finding per such collective.
+    """
+    graph, waits = wait_graph
+    waiting: dict[Node, list[int]] = {}
+    longest: dict[Node, float] = {}
+    for w in waits:
+        if w.node[0] == "coll":
+            waiting.setdefault(w.node, []).append(w.rank)
+            longest[w.node] = max(longest.get(w.node, 0.0), w.waited_s)
+    out: list[Finding] = []
+    for node, ranks in waiting.items():
+        if graph.out_degree(node) == 0:
+            continue  # every member entered it: stuck_finding's
+        attrs = graph.nodes[node]
+        group, seq, op = str(attrs["group"]), int(attrs["seq"]), str(attrs["op"])
+        members = tuple(attrs["pg_ranks"])
+        states = _states(m, group, seq, members)
+        started = tuple(r for r, st in states.items() if st == pb.STARTED)
+        idle = tuple(
+            r
+            for r, st in states.items()
+            if st == pb.ENQUEUED and r not in blamed and _long_unstarted(m, r, group, seq)
+        )
+        if not started or not idle:
+            continue
+        wait = Consequence(group, members, seq, op, tuple(sorted(ranks)), longest[node])
+        at = (group, seq, op)
+        out.append(_not_started(m, at, members, started, idle, _progress(m, members), [wait]))
+    return out
+
+
+def _long_unstarted(m: Matched, rank: int, group: str, seq: int) -> bool:
+    """Whether ``rank``'s entry at (group, seq) was issued ``UNSTARTED_S`` or more before its
+    dump with nothing older still incomplete."""
+    gi = m.index.get(rank, {}).get(group)
+    pos = gi.position_of(seq) if gi else None
+    if pos is None:
+        return False
+    d = m.dump(rank)
+    if any(p < pos for p in m.incomplete.get(rank, ())):
+        return False
+    return d.age_s(d.dump.entries.enqueue_ns[pos]) >= UNSTARTED_S
 
 
 def _finding(
