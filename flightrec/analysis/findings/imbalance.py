@@ -39,8 +39,10 @@ MAX_SAME_LAST = 0.5
 """... and in a typical group no member is last at more than this share of its collectives
 (or 1.5 times its fair share, in a small group: 0.75 in a pair)."""
 MIN_GROUPS = 1
-MAX_GROUPS = 256
+MAX_GROUPS = 64
 """Groups measured at most (evenly spread): a job-wide typical value."""
+MAX_MEMBERS = 256
+"""Members of a larger group measured (evenly spread): enough for a typical lateness."""
 MIN_COLLECTIVES = 8
 
 
@@ -78,7 +80,8 @@ def _spread(p: Pending) -> _GroupSpread | None:
     n = len(p.ranks)
     if n < 2 or len(gt.seqs) < MIN_COLLECTIVES:
         return None
-    rows = [gt.arrivals[j] for j in range(n)]
+    taken = range(n) if n <= MAX_MEMBERS else [(j * n) // MAX_MEMBERS for j in range(MAX_MEMBERS)]
+    rows = [gt.arrivals[j] for j in taken]
     spreads: list[float] = []
     middles: list[float] = []
     for col in zip(*rows, strict=True):

@@ -17,11 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 
 from flightrec.analysis.matching.matching import Matched
-from flightrec.format import flightrec_pb2 as pb
-
-_IS_P2P = pb.IS_P2P
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +51,17 @@ def _peers(m: Matched) -> dict[int, set[int]]:
     """Per rank with a dump, the global ranks it sent to or received from."""
     out: dict[int, set[int]] = {}
     for r, d in m.run.dumps.items():
-        cols = d.columns
-        flags, peer = cols["flags"], cols["peer"]
+        peer = d.columns["peer"]
         mine: set[int] = set()
         for gi in m.index.get(r, {}).values():
-            for p in gi.p2p_positions:
-                if flags[p] & _IS_P2P and peer[p] >= 0 and peer[p] != r:
-                    mine.add(int(peer[p]))
-        out[r] = mine
+            positions = gi.p2p_positions
+            if positions:
+                # (every entry of p2p_positions is a send or receive: C-speed gathers)
+                mine.update(
+                    itemgetter(*positions)(peer) if len(positions) > 1 else [peer[positions[0]]]
+                )
+        mine.discard(r)
+        out[r] = {p for p in mine if p >= 0}
     return out
 
 
