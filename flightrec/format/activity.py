@@ -23,7 +23,7 @@ Used by the recorder's slow-check digest (its own ring) and by the analysis (eve
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from flightrec.format import flightrec_pb2 as pb
@@ -65,6 +65,30 @@ def _latest(done: list[tuple[int, int]], times: list[int], lo: int, hi: int, i: 
     return k if k >= 0 and times[k] > lo else -1
 
 
+def _windows(
+    enqueue: Sequence[int], completions: Sequence[int], flags: Sequence[int]
+) -> Iterator[tuple[int, int, int, int]]:
+    """Per consecutive pair of entries with both enqueue times: (i, start of own time, its
+    end, releasing entry or -1); the definition ``gaps`` and ``own_time`` share."""
+    done = releases(completions, flags)
+    times = [c for c, _ in done]
+    sent = releases(completions, flags, sends=True)
+    sent_times = [c for c, _ in sent]
+    for i in range(len(enqueue) - 1):
+        lo, hi = enqueue[i], enqueue[i + 1]
+        if not lo or not hi or hi < lo:
+            continue
+        at, by = lo, -1
+        k = _latest(done, times, lo, hi, i)
+        if k >= 0:
+            at, by = done[k]
+        if sent:
+            k = _latest(sent, sent_times, max(lo, hi - ASYNC_RELEASE_NS), hi, i)
+            if k >= 0 and sent[k][0] > at:
+                at, by = sent[k]
+        yield i, at, hi, by
+
+
 def gaps(
     enqueue: Sequence[int], completions: Sequence[int], flags: Sequence[int]
 ) -> list[Gap | None]:
@@ -79,27 +103,9 @@ def gaps(
     Returns:
         ``len(enqueue) - 1`` gaps.
     """
-    done = releases(completions, flags)
-    times = [c for c, _ in done]
-    sent = releases(completions, flags, sends=True)
-    sent_times = [c for c, _ in sent]
-    out: list[Gap | None] = []
-    for i in range(len(enqueue) - 1):
-        lo, hi = enqueue[i], enqueue[i + 1]
-        if not lo or not hi or hi < lo:
-            out.append(None)
-            continue
-        best = (0, -1)
-        k = _latest(done, times, lo, hi, i)
-        if k >= 0:
-            best = done[k]
-        k = _latest(sent, sent_times, max(lo, hi - ASYNC_RELEASE_NS), hi, i)
-        if k >= 0 and sent[k][0] > best[0]:
-            best = sent[k]
-        if best[1] >= 0:
-            out.append(Gap(hi - best[0], best[0] - lo, best[1]))
-        else:
-            out.append(Gap(hi - lo, 0, -1))
+    out: list[Gap | None] = [None] * max(0, len(enqueue) - 1)
+    for i, at, hi, by in _windows(enqueue, completions, flags):
+        out[i] = Gap(hi - at, at - enqueue[i], by)
     return out
 
 
@@ -107,12 +113,11 @@ def own_time(
     enqueue: Sequence[int], completions: Sequence[int], flags: Sequence[int]
 ) -> tuple[int, int]:
     """Own time and the span it was measured over (ns), over every consecutive pair of
-    entries with both times (``gaps``)."""
+    entries with both times (``gaps``, summed)."""
     own = span = 0
-    for g in gaps(enqueue, completions, flags):
-        if g is not None:
-            own += g.own_ns
-            span += g.own_ns + g.blocked_ns
+    for i, at, hi, _ in _windows(enqueue, completions, flags):
+        own += hi - at
+        span += hi - enqueue[i]
     return own, span
 
 
@@ -158,7 +163,7 @@ def _period(newest: list[int], agreement: float) -> int | None:
     return None
 
 
-WINDOW = 1024
+WINDOW = 512
 """Newest entries of a ring whose gaps are measured (the analysis and the digest alike)."""
 MAX_PEERS = 8
 """Point-to-point peers a ring summary keeps (a pipeline stage has two)."""

@@ -34,14 +34,15 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from statistics import median
+from typing import NamedTuple
 
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.timing.clocks import base_ns
 from flightrec.analysis.timing.stages import Stages, find_stages
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.activity import WINDOW, Gap, gaps, signature, step_period
+from flightrec.format.activity import WINDOW, gaps, own_time, signature, step_period
 
-SAMPLE = 32
+SAMPLE = 16
 """Ranks per stage whose own time sets the stage's typical value (evenly spread)."""
 MIN_KNOWN = 0.5
 """Share of a window's entries that must have a completion (recorded or inferred)."""
@@ -65,6 +66,16 @@ _SEND = pb.SEND
 _ASYNC = pb.ASYNC_OP
 _COMPLETED = pb.COMPLETED
 _MAD_SIGMA = 1.4826
+
+
+class _Window(NamedTuple):
+    """A rank's newest entries as the own-time measure takes them."""
+
+    first: int
+    """Position of the first one in its ring."""
+    enqueue: list[int]
+    completions: list[int]
+    flags: list[int]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +169,7 @@ class Activity:
     def __init__(self, m: Matched) -> None:
         self.m = m
         self._times: dict[int, RankTime | None] = {}
-        self._gaps: dict[int, tuple[int, list[Gap | None]]] = {}
+        self._inputs: dict[int, _Window | None] = {}
         self._completion: dict[tuple[str, int], int] = {}
         self._waited: dict[int, Counter[int]] = {}
 
@@ -174,13 +185,13 @@ class Activity:
         return len({d.header.hostname for d in self.m.run.dumps.values()}) <= 1
 
     # -- one rank ---------------------------------------------------------------------------
-    def _window(self, rank: int) -> tuple[int, list[Gap | None]] | None:
-        """First position of the rank's window and its gaps; None when its times cannot
+    def _window(self, rank: int) -> _Window | None:
+        """The rank's newest entries, with their completions; None when its times cannot
         be measured."""
-        if rank in self._gaps:
-            return self._gaps[rank]
+        if rank in self._inputs:
+            return self._inputs[rank]
         d = self.m.run.dumps.get(rank)
-        out: tuple[int, list[Gap | None]] | None = None
+        out: _Window | None = None
         if d is not None and len(d) >= 3:
             first = max(0, len(d) - WINDOW)
             e = d.dump.entries
@@ -188,9 +199,8 @@ class Activity:
             comp = self._completions(rank, first)
             known = sum(1 for c in comp if c)
             if comp and known >= MIN_KNOWN * len(comp) and any(enq):
-                out = (first, gaps(enq, comp, list(e.flags[first:])))
-        if out is not None:
-            self._gaps[rank] = out
+                out = _Window(first, enq, comp, list(e.flags[first:]))
+        self._inputs[rank] = out
         return out
 
     def _completions(self, rank: int, first: int) -> list[int]:
@@ -285,17 +295,15 @@ class Activity:
         got: RankTime | None = None
         w = self._window(rank)
         if w is not None:
-            first, gs = w
-            own = sum(g.own_ns for g in gs if g is not None)
-            span = sum(g.own_ns + g.blocked_ns for g in gs if g is not None)
+            own, span = own_time(w.enqueue, w.completions, w.flags)
             if span > 0:
                 d = self.m.dump(rank)
                 got = RankTime(
                     rank,
                     own,
                     span,
-                    len(gs) + 1,
-                    step_period(self._signature(rank, first)),
+                    len(w.enqueue),
+                    step_period(self._signature(rank, w.first)),
                     not d.completion_times,
                 )
         self._times[rank] = got
@@ -362,11 +370,10 @@ class Activity:
         out: Counter[int] = Counter()
         w = self._window(rank)
         if w is not None:
-            first, gs = w
-            for g in gs:
+            for g in gaps(w.enqueue, w.completions, w.flags):
                 if g is None or g.released_by < 0 or g.blocked_ns <= 0:
                     continue
-                holder = self._holder(rank, first + g.released_by)
+                holder = self._holder(rank, w.first + g.released_by)
                 if holder is not None and holder != rank:
                     out[holder] += g.blocked_ns
         self._waited[rank] = out
