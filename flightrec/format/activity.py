@@ -46,15 +46,18 @@ class Gap(NamedTuple):
 
 
 def releases(
-    completions: Sequence[int], flags: Sequence[int], sends: bool = False
-) -> list[tuple[int, int]]:
-    """(completion, index) of the completed entries, sorted: asynchronous sends alone
-    (``sends``), or every other one."""
-    return sorted(
-        (c, i)
-        for i, (c, f) in enumerate(zip(completions, flags, strict=True))
-        if c and (f & _ASYNC_SEND == _ASYNC_SEND) == sends
-    )
+    completions: Sequence[int], flags: Sequence[int]
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(completion, index) of the completed entries, each list sorted: every one but the
+    asynchronous sends, and the asynchronous sends."""
+    done: list[tuple[int, int]] = []
+    sent: list[tuple[int, int]] = []
+    for i, (c, f) in enumerate(zip(completions, flags, strict=True)):
+        if c:
+            (sent if f & _ASYNC_SEND == _ASYNC_SEND else done).append((c, i))
+    done.sort()
+    sent.sort()
+    return done, sent
 
 
 def _latest(done: list[tuple[int, int]], times: list[int], lo: int, hi: int, i: int) -> int:
@@ -70,9 +73,8 @@ def _windows(
 ) -> Iterator[tuple[int, int, int, int]]:
     """Per consecutive pair of entries with both enqueue times: (i, start of own time, its
     end, releasing entry or -1); the definition ``gaps`` and ``own_time`` share."""
-    done = releases(completions, flags)
+    done, sent = releases(completions, flags)
     times = [c for c, _ in done]
-    sent = releases(completions, flags, sends=True)
     sent_times = [c for c, _ in sent]
     for i in range(len(enqueue) - 1):
         lo, hi = enqueue[i], enqueue[i + 1]

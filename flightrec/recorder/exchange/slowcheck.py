@@ -31,7 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from flightrec.format.activity import ring_activity, signature
+from flightrec.format.activity import WINDOW, ring_activity, signature
 from flightrec.format.digest import MAX_GROUPS, MAX_PER_GROUP, Digest, GroupDigest, encode
 from flightrec.format.slot import COMPLETED, SLOT
 from flightrec.recorder.exchange.store import DEFAULT_NAMESPACE, own_connection
@@ -100,12 +100,13 @@ def make_digest(
     made.sort(key=lambda x: -x[0])
     chosen = tuple(g for _, g in made[:MAX_GROUPS])
     slots.sort(key=lambda v: v[0])
+    newest = slots[-WINDOW:]  # (what ring_activity measures)
     activity = ring_activity(
-        [v[1] for v in slots],
-        [v[2] if v[3] == COMPLETED else 0 for v in slots],
-        [v[15] for v in slots],
-        [signature(v[7], v[6], v[15], v[9]) for v in slots],
-        [v[9] for v in slots],
+        [v[1] for v in newest],
+        [v[2] if v[3] == COMPLETED else 0 for v in newest],
+        [v[15] for v in newest],
+        [signature(v[7], v[6], v[15], v[9]) for v in newest],
+        [v[9] for v in newest],
     )
     return Digest(rank, world_size, taken_ns, host, device, chosen, activity)
 
