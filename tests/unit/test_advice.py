@@ -67,7 +67,7 @@ def test_a_ring_that_wrapped_past_the_collective_lowers_the_confidence() -> None
     first = analyze(job.run()).findings[0]
     assert (first.kind, first.ranks, first.seq) == (FindingKind.MISMATCH, (3,), 2)
     assert first.advice is not None and first.advice.action is Action.FIX_CODE
-    assert first.advice.lowered_by == ("the rings of rank 0 wrapped past all_reduce #2",)
+    assert first.advice.lowered_by == ("the ring of rank 0 wrapped past all_reduce #2",)
     assert first.advice.confidence == "medium"
 
 

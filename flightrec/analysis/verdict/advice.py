@@ -100,7 +100,8 @@ def _lowered(m: Matched, f: Finding) -> tuple[list[str], bool]:
             if r in info.ranks and p.first_in_ring > f.seq and r in run.dumps
         )
         if wrapped:
-            out.append(f"the rings of {ranks_phrase(wrapped)} wrapped past {f.op or 'it'} #{f.seq}")
+            rings = "the ring of" if len(wrapped) == 1 else "the rings of"
+            out.append(f"{rings} {ranks_phrase(wrapped)} wrapped past {f.op or 'it'} #{f.seq}")
     p2p = f.kind is FindingKind.P2P_UNMATCHED or f.kind is FindingKind.P2P_DEADLOCK
     if p2p and any(set(pair[1:]) & set(f.ranks) for pair in m.transfers.unjudged):
         out.append("transfers of wrapped rings could not be lined up")
