@@ -69,6 +69,7 @@ KINDS: dict[FindingKind, KindSpec] = {
         KindSpec(FindingKind.P2P_DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, ("p2p_deadlock",), Action.FIX_CODE, False),
         KindSpec(FindingKind.DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, (), Action.FIX_CODE, False),
         KindSpec(FindingKind.STUCK, "stuck", 0, True, False, False, False, True, True, False, False, (), Action.RESTART, False),
+        KindSpec(FindingKind.STACK_HANG, "stacks", 0, True, False, False, False, False, True, False, False, (), Action.RESTART, False),
         KindSpec(FindingKind.P2P_UNMATCHED, "p2p", 1, False, True, False, False, True, True, False, False, (), Action.FIX_CODE, False),
         KindSpec(FindingKind.DESYNC, "desync", 2, False, True, False, True, True, True, False, False, (), Action.FIX_CODE, False),
         KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, False, ("straggler", "slow_worker"), Action.RESTART, True),

@@ -9,7 +9,8 @@ ones returned, so what a stage reads is in its arguments and nothing depends on 
                    missing dumps, crashes
     arbitration    the ends of the wait-for graph weighed with the mismatches
                    (``rootcause.root_causes``): not_arrived, dead_rank, missing_dump,
-                   p2p_deadlock, deadlock, stuck, mismatch
+                   p2p_deadlock, deadlock, stuck, mismatch; stack_hang where the dumps
+                   are stacks alone (``flightrec attach``)
     refinements    crashes placed, consequences folded, skipped calls, waits below timeout,
                    what to do next (``advice.advise``)
 
@@ -41,6 +42,7 @@ from flightrec.analysis.findings.mismatch import find_mismatches
 from flightrec.analysis.findings.not_arrived import find_quiet_missing
 from flightrec.analysis.findings.p2p import find_unmatched
 from flightrec.analysis.findings.slow_stage import find_slow_stages
+from flightrec.analysis.findings.stacks import find_stack_hangs
 from flightrec.analysis.findings.straggler import StragglerOptions, find_stragglers
 from flightrec.analysis.findings.stuck import find_unstarted
 from flightrec.analysis.matching.matching import Matched
@@ -124,6 +126,8 @@ def diagnose(m: Matched, clocks: Clocks, workers: int = 1) -> Diagnosis:
         # A second fault in a collective someone never entered: members whose GPU never
         # started it while other members' GPUs are inside it.
         findings += find_unstarted(m, wait_graph, blamed_by(findings))
+        # Snapshots taken from outside with stacks and no ring: where each rank stands.
+        findings += find_stack_hangs(m)
         # Sends and receives that never paired, where nobody is blocked on them.
         findings += find_unmatched(m, wait_graph.graph)
         # Groups out of step that no root cause or mismatch explains.

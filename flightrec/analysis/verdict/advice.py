@@ -45,6 +45,8 @@ _WHY: dict[FindingKind, str] = {
     FindingKind.DEADLOCK: "ranks wait on each other in a cycle of collectives",
     FindingKind.STUCK: "the collective is stuck on the GPUs, in NCCL or the network: no rank "
     "is missing or wrong",
+    FindingKind.STACK_HANG: "{who} stopped outside the collective the others wait in (read from "
+    "their stacks alone)",
     FindingKind.P2P_UNMATCHED: "sends and receives do not pair up",
     FindingKind.DESYNC: "a group's ranks issued different numbers of collectives (uneven data, "
     "a loop left early)",
@@ -80,6 +82,8 @@ def _action(f: Finding) -> tuple[Action, str]:
         return Action.FIX_CODE, "rank 0's extra work between steps holds the others up"
     if f.kind is FindingKind.STUCK and f.ranks:
         return Action.RESTART, f"{who}'s GPU stopped completing work"
+    if f.kind is FindingKind.STACK_HANG and not f.ranks:
+        return Action.RESTART, "the stacks alone cannot tell which rank holds the others up"
     return KINDS[f.kind].action, _WHY[f.kind].format(who=who)
 
 
@@ -121,6 +125,9 @@ def _lowered(m: Matched, f: Finding) -> tuple[list[str], bool]:
             out.append("the dumps record no completion times: taken from the ranks' arrivals")
         if isinstance(ev, StragglerEvidence) and ev.confidence == "low":
             low = True
+    if f.kind is FindingKind.STACK_HANG:
+        out.append("read from stacks alone, without the operations' ring")
+        low = low or not f.ranks
     if f.below_timeout is not None:
         out.append(
             f"the longest wait ({f.below_timeout.longest_wait_s:.1f} s) is shorter than the "
