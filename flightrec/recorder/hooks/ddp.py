@@ -1,20 +1,24 @@
-"""DistributedDataParallel: its gradient all-reduces, recorded by PyTorch's recorder or by a hook.
+"""DistributedDataParallel: its gradient all-reduces, recorded by a hook of flightrec's.
 
 DDP's reducer issues its bucket all-reduces from C++, where no Python wrapper sees them.
-PyTorch's own recorder (on by default, merged into every dump by ``native.merge``) records them
-inside the ProcessGroup, so by default flightrec leaves DDP alone: any Python communication
-hook costs DDP steps (about 6% on a small 4-rank gloo model, an untraced hook as much as
-ours), since every bucket takes the GIL on the backward pass and again on the backend's thread.
-The groups of those models are remembered (``bucket_groups``) so that a dump labels the
-reducer's all-reduces as DDP gradient buckets.
-
-Where PyTorch's recorder is off (``Config.wants_ddp_hook``; FLIGHTREC_DDP_HOOK=1 forces it),
+PyTorch's own recorder (on by default, merged into every dump by ``native.merge``) records
+them inside the ProcessGroup, but on gloo with no completion time, and a failed one reads
+like a finished one: a hang inside a bucket all-reduce then shows in no pending-operation
+metric, the slow check has no times to compare, and the watchdog sees it only once torch's
+counters stand still. So by default (``Config.ddp_hook``; FLIGHTREC_DDP_HOOK=0 turns it off)
 flightrec registers a communication hook at the model's first forward that does exactly what
 DDP's default does (divide the bucket by the group size, all-reduce it, hand the result back)
 but through ``torch.distributed.all_reduce``, which the recorder wraps: each bucket becomes an
 ordinary ``all_reduce`` entry with the bucket's flat size and dtype and the ``DDP_BUCKET`` flag,
 numbered on the DDP group's own counter like every other collective, with a stack that runs
-through autograd up to the user's ``backward()`` call, and a completion time on gloo too.
+through autograd up to the user's ``backward()`` call, and a completion time (or its failure)
+on gloo too.
+
+What it costs: any Python communication hook takes the GIL once per bucket on the backward
+pass and again on the backend's thread when the all-reduce completes (an untraced Python hook,
+torch's own ``allreduce_hook``, costs about as much as ours); per-bucket figures in
+docs/benchmarks.md ("DDP"). With the hook off, the groups of DDP models are remembered
+(``bucket_groups``) so that a dump labels the reducer's all-reduces as DDP gradient buckets.
 
 It waits for the first forward because DDP accepts only one hook: a user who registers their
 own hook (or a built-in one) before that keeps theirs, and the model's gradient all-reduces
@@ -135,8 +139,9 @@ class DDPHooks:
         Args:
             enabled: whether tracing is on (models built while it is off are left alone).
             flagged: gives the recorded all_reduce the hook calls (None: plain all_reduce).
-            python_hook: register the Python hook; False leaves DDP's C++ hook, whose all-reduces
-                PyTorch's recorder sees, and remembers the model's group for their label.
+            python_hook: register the Python hook (the default); False leaves DDP's C++ hook,
+                whose all-reduces PyTorch's recorder sees, and remembers the model's group for
+                their label.
         """
         global _flagged
         if self.installed:
