@@ -23,6 +23,7 @@ some tens of thousands of ranks the interval should grow with the job (docs/slow
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -150,6 +151,11 @@ class SlowCheck:
     def _run(self) -> None:
         first = 0.0
         failures = 0
+        # Connected now, while the store is surely there: a first connection opened at a
+        # check as the job ends (its store's host gone) would keep this thread inside torch's
+        # client when the interpreter exits. A failure here is retried at the first check.
+        with contextlib.suppress(Exception):
+            self._connection()
         while not self._stop.is_set():
             now = time.time()
             at = (int(max(now, first) / self.interval_s) + 1) * self.interval_s

@@ -22,7 +22,9 @@ outside client connected to MASTER_ADDR:MASTER_PORT sees the same keys as the wo
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -119,13 +121,30 @@ def connect(host: str, port: int, timeout_s: float = 5.0) -> Any:
     )
 
 
-def own_connection(store: Any) -> Any:
-    """A connection of our own to ``store``, so a blocked request never stalls torch's client."""
-    try:
-        return store.clone()
-    except Exception:
-        host, port = getattr(store, "host", ""), getattr(store, "port", 0)
-        return connect(host, port) if host else store
+CONNECT_S = 10.0
+"""Longest a connection of flightrec's own takes to open. A clone of torch's client would
+retry for the store's own timeout (the process group's: 30 minutes by default) when the
+store's host is gone, with a thread of ours, or the exit path, waiting on it."""
+
+
+def own_connection(store: Any, timeout_s: float = CONNECT_S) -> Any:
+    """A connection of our own to ``store``, so a blocked request never stalls torch's client;
+    opening it waits ``timeout_s`` at most. Requests on it keep the store's own timeout."""
+    host, port = getattr(store, "host", ""), getattr(store, "port", 0)
+    if not host or not port:  # not a TCPStore: as torch would open another client
+        try:
+            return store.clone()
+        except Exception:
+            return store
+    # A store whose host is gone refuses at once, where torch's client retries until its
+    # timeout, printing a C++ stack trace into the job's log at each try: a plain TCP
+    # connection first (the store's server takes it, and its close, without a word).
+    with socket.create_connection((host, port), timeout=timeout_s):
+        pass
+    conn = connect(host, port, timeout_s)
+    with contextlib.suppress(Exception):
+        conn.set_timeout(store.timeout)
+    return conn
 
 
 def ring(store: Any, namespace: str, world_size: int, skip: int = -1) -> None:

@@ -44,6 +44,7 @@ from flightrec.format.progress import encode_progress, progress
 from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
 from flightrec.recorder.exchange.store import (
+    CONNECT_S,
     DEFAULT_NAMESPACE,
     RANK_DIED,
     ROUND_REASONS,
@@ -66,6 +67,8 @@ whose request reached this rank's request thread just before its own SIGTERM did
 MAX_CLAIM_TRIES = 16
 CLOSED = "!"
 """Appended to the reporter's rank once it prints: the round takes no further reporter."""
+EXIT_CONNECT_S = 2.0
+"""Longest the exit path waits to open this exchange's connection (``after_exit``)."""
 LOOK_EVERY_NS = 1_000_000_000
 """How often ``tick`` looks for an operation pending long enough to load the reporter."""
 
@@ -326,13 +329,15 @@ class Exchange:
 
     def after_exit(self) -> None:
         """This process ends cleanly (its default group is being destroyed, or it exits): say
-        so, once, so that a hang among the ranks still running names it as exited."""
+        so, once, so that a hang among the ranks still running names it as exited. On the
+        job's own exit path: a store whose host is gone costs ``EXIT_CONNECT_S`` at most."""
         if self._left or self.store_gone:
             return
         self._left = True
         try:
             with self._lock:
-                self._connection().append(left_key(self.namespace, self.restart), f"{self.rank},")
+                store = self._connection(EXIT_CONNECT_S)
+                store.append(left_key(self.namespace, self.restart), f"{self.rank},")
         except Exception as exc:
             self._warn(exc)
 
@@ -447,9 +452,9 @@ class Exchange:
         except Exception as exc:  # the reporter must not raise; if it does, one line
             log.warning("flightrec: could not print the verdict: %s", exc)
 
-    def _connection(self) -> Any:
+    def _connection(self, timeout_s: float = CONNECT_S) -> Any:
         if self._store is None:
-            self._store = own_connection(self._poller.connection_source())
+            self._store = own_connection(self._poller.connection_source(), timeout_s)
         return self._store
 
     @property
