@@ -101,3 +101,27 @@ def test_the_peers_an_extra_all_reduce_broke_are_folded_under_it(tmp_path: Path,
     assert not [f for f in report["findings"][1:] if f["kind"] == "dead_rank"], report["findings"]
     dead = {r for x in first["explains"] for r in x["ranks"] if x["kind"] == "dead_rank"}
     assert dead and 3 not in dead, (first["explains"], out)
+
+
+def test_after_a_trigger_the_hang_the_watchdog_declared_is_the_verdict(tmp_path: Path) -> None:
+    """``flightrec trigger`` while the others have waited a moment (under the 15 s timeout),
+    then the watchdog declares the hang: the default analysis describes the declared hang,
+    not the trigger's snapshot (low confidence, below the timeout)."""
+    from tests.integration.test_live_workflows import flightrec as cli
+    from tests.integration.test_live_workflows import wait_for_marker, wait_for_text
+
+    env = {"FLIGHTREC_TIMEOUT": "15"}
+    args = ["stall", "--culprit", "2", "--pg-timeout", "120"]
+    with start_job("ddp_job.py", args, env=env, launch="torchrun", workdir=tmp_path) as job:
+        wait_for_marker(job, "WAITING", 3)
+        triggered = cli("trigger", "--host", "127.0.0.1", "--port", str(job.port))
+        assert triggered.returncode == 0, (triggered.stdout, triggered.stderr)
+        out = wait_for_text(job, "Dumps (on each rank's host)", 90)
+        assert "Verdict: not_arrived" in out, out
+    report = analyze(job)
+    first = report["findings"][0]
+    assert (first["kind"], first["ranks"]) == ("not_arrived", [2]), report["findings"]
+    assert "low confidence" not in first["summary"] and "below_timeout" not in first, first
+    assert not any("CLI_TRIGGER dump at" in n for n in report["notes"]), report["notes"]
+    reasons = {p.name.rsplit("-", 1)[1].split(".")[0] for p in job.dump_files()}
+    assert {"cli_trigger", "watchdog_timeout"} <= reasons, reasons
