@@ -83,6 +83,21 @@ def test_torchs_own_timeout_first_still_names_the_rank_that_never_arrived(
     assert first["consequences"][0]["ended_ranks"] == [0, 1, 3]
     folded = {r for x in first["explains"] for r in x["ranks"] if x["kind"] == "dead_rank"}
     assert folded == {0, 1, 3}, first["explains"]
+    # What a user sees next: the progress table lists no rank whose dump the panel lists as
+    # having none, the HTML says what the terminal says, and show counts what it shows.
+    assert "no dump:" not in out, out
+    page = tmp_path / "report.html"
+    assert flightrec("analyze", job.dump_dir, "--html", page).returncode == 1
+    html = page.read_text()
+    assert "waited in DDP gradient-bucket all_reduce" in html and "then died" in html
+    assert "ranks 0-1,3 wait in" not in html
+    exit_dump = next(p for p in job.dump_files() if "rank00001" in p.name and "exit" in p.name)
+    shown = flightrec("show", exit_dump, env={"COLUMNS": "200"}).stdout
+    assert "(0 recorded)" not in shown, shown
+    if hook == "0":  # the buckets came from PyTorch's recorder: no record id of flightrec's
+        assert "entries from PyTorch's recorder" in shown, shown
+    helped = flightrec("analyze", "-h", env={"COLUMNS": "200"}).stdout
+    assert "pip install 'torch-flightrec[s3]'" in helped, helped
 
 
 @pytest.mark.parametrize("hook", ["", "0"])
@@ -100,7 +115,7 @@ def test_the_peers_an_extra_all_reduce_broke_are_folded_under_it(tmp_path: Path,
     assert f"scripts/ddp_job.py:{METRIC_LINE}" in first["summary"], first["summary"]
     assert not [f for f in report["findings"][1:] if f["kind"] == "dead_rank"], report["findings"]
     dead = {r for x in first["explains"] for r in x["ranks"] if x["kind"] == "dead_rank"}
-    assert dead and 3 not in dead, (first["explains"], out)
+    assert dead - {3}, (first["explains"], out)  # its peers' deaths (its own, when gloo aborted it)
 
 
 def test_after_a_trigger_the_hang_the_watchdog_declared_is_the_verdict(tmp_path: Path) -> None:

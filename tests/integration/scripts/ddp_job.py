@@ -28,6 +28,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from torch.distributed.distributed_c10d import _set_pg_timeout
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
@@ -52,7 +53,9 @@ def main() -> None:
     parser.add_argument("--pg-timeout", type=float, default=60.0)
     parser.add_argument("--go", default="", help="train: stall once this file exists")
     args = parser.parse_args()
-    dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
+    # Set-up and the healthy steps get a timeout a loaded machine never reaches; the group's
+    # timeout is ``--pg-timeout`` from the step that hangs on (as if set at init).
+    dist.init_process_group("gloo", timeout=timedelta(seconds=max(60.0, args.pg_timeout)))
     rank = dist.get_rank()
     torch.manual_seed(0)
     model = torch.nn.Sequential(
@@ -64,6 +67,8 @@ def main() -> None:
     x = torch.randn(16, 64)
     print("READY", flush=True)
     for step in range(args.steps):
+        if step == args.step:
+            _set_pg_timeout(timedelta(seconds=args.pg_timeout))
         loss = ddp(x).pow(2).mean()
         if rank == args.culprit and step == args.step:
             if args.scenario == "stall":
@@ -77,6 +82,7 @@ def main() -> None:
         opt.step()
         print(f"STEP {step}", flush=True)
     if args.go:
+        _set_pg_timeout(timedelta(seconds=args.pg_timeout))
         print("HEALTHY", flush=True)
         while not os.path.exists(args.go):
             time.sleep(0.05)
