@@ -201,6 +201,7 @@ class Runtime:
                 lambda: self.recorder.enabled,
                 lambda: self.hooks.ddp_all_reduce,
                 python_hook=self.config.ddp_hook,
+                completion=lambda: self.recorder.tracker if self.recorder.enabled else None,
             )
         except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
             log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)

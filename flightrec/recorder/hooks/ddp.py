@@ -29,8 +29,10 @@ hooks such as PowerSGD do; the built-in C++ hooks do not). Mixed-precision DDP i
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from flightrec.format.builder import DDP_BUCKET as DDP_BUCKET_FLAG
 
@@ -67,6 +69,19 @@ _flagged: Callable[[], Any] = _no_flagged
 (``Hooks.ddp_all_reduce``), None when tracing is off; set by ``DDPHooks.install``."""
 
 
+class Completion(Protocol):
+    """How the hook settles its bucket's entry itself (``completion.Tracker``)."""
+
+    def adopting(self) -> AbstractContextManager[list[int]]: ...
+
+    def settler(self, rids: list[int]) -> Callable[[Any], None]: ...
+
+
+_completion: Callable[[], Completion | None] = _no_flagged
+"""Returns the recorder's completion tracker, None when tracing is off; set by
+``DDPHooks.install``."""
+
+
 def _all_reduce() -> Any:
     import torch.distributed as dist
 
@@ -98,16 +113,31 @@ def ddp_allreduce_passthrough_recorded_by_flightrec(process_group: Any, bucket: 
     group: Any = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())
-    work = _all_reduce()(tensor, group=group, async_op=True)
-    return work.get_future().then(ddp_bucket_result_passed_through_unchanged)
+    completion = _completion()
+    if completion is None:
+        work = _all_reduce()(tensor, group=group, async_op=True)
+        return work.get_future().then(ddp_bucket_result_passed_through_unchanged)
+    with completion.adopting() as rids:
+        work = _all_reduce()(tensor, group=group, async_op=True)
+    fut = work.get_future()
+    if not rids:  # not recorded (or on a GPU: the watchdog polls it)
+        return fut.then(ddp_bucket_result_passed_through_unchanged)
+    settle = completion.settler(rids)
+    return fut.then(functools.partial(ddp_bucket_result_passed_through_unchanged, settle=settle))
 
 
-def ddp_bucket_result_passed_through_unchanged(fut: Any) -> Any:
-    """Hand DDP the reduced bucket, exactly as DDP's default hook does.
+def ddp_bucket_result_passed_through_unchanged(
+    fut: Any, settle: Callable[[Any], None] | None = None
+) -> Any:
+    """Hand DDP the reduced bucket, exactly as DDP's default hook does (first marking the
+    bucket's entry completed or failed, where flightrec's tracker left that to this callback:
+    one callback per bucket on the backend's thread, not two).
 
     An error raised here (a timeout, a closed connection) is the gradient all-reduce's own,
     reported by torch when DDP waits for it; flightrec only recorded the call.
     """
+    if settle is not None:
+        settle(fut)  # (never raises)
     return fut.value()[0]
 
 
@@ -133,6 +163,7 @@ class DDPHooks:
         enabled: Callable[[], bool],
         flagged: Callable[[], Any] = _no_flagged,
         python_hook: bool = True,
+        completion: Callable[[], Completion | None] = _no_flagged,
     ) -> None:
         """Wrap DDP's constructor and hook registration (no-op when DDP is unavailable).
 
@@ -142,11 +173,13 @@ class DDPHooks:
             python_hook: register the Python hook (the default); False leaves DDP's C++ hook,
                 whose all-reduces PyTorch's recorder sees, and remembers the model's group for
                 their label.
+            completion: gives the recorder's completion tracker (None: the tracker follows
+                the bucket's work with a callback of its own).
         """
-        global _flagged
+        global _flagged, _completion
         if self.installed:
             return
-        _flagged = flagged
+        _flagged, _completion = flagged, completion
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except Exception:  # torch.nn is still loading (tracing starts inside `import torch`)
