@@ -7,6 +7,11 @@ connection and thread that a traced rank has. Two modes:
   poll     what flightrec did before issue 17, kept here for the comparison: every rank reads
            the request counter every 0.25 s on a connection of its own.
   current  ``flightrec.recorder.exchange.store.Poller`` as the recorder runs it.
+  request  what one dump request costs the store server at ``--ranks`` ranks: ringing a
+           doorbell key per rank in one ``multi_set`` (the design before issue 50), the same
+           in pieces of 1,024 keys, and the current design (one description key every rank
+           waits on: the server writes one byte to each waiting connection; measured with up
+           to ``--connections`` waiting connections, and per connection).
   exchange the verdict's exchange end to end: each rank also has the recorder's ``Exchange``
            with its dump of a simulated hang (``flightrec simulate``'s tp=8,pp=8 stall); a
            request makes every rank publish its summary and progress record, and the lowest
@@ -47,6 +52,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # noqa: E402
 
 from flightrec.recorder.exchange import store as channel  # noqa: E402
+from flightrec.recorder.exchange import wire  # noqa: E402
+from flightrec.recorder.exchange.keys import Keys  # noqa: E402
 
 NAMESPACE = "bench"
 SERVER = """
@@ -95,19 +102,18 @@ class OldPoller:
     def __init__(self, store: Any, on_request: Callable[[int, int, str], None]) -> None:
         self._store = store.clone()
         self._on_request = on_request
-        self._key = channel.request_key(NAMESPACE)
-        self._seen = int(self._store.add(self._key, 0))
+        self._keys = Keys(NAMESPACE)
+        self._seen = channel.first_free(self._store, self._keys, 0) - 1
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(0.25):
-            current = int(self._store.add(self._key, 0))
-            if current > self._seen:
-                n, self._seen = self._seen + 1, current
-                rank, reason = channel.read_request(self._store, NAMESPACE, n)
-                self._on_request(n, rank, reason)
+            if self._store.check([self._keys.request(self._seen + 1)]):
+                self._seen += 1
+                rank, reason = channel.read_request(self._store, self._keys, self._seen)
+                self._on_request(self._seen, rank, reason)
 
     def stop(self, wait_s: float = 0.0) -> None:
         self._stop.set()
@@ -125,10 +131,7 @@ def start_ranks(mode: str, ranks: int, port: int, answered: dict[int, list[float
 
         if mode == "poll":
             return OldPoller(base, on_request)
-        try:
-            return channel.Poller(base, NAMESPACE, on_request, rank=r, world_size=ranks)
-        except TypeError:  # the recorder before issue 17 (for the "before" figure)
-            return channel.Poller(base, NAMESPACE, on_request)
+        return channel.Poller(base, NAMESPACE, on_request, rank=r, world_size=ranks)
 
     # A TCPStore connection takes about 0.2 s to set up (ranks make theirs in parallel).
     with ThreadPoolExecutor(128) as pool:
@@ -152,7 +155,7 @@ def run(mode: str, ranks: int, seconds: float, requests: int) -> None:
     client = channel.connect("127.0.0.1", server.port)  # as ``flightrec trigger`` connects
     for _ in range(requests):
         posted = time.monotonic()
-        n = channel.post_request(client, NAMESPACE, -1, "CLI_TRIGGER")
+        n = channel.post_request(client, Keys(NAMESPACE), -1, "CLI_TRIGGER")
         deadline = posted + 10
         while len(answered.get(n, ())) < ranks and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -259,7 +262,7 @@ def run_exchange(ranks: int, requests: int, connected: bool) -> None:
     posts: dict[int, float] = {}
     for _ in range(requests):
         posted = time.monotonic()
-        n = channel.post_request(trigger, NAMESPACE, -1, "CLI_TRIGGER")
+        n = channel.post_request(trigger, Keys(NAMESPACE), -1, "CLI_TRIGGER")
         posts[n] = posted
         deadline = posted + GATHER_S + 20
         while n not in texts and time.monotonic() < deadline:
@@ -294,13 +297,72 @@ def run_exchange(ranks: int, requests: int, connected: bool) -> None:
     server.close()
 
 
+def _server_cpu(server: Server, action: Callable[[], Any], probe: Any) -> float:
+    """Server CPU seconds of ``action``, up to the server's answer to one read after it."""
+    _, cpu0 = server.counters()
+    action()
+    probe.check(["-"])  # answered once everything sent before it is taken in
+    return server.counters()[1] - cpu0
+
+
+def run_request(ranks: int, connections: int) -> None:
+    """One dump request's cost at the server, three ways (see the module docstring)."""
+    for how in ("doorbells, one multi_set", "doorbells, pieces of 1,024", "one key, waited on"):
+        server = Server()
+        try:
+            print(
+                f"request {ranks:6d} ranks, {how}: {_request_cost(server, how, ranks, connections)}",
+                flush=True,
+            )
+        finally:
+            server.close()
+
+
+def _request_cost(server: Server, how: str, ranks: int, connections: int) -> str:
+    keys = Keys(NAMESPACE)
+    poster = wire.WireStore("127.0.0.1", server.port, 600)
+    bells = [f"{keys.requests}/bell/{r}" for r in range(ranks)]
+    ones = ["1"] * ranks
+    if how == "doorbells, one multi_set":
+        return f"{_server_cpu(server, lambda: poster.multi_set(bells, ones), poster):.3f} s"
+    if how == "doorbells, pieces of 1,024":
+
+        def pieces() -> None:
+            for i in range(0, ranks, 1024):
+                poster.multi_set(bells[i : i + 1024], ones[i : i + 1024])
+
+        return f"{_server_cpu(server, pieces, poster):.3f} s"
+    waiting = min(ranks, connections)
+    socks = []
+    for _ in range(waiting):
+        sock = channel.answered_connection("127.0.0.1", server.port, 5.0, tries=5).socket
+        sock.sendall(wire.encode_wait([keys.request(1)]))
+        socks.append(sock)
+    time.sleep(1.0)
+    cpu = _server_cpu(server, lambda: channel.post_request(poster, keys, -1, "CLI_TRIGGER"), poster)
+    for sock in socks:
+        sock.recv(1)
+        sock.close()
+    per = cpu / waiting
+    return (
+        f"{cpu:.3f} s for {waiting} waiting connections ({1e6 * per:.1f} us each; "
+        f"{per * ranks:.2f} s for {ranks})"
+    )
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[1024])
     p.add_argument("--seconds", type=float, default=10.0, help="steady-state measurement")
     p.add_argument("--requests", type=int, default=3)
     p.add_argument(
-        "--mode", nargs="+", default=["poll", "current"], choices=["poll", "current", "exchange"]
+        "--connections", type=int, default=4096, help="request mode: waiting connections at most"
+    )
+    p.add_argument(
+        "--mode",
+        nargs="+",
+        default=["poll", "current"],
+        choices=["poll", "current", "exchange", "request"],
     )
     p.add_argument(
         "--cold",
@@ -315,6 +377,8 @@ def main() -> None:
         for mode in args.mode:
             if mode == "exchange":
                 run_exchange(ranks, args.requests, not args.cold)
+            elif mode == "request":
+                run_request(ranks, args.connections)
             else:
                 run(mode, ranks, args.seconds, args.requests)
 

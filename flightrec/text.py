@@ -54,8 +54,28 @@ def compress(ranks: Iterable[int]) -> str:
     return plain
 
 
-def ranks_phrase(ranks: Iterable[int]) -> str:
-    """``rank 2`` or ``ranks 0-1,3``."""
+def ranks_phrase(ranks: Iterable[int], max_chars: int = 0) -> str:
+    """``rank 2`` or ``ranks 0-1,3``.
+
+    Args:
+        max_chars: when above 0, the phrase is at most this long (unless that leaves no room
+            for one run): the first runs, then how many more there are
+            (``ranks 0-5,9,12 and 1,021 more of 1,031``).
+    """
     ordered = sorted(set(ranks))
     word = "rank" if len(ordered) == 1 else "ranks"
-    return f"{word} {compress(ordered)}"
+    text = f"{word} {compress(ordered)}"
+    if max_chars <= 0 or len(text) <= max_chars:
+        return text
+    total = len(ordered)
+    budget = max_chars - len(f"{word}  and {total:,} more of {total:,}")
+    shown: list[str] = []
+    used = count = 0
+    for a, b in _runs(ordered):
+        piece = str(a) if a == b else f"{a}-{b}"
+        if shown and used + 1 + len(piece) > budget:
+            break
+        shown.append(piece)
+        used += len(piece) + (1 if len(shown) > 1 else 0)
+        count += b - a + 1
+    return f"{word} {','.join(shown)} and {total - count:,} more of {total:,}"

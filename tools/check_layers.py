@@ -38,6 +38,9 @@ LAYERS: dict[str, frozenset[str]] = {
     "readers": frozenset({"format", BASE}),
     "analysis": frozenset({"readers", "format", BASE}),
     "report": frozenset({"analysis", "readers", "format", BASE}),
+    # `flightrec attach`: snapshots of a running job taken from outside; it writes dumps and
+    # reads torch's ring as a native dump, and never needs the analysis.
+    "attach": frozenset({"readers", "format", BASE}),
     # Writes dumps of made-up jobs and names the finding each fault must give.
     "simulate": frozenset({"analysis", "readers", "format", BASE}),
     # The verdict in the job's log: the one place where the recorder and the analysis meet,
@@ -48,7 +51,18 @@ LAYERS: dict[str, frozenset[str]] = {
         {"live", "recorder", "simulate", "report", "analysis", "readers", "format", BASE}
     ),
     CLI: frozenset(
-        {TOP, "live", "recorder", "simulate", "report", "analysis", "readers", "format", BASE}
+        {
+            TOP,
+            "live",
+            "recorder",
+            "attach",
+            "simulate",
+            "report",
+            "analysis",
+            "readers",
+            "format",
+            BASE,
+        }
     ),
 }
 """Each layer and the layers it may import (the closure is spelled out, not inferred)."""

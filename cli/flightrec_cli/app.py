@@ -24,7 +24,15 @@ EXIT_USAGE = 2
 
 
 # Subcommand modules under flightrec_cli.commands; each exposes `register(app)`.
-COMMANDS: tuple[str, ...] = ("simulate", "convert", "analyze", "show", "trigger", "doctor")
+COMMANDS: tuple[str, ...] = (
+    "simulate",
+    "convert",
+    "analyze",
+    "show",
+    "trigger",
+    "attach",
+    "doctor",
+)
 
 app = typer.Typer(
     name="flightrec",

@@ -63,6 +63,7 @@ KINDS: dict[FindingKind, KindSpec] = {
         KindSpec(FindingKind.P2P_DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, ("p2p_deadlock",)),
         KindSpec(FindingKind.DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, ()),
         KindSpec(FindingKind.STUCK, "stuck", 0, True, False, False, False, True, True, False, False, ()),
+        KindSpec(FindingKind.STACK_HANG, "stacks", 0, True, False, False, False, False, True, False, False, ()),
         KindSpec(FindingKind.P2P_UNMATCHED, "p2p", 1, False, True, False, False, True, True, False, False, ()),
         KindSpec(FindingKind.DESYNC, "desync", 2, False, True, False, True, True, True, False, False, ()),
         KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, False, ("straggler",)),

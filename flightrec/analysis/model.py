@@ -10,17 +10,25 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import re
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import ClassVar, Literal, TypeAlias
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.schema import ENTRY_COLUMNS
+from flightrec.format.threads import issuing_thread, where_thread
 from flightrec.format.view import DumpView, EntriesView, GroupView
-from flightrec.frames import is_library_file
+from flightrec.frames import (
+    FrameOrigin,
+    call_name,
+    called_index,
+    fallback_index,
+    origin_of,
+    user_index,
+    without_own_frames,
+)
 from flightrec.readers.scrub import scrub
 from flightrec.text import compress
 
@@ -49,6 +57,10 @@ class FindingKind(enum.StrEnum):
     """A rank arrives last at collective after collective; nothing hangs, everyone waits."""
     DESYNC = "desync"
     """Ranks of one group issued different numbers of collectives, and nobody waits."""
+    STACK_HANG = "stack_hang"
+    """From stacks alone (``flightrec attach`` on an untraced job): ranks outside any
+    collective, or in another one, while the others wait, still, in one; or no rank blamed
+    where the stacks cannot tell."""
 
 
 class Status(enum.StrEnum):
@@ -77,32 +89,32 @@ class FrameInfo:
     code: str = field(default="", compare=False)
     """The line's source text as the recording process read it (schema 1.1); "" when unknown.
     Not part of equality: a black box's frames (no text) equal a dump's frames of the same line."""
+    origin: FrameOrigin = field(
+        default=FrameOrigin.UNKNOWN, compare=False, metadata={"json": False}
+    )
+    """Whose code it is, as the recording process judged it (schema 1.6); ``UNKNOWN`` when the
+    dump does not say (``origin`` then judges it from the path)."""
+    called: str = field(default="", compare=False)
+    """For the user's line of a stack: the framework function it called on the way to the
+    collective (``Accelerator.gather``); "" when it called torch directly."""
 
     def where(self) -> str:
-        """``file:line`` with the file shortened to its last two path components."""
+        """``file:line`` with the file shortened to its last two path components, and the
+        framework call made there when there is one (``train.py:42 via Accelerator.gather``)."""
         parts = self.file.replace("\\", "/").split("/")
-        return f"{'/'.join(parts[-2:]) if len(parts) > 2 else self.file}:{self.line}"
+        at = f"{'/'.join(parts[-2:]) if len(parts) > 2 else self.file}:{self.line}"
+        return f"{at} via {self.called}" if self.called else at
 
-
-# flightrec's recorder itself (its package modules, the wrappers it compiles), and the stdlib
-# threading calls its handlers make: never where a rank is. Narrow on purpose: a user's
-# checkout in a folder named flightrec must not match.
-_RECORDER_FRAME = re.compile(r"^<flightrec |/flightrec/(recorder|format|readers)/[^/]+\.py$")
-_THREADING_FRAME = re.compile(r"/lib/python3\.\d+/threading\.py$")
+    def judged_origin(self) -> FrameOrigin:
+        """The recorded origin, else the one ``flightrec.frames`` gives its path here."""
+        return self.origin if self.origin is not FrameOrigin.UNKNOWN else origin_of(self.file)
 
 
 def without_recorder_frames(stack: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
     """``stack`` without a leading run of flightrec's own frames (and the ``threading`` calls
     its handlers make): dumps of older versions show them where the exit dump or a signal
     handler ran. Empty when nothing else is left: at exit, the program had returned."""
-    cut = 0
-    for i, frame in enumerate(stack):
-        file = frame.file.replace("\\", "/")
-        if _RECORDER_FRAME.search(file):
-            cut = i + 1
-        elif not _THREADING_FRAME.search(file):
-            return stack[cut:]
-    return () if cut else stack
+    return tuple(without_own_frames(stack, [f.file for f in stack], own_thread=False))
 
 
 def op_label(op: str, flags: int) -> str:
@@ -112,16 +124,24 @@ def op_label(op: str, flags: int) -> str:
 
 
 def is_library_frame(frame: FrameInfo) -> bool:
-    """True for frames of torch, flightrec or the standard library rather than user code."""
-    return is_library_file(frame.file)
+    """True for frames of torch, flightrec, the standard library or any installed package
+    rather than the user's code (``flightrec.frames``)."""
+    return frame.judged_origin() is not FrameOrigin.USER
 
 
 def user_frame(stack: Sequence[FrameInfo]) -> FrameInfo | None:
-    """The innermost frame that is user code; the innermost frame when all are library code."""
-    for frame in stack:
-        if not is_library_frame(frame):
-            return frame
-    return stack[0] if stack else None
+    """The innermost frame of the user's code, carrying in ``called`` the framework call it
+    made, if any; where the stack has no user frame, its innermost framework frame (the
+    framework's call into torch), else its innermost frame."""
+    origins = [f.judged_origin() for f in stack]
+    at = user_index(origins)
+    if at is None:
+        fallback = fallback_index(origins)
+        return None if fallback is None else stack[fallback]
+    callee = called_index(origins, [f.function for f in stack], at)
+    if callee is None:
+        return stack[at]
+    return replace(stack[at], called=call_name(stack[callee].file, stack[callee].function))
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,6 +213,12 @@ class ThreadInfo:
     is_main: bool
     holds_recorder: bool
     stack: tuple[FrameInfo, ...]
+    pid: int = 0
+    """The child process it runs in (a snapshot ``flightrec attach`` took); 0: the rank's own."""
+    still_ms: int = 0
+    """In a snapshot ``flightrec attach`` took: over how many ms its stack stayed the same."""
+    cpu_ms: int = 0
+    """In such a snapshot: the CPU time it used over those ``still_ms``."""
 
 
 _State: TypeAlias = (
@@ -205,6 +231,7 @@ _Caches: TypeAlias = "tuple[dict[int, FrameInfo], dict[int, tuple[FrameInfo, ...
 # mostly intern the same tables (a few dozen variants among 16,384 ranks), so each frame is
 # resolved once per variant, not once per rank. Per process, bounded.
 _SHARED_CACHES: dict[bytes, _Caches] = {}
+_ORIGINS = frozenset(o.value for o in FrameOrigin)
 _MAX_SHARED_CACHES = 1024
 
 
@@ -332,7 +359,10 @@ class RankDump:
         if f is None:
             raw = self.dump.frames[index]
             strings = self.dump.strings
-            f = FrameInfo(strings[raw.file], strings[raw.name], raw.line, strings[raw.code])
+            f = FrameInfo(
+                strings[raw.file], strings[raw.name], raw.line, strings[raw.code],
+                FrameOrigin(raw.origin) if raw.origin in _ORIGINS else FrameOrigin.UNKNOWN,
+            )  # fmt: skip
             self._frame_cache[index] = f
         return f
 
@@ -388,6 +418,9 @@ class RankDump:
                 self.stack(t.stack)
                 if t.name.startswith("flightrec-")
                 else without_recorder_frames(self.stack(t.stack)),
+                t.pid,
+                t.still_ms,
+                t.cpu_ms,
             )
             for t in self.dump.threads
         ]
@@ -395,15 +428,12 @@ class RankDump:
         return tuple(out)
 
     def current_stack(self) -> tuple[FrameInfo, ...]:
-        """Where the rank was at dump time: the main thread, else a thread in a collective."""
-        threads = self.threads()
-        for t in threads:
-            if t.is_main and t.stack:
-                return t.stack
-        for t in threads:
-            if t.holds_recorder and t.stack:
-                return t.stack
-        return threads[0].stack if threads else ()
+        """Where the rank was at dump time: the stack of the thread that issues its
+        collectives (``flightrec.format.threads``), the main thread's where they name none."""
+        d = self.dump
+        issuer = issuing_thread(d.entries.thread, d.strings)
+        thread = where_thread(self.threads(), issuer, lambda t: bool(t.stack))
+        return thread.stack if thread is not None else ()
 
     def wall_ns(self, mono_ns: int) -> int:
         """Convert this rank's monotonic ns to wall-clock ns using the header's anchor."""

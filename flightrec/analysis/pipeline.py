@@ -7,7 +7,8 @@ ones returned, so what a stage reads is in its arguments and nothing depends on 
                    straggler, quiet deaths and missing dumps, crashes
     arbitration    the ends of the wait-for graph weighed with the mismatches
                    (``rootcause.root_causes``): not_arrived, dead_rank, missing_dump,
-                   p2p_deadlock, deadlock, stuck, mismatch
+                   p2p_deadlock, deadlock, stuck, mismatch; stack_hang where the dumps
+                   are stacks alone (``flightrec attach``)
     refinements    crashes placed, consequences folded, skipped calls, waits below timeout
 
 The report lists findings in the order ``diagnose`` collects them, which is each kind's
@@ -36,6 +37,7 @@ from flightrec.analysis.findings.desync import find_desyncs
 from flightrec.analysis.findings.mismatch import find_mismatches
 from flightrec.analysis.findings.not_arrived import find_quiet_missing
 from flightrec.analysis.findings.p2p import find_unmatched
+from flightrec.analysis.findings.stacks import find_stack_hangs
 from flightrec.analysis.findings.straggler import find_stragglers
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Finding
@@ -91,6 +93,8 @@ def diagnose(m: Matched, clocks: Clocks, workers: int = 1) -> Diagnosis:
         # and every mismatch, weighed together.
         roots = root_causes(m, wait_graph, mismatches)
         findings = list(roots.findings)
+        # Snapshots taken from outside with stacks and no ring: where each rank stands.
+        findings += find_stack_hangs(m)
         # Sends and receives that never paired, where nobody is blocked on them.
         findings += find_unmatched(m, wait_graph.graph)
         # Groups out of step that no root cause or mismatch explains.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from flightrec.analysis.findings.crashes import died_of, process_ended
+from flightrec.analysis.findings.stacks import attached_line, stack_place
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import FrameInfo, Status, op_label, user_frame
 from flightrec.analysis.waitgraph.transfers import stuck_transfer
@@ -86,7 +87,7 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
                 op_label(rec.op, rec.flags),
                 rec.group,
                 number,
-                user_frame(rec.stack),
+                user_frame(rec.stack) or attached_line(d),
                 how=gone,
             )
             continue
@@ -98,6 +99,12 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
                 rank, Status.WAITING, op_label(rec.op, rec.flags), rec.group, rec.p2p_seq,
                 user_frame(rec.stack),
             )  # fmt: skip
+            continue
+        place = stack_place(d)
+        if place is not None and place.collective is not None:  # a snapshot from outside
+            states[rank] = RankState(
+                rank, Status.WAITING, place.collective, location=place.location
+            )
             continue
         status = Status.EXITED if exited else Status.OUTSIDE
         stack = d.current_stack()

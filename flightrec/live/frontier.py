@@ -34,6 +34,10 @@ WHOLE_GROUP = 64
 """A group of at most this many members is read whole when a root holds it up."""
 MAX_WHERE = 12
 """Lines of ``where`` (the largest classes of ranks first)."""
+PHRASE = 120
+"""Characters of the rank set of one ``where`` line (the verdict's lines stay under 200)."""
+MAX_OP = 48
+"""Characters of an operation's name in a ``where`` line (it comes from the store)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,11 +199,10 @@ def _where(progress: Mapping[int, pb.Progress]) -> list[str]:
         ranks.sort()
         verb = "waits" if len(ranks) == 1 else "wait"
         if op:
-            out.append(f"{ranks_phrase(ranks)} {verb} in {op} #{seq}")
+            out.append(f"{ranks_phrase(ranks, PHRASE)} {verb} in {op[:MAX_OP]} #{seq}")
         else:
-            out.append(
-                f"{ranks_phrase(ranks)} {'is' if len(ranks) == 1 else 'are'} in no collective or transfer"
-            )
+            are = "is" if len(ranks) == 1 else "are"
+            out.append(f"{ranks_phrase(ranks, PHRASE)} {are} in no collective or transfer")
     if len(ordered) > MAX_WHERE:
         rest = sum(len(r) for _, r in ordered[MAX_WHERE:])
         out.append(f"... and {rest} more ranks in {len(ordered) - MAX_WHERE} other places")

@@ -2,7 +2,7 @@
 
 A hang can start more than one round: ranks whose waits began seconds apart declare it
 seconds apart, and torchrun stopping the job starts one more. The first round whose panel
-names a finding leaves that finding in the job's store (``verdict_key``, per torchrun attempt).
+names a finding leaves that finding in the job's store (``Keys.verdict``, per torchrun attempt).
 A later round reads it. Its own first finding may be the same hang seen again, or a worse
 reading of it (a rank busy elsewhere, or covered by its earlier dump, answered late and reads
 as having left no dump). The user reads the last verdict in the log, so such a round prints
@@ -18,22 +18,19 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 from flightrec.analysis.model import FindingKind
 from flightrec.errors import printable
-from flightrec.recorder.exchange.store import DEFAULT_NAMESPACE
+from flightrec.recorder.exchange.keys import Keys
 from flightrec.text import ranks_phrase
 
 if TYPE_CHECKING:
     from flightrec.analysis import Report
     from flightrec.analysis.model import Finding
 
+MAX_LINE = 200
+"""Characters of the one line a later round prints (as every line of the verdict)."""
 MAX_SUMMARY = 400
 """Characters of the verdict's summary kept in the store (it is read back as untrusted)."""
 NO_ANSWER_KINDS = frozenset({FindingKind.MISSING_DUMP})
 """Findings that only say a rank did not answer: never evidence against an earlier verdict."""
-
-
-def verdict_key(namespace: str, restart: str) -> str:
-    """Where the hang's verdict of torchrun attempt ``restart`` is kept."""
-    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/verdict/{restart}"
 
 
 class Verdict(NamedTuple):
@@ -77,7 +74,7 @@ def decode(raw: bytes) -> Verdict | None:
 
 def earlier(store: Any, namespace: str, restart: str) -> Verdict | None:
     """The verdict an earlier round of this attempt printed, if any."""
-    key = verdict_key(namespace, restart)
+    key = Keys(namespace).verdict(restart)
     if not store.check([key]):
         return None
     return decode(bytes(store.get(key)))
@@ -85,7 +82,7 @@ def earlier(store: Any, namespace: str, restart: str) -> Verdict | None:
 
 def remember(store: Any, namespace: str, restart: str, verdict: Verdict) -> None:
     """Keep ``verdict`` unless a round already kept one (the first verdict stands)."""
-    store.compare_set(verdict_key(namespace, restart), "", verdict.encode())
+    store.compare_set(Keys(namespace).verdict(restart), "", verdict.encode())
 
 
 def same_hang(report: Report, before: Verdict) -> bool:
@@ -115,12 +112,17 @@ def standing_line(
     """The one line a later round prints instead of a panel."""
     since = []
     if dead:
-        since.append(f"{ranks_phrase(sorted(dead))} died since")
+        since.append(f"{ranks_phrase(sorted(dead), 40)} died since")
     if exited:
-        since.append(f"{ranks_phrase(sorted(exited))} exited since")
+        since.append(f"{ranks_phrase(sorted(exited), 40)} exited since")
     tail = f"; {'; '.join(since)}" if since else ""
-    return (
+    head = (
         f"flightrec verdict: request {number} ({what}, {answered} of {world_size} ranks "
         f"answered): the verdict of request {before.round} stands: {before.kind}: "
-        f"{before.summary}{tail}\n"
     )
+    room = MAX_LINE - len(head) - len(tail)
+    summary = before.summary
+    if len(summary) > room:
+        summary = summary[: max(room - 1, 0)] + "…"
+    line = f"{head}{summary}{tail}"
+    return (line if len(line) <= MAX_LINE else line[: MAX_LINE - 1] + "…") + "\n"

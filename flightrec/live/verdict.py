@@ -41,6 +41,14 @@ TERM_STUCK_S = 5.0
 """In a round started by SIGTERM, an operation pending this long is a hang worth reporting."""
 FULL_RANKS = 96
 """Jobs of at most this many ranks have every summary analysed (well under a second)."""
+MAX_LINE = 200
+"""Characters in any line of the text printed into the job's log, at any scale: log pipelines
+split long lines (16 KB in some), and a list of ranks grows with the job. Rank sets are
+summarised (``ranks_phrase(..., max_chars)``), lists capped, and the dumps hold the rest."""
+PHRASE = 120
+"""Characters of a rank set within one of those lines."""
+MAX_PROBLEM_LINES = 12
+"""Lines naming an unreadable record (then one line counting the others)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,19 +69,27 @@ class Selection:
 
 
 def select(
-    raw: Mapping[int, bytes], number: int, world_size: int, dead: AbstractSet[int] = frozenset()
+    raw: Mapping[int, bytes],
+    number: int,
+    world_size: int,
+    dead: AbstractSet[int] = frozenset(),
+    listing_problem: str = "",
 ) -> Selection:
     """Decide whose summaries to read, from every answering rank's progress record.
 
     Args:
-        raw: per rank, the bytes read from its progress key.
+        raw: per rank, the bytes read for its progress record.
         number: the round; a record answering an older one is refused (unless the rank is in
             ``dead``: it published on its way out).
         world_size: ranks expected.
         dead: ranks that died of an exception (``load``).
+        listing_problem: why the round's list of progress records was not read to its end
+            (``Round.progress``; "": it was): one line among the problems.
     """
     progress: dict[int, pb.Progress] = {}
     problems: list[FileProblem] = []
+    if listing_problem:
+        problems.append(FileProblem("the round's progress records", listing_problem))
     for rank, data in raw.items():
         try:
             p = decode_progress(data, rank, world_size)
@@ -285,7 +301,7 @@ def render(
         out.write(
             f"flightrec verdict: {what}; from {len(summaries) + len(run.seen)} of {world_size} "
             f"ranks' progress and the summaries of the {len(summaries)} it implicates{read}, "
-            f"gathered through the job's store in {gathered_s:.1f} s (request {number})\n"
+            f"gathered in {gathered_s:.1f} s (request {number})\n"
         )
     else:
         out.write(
@@ -294,14 +310,26 @@ def render(
             f"(request {number})\n"
         )
     TerminalRenderer(console).render(report)
-    for p in run.problems:
+    for p in run.problems[:MAX_PROBLEM_LINES]:
         out.write(f"flightrec verdict: {p.path}: {p.reason}\n")
+    if len(run.problems) > MAX_PROBLEM_LINES:
+        more = len(run.problems) - MAX_PROBLEM_LINES
+        out.write(f"flightrec verdict: ... and {more} more records that could not be used\n")
     if partial and selection is not None and selection.frontier is not None:
         out.write(f"Where all {len(selection.progress)} answering ranks are (their progress)\n")
         out.write("".join(f"  {line}\n" for line in selection.frontier.where))
     lines = dump_lines(summaries, world_size, run.exited, set(summaries) | set(run.seen))
     out.write("".join(f"{line}\n" for line in lines))
-    return out.getvalue()
+    return fit(out.getvalue())
+
+
+def fit(text: str) -> str:
+    """``text`` with every line cut to ``MAX_LINE`` characters (ending in "…"): the last
+    guard; the lines are built to fit already."""
+    lines = text.split("\n")
+    return "\n".join(
+        line if len(line) <= MAX_LINE else line[: MAX_LINE - 1] + "…" for line in lines
+    )
 
 
 def dump_lines(
@@ -321,23 +349,30 @@ def dump_lines(
     if len(summaries) <= MAX_DUMP_LINES:
         for r, s in sorted(summaries.items()):
             # Host and path come from the store: untrusted, never printed raw.
-            host = printable(s.dump.header.hostname)
-            lines.append(f"  rank {r} on {host}: {printable(s.dump_path) or '-'}")
+            host = _clip(printable(s.dump.header.hostname), 64)
+            lines.append(f"  rank {r} on {host}: {_clip(printable(s.dump_path), 120) or '-'}")
     else:
         places: dict[tuple[str, str], list[int]] = defaultdict(list)
         for r, s in sorted(summaries.items()):
             folder = os.path.dirname(s.dump_path) if s.dump_path else "-"
-            places[(printable(s.dump.header.hostname), printable(folder))].append(r)
+            places[
+                (_clip(printable(s.dump.header.hostname), 64), _clip(printable(folder), 100))
+            ].append(r)
         for shown, ((host, folder), ranks) in enumerate(sorted(places.items()), start=1):
             if shown > MAX_DUMP_LINES:
                 lines.append(f"  ... and {len(places) - MAX_DUMP_LINES} more hosts or folders")
                 break
-            lines.append(f"  {ranks_phrase(ranks)} on {host}: {folder}")
+            lines.append(f"  {ranks_phrase(ranks, 32)} on {host}: {folder}")
     rest = sorted(set(answered) - set(summaries))
     if rest:
-        lines.append(f"  {ranks_phrase(rest)}: on each one's host, beside the above")
+        lines.append(f"  {ranks_phrase(rest, PHRASE)}: on each one's host, beside the above")
     if exited:
-        lines.append(f"  {ranks_phrase(sorted(exited))} exited cleanly, no dump")
+        lines.append(f"  {ranks_phrase(sorted(exited), PHRASE)} exited cleanly, no dump")
     if missing:
-        lines.append(f"  no answer from {ranks_phrase(missing)}")
+        lines.append(f"  no answer from {ranks_phrase(missing, PHRASE)}")
     return lines
+
+
+def _clip(text: str, width: int) -> str:
+    """``text`` in at most ``width`` characters (its end kept: a path's file name)."""
+    return text if len(text) <= width else "…" + text[len(text) - width + 1 :]

@@ -8,6 +8,7 @@ that only imports torch.distributed (the torchrun launcher, a data-loading helpe
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.rawstacks import stacks_path
+from flightrec.recorder import torchapi
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.dumping.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.dumping.exceptions import (
@@ -29,17 +31,14 @@ from flightrec.recorder.dumping.exceptions import (
 from flightrec.recorder.dumping.rawstacks import RawStacks
 from flightrec.recorder.dumping.upload import Uploader
 from flightrec.recorder.exchange.endpoint import Registration, register
+from flightrec.recorder.exchange.keys import DEFAULT_NAMESPACE
 from flightrec.recorder.exchange.slowcheck import SlowCheck
-from flightrec.recorder.exchange.store import (
-    DEFAULT_NAMESPACE,
-    Poller,
-    default_store,
-    store_address,
-)
+from flightrec.recorder.exchange.store import Poller, default_store, store_address
 from flightrec.recorder.exchange.verdict import GATHER_S, Exchange, Reporter
-from flightrec.recorder.hooks import ddp
+from flightrec.recorder.hooks import codegen, ddp
 from flightrec.recorder.hooks.ddp import DDPHooks
 from flightrec.recorder.hooks.install import Hooks
+from flightrec.recorder.hotpath import layout
 from flightrec.recorder.metrics import (
     Counts,
     FlightrecCollector,
@@ -57,10 +56,7 @@ from flightrec.recorder.watchdog import Watchdog
 log = logging.getLogger("flightrec")
 POLLER_STOP_WAIT_S = 2.0
 """How long the end of the job waits for the poller to leave a store call (its wait ends as
-soon as it rings its own doorbell, and a call to a live store takes milliseconds)."""
-HOST_WAIT_S = 1.0
-"""At a normal end, how long the process hosting the store waits for the other ranks' request
-threads to leave it (they are usually milliseconds behind)."""
+soon as its connection is closed, and a call to a live store takes milliseconds)."""
 ERROR_DUMP_INTERVAL_NS = 5_000_000_000
 """A dead peer makes every later call fail; one error dump per interval is enough."""
 REGISTER_WAIT_S = 2.0
@@ -71,6 +67,14 @@ class Runtime:
     """The process's recorder with its triggers."""
 
     def __init__(self, config: Config) -> None:
+        self.torch = torchapi.probe()
+        """What the installed torch offers (``torchapi``): a torch newer than tested is traced
+        through its public API only."""
+        if config.native and not self.torch.merge_native:
+            config = dataclasses.replace(config, native=False)
+        if not self.torch.fast_paths:  # once per process: the wrappers are generated after this
+            codegen.USE_FAST = layout.USE_LAYOUT = False
+            log.warning("%s", self.torch.notice())
         self.config = config
         self.recorder = Recorder(config)
         self.dumper = Dumper(self.recorder, config.job_id)
@@ -208,9 +212,9 @@ class Runtime:
 
     def _before_destroy(self, group: Any) -> None:
         """The default group is about to go, and with it, usually, the store (rank 0's process
-        hosts it outside torchrun): the request poller leaves its store wait now, while the
-        store still answers. Stopped after, its wait would fail inside torch, which logs a
-        C++ warning with a stack trace into the job's log at every normal exit."""
+        hosts it outside torchrun): the request poller and the slow check leave it now, while it
+        still answers. A call of torch's store client that fails as the store goes logs a C++
+        warning with a stack trace into the job's log."""
         import torch.distributed as dist
 
         if group is None or group is dist.GroupMember.WORLD:
@@ -258,9 +262,7 @@ class Runtime:
         self._stop_poller()
 
     def _stop_poller(self) -> None:
-        """Stop the request poller and wait (briefly) until its thread is out of the store;
-        then count it out, and in the process hosting the store, wait (briefly) until every
-        rank's is (``Poller.leave``)."""
+        """Stop the request poller and wait (briefly) until its thread is out of the store."""
         with self._lock:
             poller, self.poller = self.poller, None
             self.exchange = None
@@ -269,7 +271,6 @@ class Runtime:
             slowcheck.stop()
         if poller is not None:
             poller.stop(wait_s=POLLER_STOP_WAIT_S)
-            poller.leave(HOST_WAIT_S if _hosts_store(poller.rank) else 0.0)
 
     def start_background(self) -> None:
         """Start the watchdog, the request poller and the signal handlers (idempotent)."""
@@ -699,13 +700,6 @@ def _rank() -> int:
     except Exception:
         pass
     return int(os.environ.get("RANK", "-1") or -1)
-
-
-def _hosts_store(rank: int) -> bool:
-    """Whether this process's end takes the job's store down: rank 0, unless torchrun's agent
-    hosts the store (it does by default)."""
-    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").strip().lower()
-    return rank == 0 and agent not in ("true", "1")
 
 
 def _world_size() -> int:

@@ -164,7 +164,14 @@ class DumpRenderer:
             c.print(Text("Threads at dump time (innermost frame first)", style="bold"))
         for t in threads:
             marks = [
-                m for m, on in (("main", t.is_main), ("in a collective", t.holds_recorder)) if on
+                m
+                for m, on in (
+                    ("main", t.is_main),
+                    ("in a collective", t.holds_recorder),
+                    (f"child process {t.pid}", bool(t.pid)),  # a snapshot from outside
+                    (f"still for {t.still_ms / 1000:.1f} s, {t.cpu_ms} ms CPU", bool(t.still_ms)),
+                )
+                if on
             ]
             c.print(Text(f"  {t.name}" + (f" ({', '.join(marks)})" if marks else "")))
             for f in t.stack:

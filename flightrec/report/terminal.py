@@ -261,6 +261,16 @@ class TerminalRenderer:
             return
         # The title goes on its own line: as a table title it would wrap to the table's width.
         self._print(Text("Progress per group (last issued / last completed seq)", style="bold"))
+        seen = report.run.seen
+        if seen:  # the verdict in a large job's log: the ranks read in detail only
+            read = len(report.run.dumps)
+            self._print(
+                Text(
+                    f"  members shown: only the {read} ranks analysed of the "
+                    f"{read + len(seen)} that answered (where every rank is: below)",
+                    style="dim",
+                )
+            )
         table = Table(show_edge=False, expand=False)
         table.add_column("group", no_wrap=True)
         table.add_column("ranks")

@@ -184,7 +184,7 @@ def test_a_job_that_ends_normally_leaves_nothing_in_its_log(
 
 ENDS_EARLY = """
 import time, torch, torch.distributed as dist
-from flightrec.recorder.exchange.verdict import left_key
+from flightrec.recorder.exchange.keys import Keys
 from flightrec.recorder.exchange.store import default_store
 dist.init_process_group("gloo")
 t = torch.ones(4)
@@ -195,7 +195,7 @@ if dist.get_rank() == 1:  # its data ran out: it ends cleanly, the others go on
     raise SystemExit(0)
 time.sleep(2.0)
 store = default_store()
-key = left_key("", "0")
+key = Keys().left("0")
 print("LEFT", bytes(store.get(key)).decode() if store.check([key]) else "-", flush=True)
 """
 

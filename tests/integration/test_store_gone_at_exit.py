@@ -47,7 +47,10 @@ def test_the_exit_path_says_it_left_in_bounded_time_when_the_store_is_gone() -> 
     """``destroy_process_group()`` (or exit) tells the store this rank left; with the store's
     host gone (rank 0 exited first), that costs the job ``EXIT_CONNECT_S``, not the store's
     timeout."""
-    poller = SimpleNamespace(connection_source=gone_store, failing=False)
+    gone = gone_store()
+    poller = SimpleNamespace(
+        new_connection=lambda timeout_s: own_connection(gone, timeout_s), failing=False
+    )
     ex = Exchange(poller, 1, 4, "job", lambda rnd: None)  # type: ignore[arg-type]
     started = time.monotonic()
     ex.after_exit()

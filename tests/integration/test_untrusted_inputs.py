@@ -23,7 +23,8 @@ from flightrec.format.blackbox import MAGIC as BLACKBOX_MAGIC
 from flightrec.format.read import read_dump
 from flightrec.format.schema import MAGIC_PREFIX, SUFFIX
 from flightrec.format.write import write_dump
-from flightrec.recorder.exchange.store import parse_request, post_request, request_key, ring
+from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.store import parse_request, post_request
 from tests.unit.factories import Job, healthy
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,12 +104,10 @@ def test_hostile_store_values_never_leave_the_dump_folder(
     with traced_runtime(folder, buffer=16) as rt:
         listening(rt, "job-1")
         dist.all_reduce(torch.ones(2))
-        key = request_key("job-1")
+        keys = Keys("job-1")
         hostile = [b"../../../escaped ../../../escaped", b"0 ../../x\n/etc/passwd\xff"]
-        for value in hostile:
-            n = int(client.add(key, 1))  # type: ignore[attr-defined]
-            client.set(f"{key}/{n}", value)  # type: ignore[attr-defined]
-            ring(client, "job-1", 1)
+        for n, value in enumerate(hostile, start=1):
+            client.set(keys.request(n), value)  # type: ignore[attr-defined]
             before = len(wait_for_files(folder, 0, 0))
             assert len(wait_for_files(folder, before + 1)) == before + 1
             time.sleep(1.0)  # one request-driven dump per second
@@ -124,10 +123,10 @@ def test_hostile_store_values_never_leave_the_dump_folder(
 def test_a_request_of_another_job_is_not_ours(tmp_path: Path, client: object, pg: None) -> None:
     with traced_runtime(tmp_path, buffer=16) as rt:
         listening(rt, "job-a")
-        post_request(client, "job-b", 3, "WATCHDOG_TIMEOUT")
+        post_request(client, Keys("job-b"), 3, "WATCHDOG_TIMEOUT")
         time.sleep(1.0)
         assert wait_for_files(tmp_path, 0, 0) == []
-        post_request(client, "job-a", 3, "WATCHDOG_TIMEOUT")
+        post_request(client, Keys("job-a"), 3, "WATCHDOG_TIMEOUT")
         (path,) = wait_for_files(tmp_path, 1)
     h = read_dump(path).header
     assert (h.reason, h.requested_by) == (pb.PEER_REQUEST, 3)
@@ -138,20 +137,18 @@ def test_a_request_flood_costs_at_most_one_dump_per_second(
 ) -> None:
     with traced_runtime(tmp_path, buffer=16) as rt:
         listening(rt, "job-flood")
-        key = request_key("job-flood")
-        client.add(key, 10**12)  # type: ignore[attr-defined]  # the counter jumps
+        keys = Keys("job-flood")
+        client.set(keys.requests, str(10**12))  # type: ignore[attr-defined]  # a counter moved
         start = time.monotonic()
         while time.monotonic() - start < 1.5:
-            client.add(key, 1)  # type: ignore[attr-defined]
-            ring(client, "job-flood", 1)
+            post_request(client, keys, 0, "CLI_TRIGGER")
             time.sleep(0.01)
         time.sleep(0.3)
         files = wait_for_files(tmp_path, 0, 0)
         assert 1 <= len(files) <= 2, files
         # The poller is still alive and caught up: a later request is answered.
         time.sleep(1.0)
-        client.add(key, 1)  # type: ignore[attr-defined]
-        ring(client, "job-flood", 1)
+        post_request(client, keys, 0, "CLI_TRIGGER")
         assert len(wait_for_files(tmp_path, len(files) + 1)) == len(files) + 1
 
 

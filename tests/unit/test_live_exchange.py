@@ -22,7 +22,8 @@ from flightrec.format.read import read_dump
 from flightrec.format.slot import STARTED
 from flightrec.live.verdict import render
 from flightrec.recorder.exchange import verdict as exchange
-from flightrec.recorder.exchange.verdict import Exchange, Round, died_key, left_key
+from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.verdict import Exchange, Round
 
 SAMPLE = Path(__file__).resolve().parents[2] / "samples" / "stalled_rank"
 
@@ -109,10 +110,10 @@ def test_the_exchange_lists_dead_and_departed_ranks_for_the_reporter() -> None:
     store = MemoryStore()
     rnd = Round(1, "WATCHDOG_TIMEOUT", 0, 4, "", time.monotonic() + 1, store, "0")
     assert rnd.died() == [] and rnd.left() == []
-    store.append(died_key("", "0"), "2,")
-    store.append(left_key("", "0"), "3,")
-    store.append(left_key("", "0"), "3,")  # said twice: listed once
-    store.append(left_key("", "1"), "1,")  # another attempt's: not this one's
+    store.append(Keys().died("0"), "2,")
+    store.append(Keys().left("0"), "3,")
+    store.append(Keys().left("0"), "3,")  # said twice: listed once
+    store.append(Keys().left("1"), "1,")  # another attempt's: not this one's
     assert rnd.died() == [2] and rnd.left() == [3]
 
 
@@ -147,9 +148,10 @@ class MemoryStore:
         with self.lock:
             self.data[key] = value.encode() if isinstance(value, str) else value
 
-    def append(self, key: str, value: str) -> None:
+    def append(self, key: str, value: str | bytes) -> None:
         with self.lock:
-            self.data[key] = self.data.get(key, b"") + value.encode()
+            raw = value.encode() if isinstance(value, str) else value
+            self.data[key] = self.data.get(key, b"") + raw
 
     def compare_set(self, key: str, expected: str | bytes, desired: str) -> bytes:
         self._check()
@@ -176,6 +178,9 @@ class FakePoller:
 
     def connection_source(self) -> MemoryStore:
         return self.store
+
+    def new_connection(self) -> MemoryStore:
+        return self.store.clone()
 
 
 def test_the_lowest_rank_that_answers_reports_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -292,7 +297,7 @@ def test_once_the_store_is_gone_exit_and_death_neither_wait_on_it_nor_warn_again
             Counting.calls += 1
             super()._check()
 
-        def append(self, key: str, value: str) -> None:
+        def append(self, key: str, value: str | bytes) -> None:
             self._check()
             super().append(key, value)
 

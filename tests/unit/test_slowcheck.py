@@ -12,7 +12,8 @@ from flightrec.format.digest import MAX_BYTES, Digest, DigestError, GroupDigest,
 from flightrec.format.slot import COMPLETED, ENQUEUED, SLOT
 from flightrec.live.slow import SlowJudge, SlowOptions
 from flightrec.recorder.config import DEFAULT_SLOW_CHECK_S, from_env
-from flightrec.recorder.exchange.slowcheck import SlowCheck, make_digest, slow_key
+from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.slowcheck import SlowCheck, make_digest
 from flightrec.recorder.hotpath.ring import Ring
 from tests.unit.test_live_exchange import MemoryStore
 
@@ -223,7 +224,7 @@ def test_each_rank_publishes_and_rank_0_hands_every_digest_to_the_judge() -> Non
     assert seen and sorted(seen[0]) == [0, 1]
     d = decode(seen[0][1], "rank 1")
     assert d.rank == 1 and d.device == "cuda:1" and d.groups[0].seqs[-1] == 100
-    assert slow_key("job", 1) in store.data
+    assert Keys("job").slow(1) in store.data
     assert all(c.checks >= 1 and c.cost_s > 0 for c in checks)
 
 

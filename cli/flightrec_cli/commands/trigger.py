@@ -61,7 +61,7 @@ def trigger_command(
         float, typer.Option("--wait", help="Seconds to wait for the ranks to say they dumped.")
     ] = 10.0,
 ) -> None:
-    """Make every rank of a running job write a dump now (needs torch on this machine).
+    """Make every rank of a running job write a dump now.
 
     Every rank waits on the job's store for requests and dumps within a second or two, into
     its own FLIGHTREC_DIR; the command waits for each rank to say so. Point it at the job's
@@ -74,8 +74,9 @@ def trigger_command(
     from flightrec.recorder.config import store_namespace
     from flightrec.recorder.exchange.trigger import endpoint_from_folder, trigger
 
-    # torch's store client logs each failed try with a C++ stack trace: errors here are one
-    # line, ours (read when torch is imported, which has not happened in this process yet).
+    # torch is not imported here, but where a store does not answer as ours expects, its
+    # client is tried: whose failed tries would each log a C++ stack trace; errors here are
+    # one line, ours (read when torch is imported, which has not happened in this process).
     os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     namespace = job_id.strip() if job_id is not None else store_namespace(os.environ)
     source = ""

@@ -8,12 +8,12 @@ workers' port themselves. So the ranks leave it where a user can look:
 - the endpoint file ``FLIGHTREC_DIR/.flightrec-endpoint``, written by the lowest rank of each
   node (``flightrec trigger DIR``, or ``flightrec trigger`` where FLIGHTREC_DIR is set);
 - under torchrun's c10d rendezvous, the rendezvous store (``--rdzv-endpoint HOST:PORT``), where
-  rank 0 sets ``flightrec/<namespace>/endpoint`` (``flightrec trigger --host HOST --port PORT``);
+  rank 0 sets ``Keys.endpoint`` (``flightrec trigger --host HOST --port PORT``);
 - the start-up line in the job's log, which names the address.
 
 Nothing here may disturb the job: every failure is one debug line, and the rendezvous store
-is written from a thread of its own after probing it with a plain socket (torch's store
-client logs C++ warnings with stack traces into the job's log when it cannot connect).
+is written from a thread of its own through flightrec's own client (``wire``: torch's logs
+C++ warnings with stack traces into the job's log when it cannot connect).
 """
 
 from __future__ import annotations
@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flightrec.recorder.exchange.store import DEFAULT_NAMESPACE, connect
+from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.wire import WireStore
 
 log = logging.getLogger("flightrec")
 ENDPOINT_FILE = ".flightrec-endpoint"
@@ -38,11 +39,6 @@ DEFAULT_RDZV_PORT = 29400
 """torchrun's c10d rendezvous port when ``--rdzv-endpoint`` names none."""
 LAUNCHERS = ("torch.distributed.run", "torchrun", "torch.distributed.launch")
 REGISTER_TIMEOUT_S = 5.0
-
-
-def endpoint_key(namespace: str) -> str:
-    """Where rank 0 leaves the workers' store address in torchrun's rendezvous store."""
-    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/endpoint"
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,17 +174,13 @@ def parent_argv() -> list[str]:
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0") if a]
 
 
-def reachable(host: str, port: int, timeout_s: float) -> str:
-    """ "" when something accepts TCP connections at host:port, else why not (one phrase)."""
-    try:
-        with socket.create_connection((host, port), timeout=timeout_s):
-            return ""
-    except socket.gaierror as exc:
+def connect_failure(exc: OSError, timeout_s: float) -> str:
+    """Why a connection could not be made, in one phrase."""
+    if isinstance(exc, socket.gaierror):
         return f"unknown host ({exc.strerror or exc})"
-    except TimeoutError:
+    if isinstance(exc, TimeoutError):
         return f"no answer within {timeout_s:g} s"
-    except OSError as exc:
-        return (exc.strerror or str(exc)).lower()
+    return (exc.strerror or str(exc)).lower()
 
 
 class Registration:
@@ -200,7 +192,7 @@ class Registration:
         """Args:
         ep: the workers' store, as this rank sees it.
         directory: the local FLIGHTREC_DIR to write the endpoint file into (None: none).
-        rendezvous: torchrun's c10d rendezvous store, to set ``endpoint_key`` in (None: none).
+        rendezvous: torchrun's c10d rendezvous store, to set ``Keys.endpoint`` in (None: none).
         """
         self._ep, self._directory, self._rendezvous = ep, directory, rendezvous
         self.path: Path | None = None
@@ -221,12 +213,13 @@ class Registration:
         if self._rendezvous is not None:
             host, port = self._rendezvous
             try:
-                why = reachable(host, port, REGISTER_TIMEOUT_S)
-                if why:
-                    raise OSError(why)
-                store = connect(host, port, REGISTER_TIMEOUT_S)
-                store.set(endpoint_key(self._ep.namespace), self._ep.address)
-                del store
+                store = WireStore(host, port, REGISTER_TIMEOUT_S)
+                try:
+                    key = Keys(self._ep.namespace).endpoint
+                    store.set(key, self._ep.address)
+                    store.check([key])  # (answered once the set is in: then close)
+                finally:
+                    store.close()
             except Exception as exc:
                 log.debug("flightrec: could not register in the rendezvous store: %s", exc)
 

@@ -34,7 +34,8 @@ from typing import Any
 
 from flightrec.format.digest import MAX_GROUPS, MAX_PER_GROUP, Digest, GroupDigest, encode
 from flightrec.format.slot import COMPLETED, SLOT
-from flightrec.recorder.exchange.store import DEFAULT_NAMESPACE, own_connection
+from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.store import own_connection
 
 log = logging.getLogger("flightrec")
 GATHER_DELAY_S = 1.0
@@ -47,11 +48,6 @@ GATHER_CHUNK = 1024
 
 Judge = Callable[[Mapping[int, bytes]], None]
 """Takes the digests gathered at one check, by rank; must not raise."""
-
-
-def slow_key(namespace: str, rank: int) -> str:
-    """Where rank ``rank`` publishes its digest."""
-    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/slow/{rank}"
 
 
 def make_digest(
@@ -215,7 +211,7 @@ class SlowCheck:
 
     def publish(self) -> None:
         """Publish this rank's digest (one store request)."""
-        self._connection().set(slow_key(self.namespace, self.rank), self.digest())
+        self._connection().set(Keys(self.namespace).slow(self.rank), self.digest())
 
     def gather(self) -> None:
         """Read every rank's digest and hand them to the judge."""
@@ -224,10 +220,10 @@ class SlowCheck:
         raw: dict[int, bytes] = {}
         for i in range(0, len(ranks), GATHER_CHUNK):
             chunk = ranks[i : i + GATHER_CHUNK]
-            keys = [slow_key(self.namespace, r) for r in chunk]
+            keys = [Keys(self.namespace).slow(r) for r in chunk]
             if not store.check(keys):  # some rank has not published yet: get would block
                 chunk = [r for r, k in zip(chunk, keys, strict=True) if store.check([k])]
-                keys = [slow_key(self.namespace, r) for r in chunk]
+                keys = [Keys(self.namespace).slow(r) for r in chunk]
             if chunk:
                 raw.update(zip(chunk, (bytes(v) for v in store.multi_get(keys)), strict=True))
         if self._judge is not None:

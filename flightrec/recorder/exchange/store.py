@@ -1,23 +1,27 @@
 """Dump requests through the job's rendezvous store.
 
-A rank that sees a hang (or ``flightrec trigger`` from outside) bumps one counter:
-``flightrec/<namespace>/dump_request``. Request number ``n`` is described by
-``flightrec/<namespace>/dump_request/<n>`` = ``"<rank> <REASON>"``. Then the poster rings every
-rank's doorbell, ``flightrec/<namespace>/dump_request/bell/<rank>``, with one ``multi_set``.
+A rank that sees a hang (or ``flightrec trigger`` from outside) posts request ``n``: it takes
+the first free description key ``requests/<n>`` (``keys.Keys``) with one ``compare_set`` whose
+value is ``"<rank> <REASON>"``, then leaves ``n`` in the counter ``requests``. Descriptions are
+taken in order from 1; the counter is only where the next poster starts looking
+(``first_free`` checks it: the store is shared, and a counter someone moved must not leave
+the ranks listening where no request will come).
 
-Every rank runs a thread with its own store connection (so blocking on the store never touches
-the connection torch uses) that sits in a server-side ``wait`` on its own doorbell: no request
-at all while nothing happens (polling the counter 4 times a second cost 65,000 requests per
-second at 16,384 ranks; see ``benchmarks/bench_store.py``). Woken, it clears the bell, reads the
-counter and dumps when the counter moved past what it has seen. The counter stays the truth:
-a poster bumps it before ringing, and the thread clears its bell before reading it, so no
-request is lost between the two. A doorbell of its own is also how a rank stops its thread at
-exit: it rings itself (a thread left inside a store call at interpreter exit can abort the
-process). Rank 0 writes the world size to ``flightrec/<namespace>/world`` so that
-``flightrec trigger`` knows which bells to ring.
+Every rank runs a thread that waits, on a connection of its own, for the description of the
+next request: one server-side ``wait`` on one key that every rank waits on. Posting a request
+is then six store calls whatever the job's size, and the server wakes the waiting ranks in
+one pass over them (one write of one byte each). Woken, a rank reads the counter and the
+description in one ``multi_get`` and waits for the next: two requests per rank and dump
+request, and none while nothing happens. (Until this design, the poster rang a doorbell key per
+rank in one ``multi_set``, which torch's libuv server parses again from its start for every
+4 KB that arrives: 45 s of server time at 131,072 ranks, during which the store answered no
+one. ``benchmarks/bench_store.py`` measures both.)
 
-Keys are absolute on the underlying TCPStore (torch's prefix stores are unwrapped), so an
-outside client connected to MASTER_ADDR:MASTER_PORT sees the same keys as the workers.
+The waiting thread speaks the store's protocol itself (``wire``): its wait ends at once when
+the process stops it (``Poller.stop`` closes the connection), and a store that goes away is
+one failed call, not a C++ stack trace in the job's log. A store that is no TCPStore (a
+``FileStore``, a ``HashStore``), or one that does not answer as torch's TCPStore does, is
+polled instead through torch's client, once every ``POLL_S``.
 """
 
 from __future__ import annotations
@@ -32,19 +36,17 @@ from datetime import timedelta
 from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.wire import WireStore
 
 log = logging.getLogger("flightrec")
-WAIT_S = 86_400.0
-"""How long one wait on the doorbell lasts before it is re-armed. Every poster rings the bells,
-so this is no polling period: a wait that times out makes torch print a warning line into the
-job's log, so it is rare."""
 RETRY_S = 0.5
 """Pause after a failed store call, times the number of failures in a row."""
 MAX_FAILURES = 8
 """Store calls failing in a row before the thread gives up: the store is gone, the job ending."""
-MAX_BELLS = 1 << 20
-"""Most doorbells one request rings (a world size read from the store is untrusted)."""
-DEFAULT_NAMESPACE = "default"
+POLL_S = 1.0
+"""How often a store that cannot be waited on (no TCPStore) is asked for the next request."""
+CONNECT_TIMEOUT_S = 5.0
 MIN_REQUEST_INTERVAL_NS = 1_000_000_000
 """At most one dump per second for requests, however many arrive (a flood fills no disk)."""
 HANG_COVERS_NS = 5_000_000_000
@@ -52,6 +54,8 @@ HANG_COVERS_NS = 5_000_000_000
 second dump here."""
 MAX_LOOKAHEAD = 64
 """Request numbers examined per poll for the first one not posted by this process."""
+MAX_POST_TRIES = 64
+"""Description keys tried by one poster (each taken one means another request was posted)."""
 RANK_DIED = "RANK_DIED"
 """The reason of the request a rank posts as it dies of an exception (``Exchange``)."""
 ROUND_REASONS = ("WATCHDOG_TIMEOUT", "SIGNAL_TERM", RANK_DIED)
@@ -59,34 +63,15 @@ ROUND_REASONS = ("WATCHDOG_TIMEOUT", "SIGNAL_TERM", RANK_DIED)
 that start a verdict exchange. A trigger (``CLI_TRIGGER``) only asks for dumps: it never
 stands for a hang, so it never keeps the watchdog from declaring one."""
 MAX_DESCRIPTIONS = 8
-"""Request descriptions read per poll (each may wait briefly for a poster that is mid-post)."""
+"""Request descriptions read per poll."""
 REASONS = frozenset(pb.DumpReason.keys()) - {"REASON_UNSPECIFIED"} | {RANK_DIED}
 """The only reasons a request may name (anything else is read as no reason)."""
 MAX_REQUEST_BYTES = 64
 """A request description is "<rank> <REASON>"; anything longer is not one of ours."""
 MAX_RANK = 1 << 24
-LEAVE_POLL_S = 0.01
-"""How often the store's host looks whether every rank's thread is out, at the end."""
-
-
-def request_key(namespace: str) -> str:
-    """The counter every rank polls."""
-    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/dump_request"
-
-
-def bell_key(namespace: str, rank: int) -> str:
-    """The doorbell rank ``rank`` waits on."""
-    return f"{request_key(namespace)}/bell/{rank}"
-
-
-def out_key(namespace: str) -> str:
-    """Counts the ranks whose request thread has left its store wait for good (at their end)."""
-    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/out"
-
-
-def world_key(namespace: str) -> str:
-    """Where rank 0 leaves the world size for ``flightrec trigger``."""
-    return f"flightrec/{namespace or DEFAULT_NAMESPACE}/world"
+MAX_COUNT_BYTES = 19
+MAX_REQUEST = 1 << 62
+"""Request numbers stay below this (a counter read from the store is untrusted)."""
 
 
 def _raw_store(store: Any) -> Any:
@@ -112,8 +97,8 @@ def store_address() -> str:
     return f"{host}:{port}" if host else ""
 
 
-def connect(host: str, port: int, timeout_s: float = 5.0) -> Any:
-    """A new client connection to a running job's TCPStore."""
+def connect(host: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+    """A new client connection to a running job's TCPStore, through torch's client."""
     from torch.distributed import TCPStore  # type: ignore[attr-defined]
 
     return TCPStore(
@@ -121,15 +106,12 @@ def connect(host: str, port: int, timeout_s: float = 5.0) -> Any:
     )
 
 
-CONNECT_S = 10.0
-"""Longest a connection of flightrec's own takes to open. A clone of torch's client would
-retry for the store's own timeout (the process group's: 30 minutes by default) when the
-store's host is gone, with a thread of ours, or the exit path, waiting on it."""
-
-
-def own_connection(store: Any, timeout_s: float = CONNECT_S) -> Any:
+def own_connection(store: Any, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
     """A connection of our own to ``store``, so a blocked request never stalls torch's client;
-    opening it waits ``timeout_s`` at most. Requests on it keep the store's own timeout."""
+    opening it waits ``timeout_s`` at most (a clone of torch's client would retry for the
+    store's own timeout, the process group's: 30 minutes by default, when the store's host is
+    gone, with a thread of ours or the exit path waiting on it). Requests on it keep the
+    store's own timeout."""
     host, port = getattr(store, "host", ""), getattr(store, "port", 0)
     if not host or not port:  # not a TCPStore: as torch would open another client
         try:
@@ -147,35 +129,108 @@ def own_connection(store: Any, timeout_s: float = CONNECT_S) -> Any:
     return conn
 
 
-def ring(store: Any, namespace: str, world_size: int, skip: int = -1) -> None:
-    """Ring the doorbells of ranks ``0 .. world_size - 1`` (but ``skip``) in one request."""
-    keys = [bell_key(namespace, r) for r in range(min(world_size, MAX_BELLS)) if r != skip]
-    if keys:
-        store.multi_set(keys, ["1"] * len(keys))
+def wire_connection(store: Any, timeout_s: float = CONNECT_TIMEOUT_S) -> WireStore | None:
+    """A connection speaking the protocol ourselves to ``store``'s server; None for a store
+    that is no TCPStore, or whose server does not answer as torch's does (one debug line)."""
+    host, port = getattr(store, "host", ""), getattr(store, "port", 0)
+    if not host or not port:
+        return None
+    try:
+        return answered_connection(host, int(port), timeout_s)
+    except OSError as exc:
+        log.debug("flightrec: polling the store for dump requests: %s", exc or "no answer")
+        return None
 
 
-def known_world_size(store: Any, namespace: str) -> int:
+def answered_connection(host: str, port: int, timeout_s: float, tries: int = 2) -> WireStore:
+    """A ``WireStore``, tried again when the handshake gets no answer: seen on a loaded host,
+    torch's libuv server leaves a new connection's first bytes unread now and then, and a
+    second connection is answered.
+
+    Raises:
+        OSError: as ``WireStore``, after ``tries`` connections.
+    """
+    for attempt in range(tries):
+        try:
+            return WireStore(host, port, timeout_s)
+        except TimeoutError:
+            if attempt == tries - 1:
+                raise
+    raise ValueError("tries must be at least 1")
+
+
+def _count(raw: bytes) -> int:
+    """A counter's value read from the store (untrusted): 0 when it is no number."""
+    return int(raw) if raw.isdigit() and len(raw) <= MAX_COUNT_BYTES else 0
+
+
+def known_world_size(store: Any, keys: Keys) -> int:
     """The world size rank 0 registered; 0 when none did (or the value is not a number)."""
-    key = world_key(namespace)
-    if not store.check([key]):
+    if not store.check([keys.world]):
         return 0
-    raw = bytes(store.get(key))
+    raw = bytes(store.get(keys.world))
     return int(raw) if raw.isdigit() and len(raw) < 9 else 0
 
 
-def post_request(
-    store: Any, namespace: str, rank: int, reason: str, world_size: int | None = None
-) -> int:
-    """Ask every rank to dump. Returns the request number.
+def hint(store: Any, keys: Keys) -> int:
+    """The request counter: the number of the last request posted, as its poster left it (a
+    hint only: the store is shared with everything that can reach it, ``first_free`` checks)."""
+    return _count(bytes(store.get(keys.requests))) if store.check([keys.requests]) else 0
 
-    Args:
-        world_size: the bells to ring; None reads it from the store (``flightrec trigger``).
+
+def first_free(store: Any, keys: Keys, guess: int) -> int:
+    """The first request number not described yet, from a guess (the counter).
+
+    Descriptions are taken in order from 1, so the described numbers are 1 .. n - 1: checked
+    at the guess and the next number (two ``check`` calls when the guess is right); a guess
+    too high or too low is corrected by a binary search (a counter someone moved costs a few
+    dozen calls once, not a channel no rank listens on).
     """
-    key = request_key(namespace)
-    n = int(store.add(key, 1))
-    store.set(f"{key}/{n}", f"{rank} {reason}")
-    ring(store, namespace, known_world_size(store, namespace) if world_size is None else world_size)
-    return n
+
+    def posted(n: int) -> bool:
+        return n < 1 or bool(store.check([keys.request(n)]))
+
+    guess = max(0, min(guess, MAX_REQUEST))
+    if posted(guess):
+        lo, hi, step = guess, guess + 1, 1  # lo: described, hi: to look at
+        while posted(hi):
+            if hi >= MAX_REQUEST:
+                raise RuntimeError("no free dump request number")
+            lo, step = hi, step * 2
+            hi = min(lo + step, MAX_REQUEST)
+    else:
+        lo, hi = 0, guess
+    while hi - lo > 1:  # lo described, hi free
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if posted(mid) else (lo, mid)
+    return hi
+
+
+def post_request(store: Any, keys: Keys, rank: int, reason: str) -> int:
+    """Ask every rank to dump: describe the first free request number. Returns it.
+
+    Raises:
+        RuntimeError: ``MAX_POST_TRIES`` request numbers in a row were taken meanwhile.
+    """
+    store.compare_set(keys.requests, "", "0")  # (the counter exists before anyone reads it)
+    n = first_free(store, keys, hint(store, keys))
+    for _ in range(MAX_POST_TRIES):
+        if _take(store, keys, rank, reason, n):
+            return n
+        n = first_free(store, keys, n)
+    raise RuntimeError(f"{MAX_POST_TRIES} dump requests posted meanwhile: not posting another")
+
+
+def _take(store: Any, keys: Keys, rank: int, reason: str, n: int) -> bool:
+    """Describe request ``n`` unless another poster did; then leave ``n`` in the counter."""
+    text = f"{rank} {reason}"
+    if bytes(store.compare_set(keys.request(n), "", text)) != text.encode():
+        return False
+    # Set again, the same value: torch's legacy server (USE_LIBUV=0) wakes the waiting ranks
+    # on a set, not on a compare_set (its libuv server, the default, wakes them on both).
+    store.set(keys.request(n), text)
+    store.set(keys.requests, str(n))
+    return True
 
 
 def parse_request(raw: bytes) -> tuple[int, str]:
@@ -198,19 +253,15 @@ def parse_request(raw: bytes) -> tuple[int, str]:
     return rank, reason if reason in REASONS else ""
 
 
-def read_request(store: Any, namespace: str, n: int) -> tuple[int, str]:
-    """(requesting rank, reason name) of request ``n``; (-1, "") when not (yet) described."""
-    key = f"{request_key(namespace)}/{n}"
-    for _ in range(3):  # the poster sets the description just after bumping the counter
-        if store.check([key]):
-            return parse_request(bytes(store.get(key)))
-        time.sleep(0.05)
-    return -1, ""
+def read_request(store: Any, keys: Keys, n: int) -> tuple[int, str]:
+    """(requesting rank, reason name) of request ``n``; (-1, "") when not described."""
+    key = keys.request(n)
+    return parse_request(bytes(store.get(key))) if store.check([key]) else (-1, "")
 
 
 class Poller:
-    """Waits on this rank's doorbell and calls ``on_request(n, requester, reason)`` for new
-    requests, on a thread of its own (it returns whether a dump was written: what a trigger's
+    """Waits for dump requests and calls ``on_request(n, requester, reason)`` for new ones, on
+    a thread of its own (it returns whether a dump was written: what a trigger's
     acknowledgement says)."""
 
     def __init__(
@@ -225,20 +276,24 @@ class Poller:
         """Connect (one connection of our own) and start the thread.
 
         Args:
-            rank: this process's global rank: the doorbell it waits on.
-            world_size: the doorbells this process rings when it posts a request.
+            store: the default group's store (prefixes unwrapped).
+            rank: this process's global rank.
+            world_size: the job's ranks (rank 0 registers it for ``flightrec trigger``).
         """
-        self._store = own_connection(store)
-        self._namespace = namespace
+        self._source = store
+        self.keys = Keys(namespace)
         self._on_request = on_request
         self.rank = rank
         self.world_size = world_size
+        self._wire = wire_connection(store)
+        self._store: Any = self._wire if self._wire is not None else own_connection(store)
+        """The waiting thread's connection (ours, or torch's client when polling)."""
         self.own: set[int] = set()
         """Request numbers this process posted or already answered (no dump for them)."""
-        self._bell = bell_key(namespace, rank)
         if rank == 0 and world_size > 0:
-            self._store.set(world_key(namespace), str(world_size))
-        self._seen = int(self._store.add(request_key(namespace), 0))
+            self._store.set(self.keys.world, str(world_size))
+        self._store.compare_set(self.keys.requests, "", "0")  # (read below and when woken)
+        self._seen = first_free(self._store, self.keys, hint(self._store, self.keys)) - 1
         self.last_request_ns = 0
         """Monotonic time this process last dumped for another process's request."""
         self.last_round_ns = 0
@@ -261,13 +316,17 @@ class Poller:
         self._post_store: Any = None
         self._post_lock = threading.Lock()
         self._stop = threading.Event()
-        self._waiting = False
         self._thread = threading.Thread(target=self._run, name="flightrec-requests", daemon=True)
         self._thread.start()
 
+    @property
+    def waits(self) -> bool:
+        """Whether the thread waits on the store (else it polls it every ``POLL_S``)."""
+        return self._wire is not None
+
     def connection_source(self) -> Any:
-        """The store to clone further connections from (never called on by other threads)."""
-        return self._store
+        """The store to clone torch clients from (the exchange's, the slow check's)."""
+        return self._source
 
     @property
     def seen(self) -> int:
@@ -275,153 +334,118 @@ class Poller:
         return self._seen
 
     def connection(self) -> Any:
-        """A second connection, for threads other than the waiting one (a TCPStore client is
-        not meant to be shared between threads, and the waiting one is blocked). Callers hold
+        """A second connection, for threads other than the waiting one (ours where the store
+        speaks the protocol: a call on it can never abort the process at exit). Callers hold
         ``post_lock``."""
         if self._post_store is None:
-            self._post_store = own_connection(self._store)
+            self._post_store = self.new_connection()
         return self._post_store
+
+    def new_connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+        """A further connection of its own for another part (the exchange, its reporter):
+        ours where the store speaks the protocol, else torch's client; opening it waits
+        ``timeout_s`` at most."""
+        wire = wire_connection(self._source, timeout_s) if self._wire is not None else None
+        return wire if wire is not None else own_connection(self._source, timeout_s)
 
     @property
     def post_lock(self) -> threading.Lock:
         """Held while using ``connection()``."""
         return self._post_lock
 
-    def post(self, rank: int, reason: str, unless_past: int | None = None) -> bool:
-        """Ask every other rank to dump (this one already did).
-
-        Args:
-            unless_past: skip posting when the counter already moved past this value: another
-                rank detected the same hang first and every rank is dumping for it.
-
-        Returns:
-            Whether a request was posted.
-        """
-        if unless_past is None:
-            with self._post_lock:
-                n = post_request(self.connection(), self._namespace, rank, reason, 0)
-                self.own.add(n)
-                self.latest = (n, reason, time.monotonic_ns())
-                ring(self.connection(), self._namespace, self.world_size, skip=self.rank)
-            return True
-        return self.start_round(rank, reason, unless_past)[0]
-
     def start_round(self, rank: int, reason: str, seen: int) -> tuple[bool, int]:
         """Post a request unless one newer than ``seen`` exists, atomically.
 
         Ranks that time out in the same collective at the same moment race here; the store's
-        ``compare_set`` lets one of them post, and the others learn its number (and take it as
-        answered: they dumped for the hang already). Two ranks can both believe they posted
-        it when another moved the counter between their two calls (microseconds apart): then
-        the same request is described and rung twice, which is harmless.
+        ``compare_set`` on request ``seen + 1``'s description lets one of them post, and the
+        others learn its number (and take it as answered: they dumped for the hang already).
 
         Returns:
             (whether this process posted, the request number that stands for this event).
         """
-        key = request_key(self._namespace)
         with self._post_lock:
             store = self.connection()
-            current = int(store.add(key, 0))
-            if current > seen:  # posted meanwhile: that request stands for this event
-                self.own.add(current)
-                self.latest = (current, "", time.monotonic_ns())
-                return False, current
-            now = bytes(store.compare_set(key, str(seen), str(seen + 1)))
-            n = int(now) if now.isdigit() and len(now) < 20 else seen + 1
-            self.own.add(n)
-            if n != seen + 1:
+            n = seen + 1
+            self.own.add(n)  # before posting: this process's own thread wakes for it too
+            if not _take(store, self.keys, rank, reason, n):
+                # Posted meanwhile: the newest request stands for this event.
+                n = max(n, first_free(store, self.keys, n) - 1)
+                self.own.add(n)
                 self.latest = (n, "", time.monotonic_ns())
                 return False, n
-            store.set(f"{key}/{n}", f"{rank} {reason}")
+            self.own.add(n)
             self.latest = (n, reason, time.monotonic_ns())
-            ring(store, self._namespace, self.world_size, skip=self.rank)
             return True, n
 
     def stop(self, wait_s: float = 0.0) -> None:
-        """Stop waiting; with ``wait_s``, wait that long for the thread to end.
-
-        The thread sits in a store call, so this rings our own bell to get it out. Waiting
-        matters at the end of a process: a daemon thread still inside a store call when the
-        interpreter finalizes is ended from within torch's C++ frames, which aborts the
-        process ("terminate called without an active exception") after the job finished.
-        """
+        """Stop waiting; with ``wait_s``, wait that long for the thread to end (closing our
+        connection ends its wait at once)."""
         self._stop.set()
-        if self._waiting:
-            # On a helper thread: connecting can take long when the store is unreachable, and
-            # exit must not wait for that longer than ``wait_s``.
-            threading.Thread(target=self._ring_self, name="flightrec-stop", daemon=True).start()
+        if self._wire is not None:
+            self._wire.close()
+        post = self._post_store
+        if isinstance(post, WireStore):
+            post.close()
         if wait_s and self._thread is not threading.current_thread():
             self._thread.join(wait_s)
 
-    def leave(self, wait_s: float = 0.0) -> None:
-        """After ``stop``: count this rank's thread out of the store for good. With ``wait_s``
-        (in the process whose end takes the store down), first wait up to that long until
-        every rank's thread is out.
-
-        A rank whose thread is still inside its wait when the store goes makes torch log a
-        C++ warning with a stack trace into that rank's log ("Connection was likely closed")
-        at a normal end, and ranks reach their end milliseconds to seconds apart. Nothing is
-        waited for when the store is already failing or this thread did not get out.
-        """
-        if self.failing or self._thread.is_alive():
-            return
-        key = out_key(self._namespace)
-        try:
-            with self._post_lock:
-                out = int(self.connection().add(key, 1))
-            deadline = time.monotonic() + wait_s
-            while out < self.world_size and time.monotonic() < deadline:
-                time.sleep(LEAVE_POLL_S)  # (the lock is free meanwhile: a SIGTERM may post)
-                with self._post_lock:
-                    out = int(self.connection().add(key, 0))
-        except Exception:
-            pass  # the store is gone: nobody is left waiting on it
-
-    def _ring_self(self) -> None:
-        try:
-            with self._post_lock:
-                self.connection().set(self._bell, "stop")
-        except Exception:
-            pass  # the store is gone: its connection closed, and the wait returned with it
-
     def _run(self) -> None:
         failures = 0
-        key = request_key(self._namespace)
-        deferred = False
         while not self._stop.is_set():
             try:
-                if not deferred:
-                    # Cleared before the counter is read: a request posted after this rings
-                    # again, one posted before is in the counter.
-                    self._store.delete_key(self._bell)
-                current = int(self._store.add(key, 0))
-                if not self._stop.is_set():
-                    deferred = self._handle(key, current)
+                nxt = self._seen + 1
+                if not self._next_posted(nxt):
+                    continue  # (polling: not yet)
                 if self._stop.is_set():
                     return
-                if deferred:  # answered (as one dump) once the interval is over
+                count, text = self._store.multi_get([self.keys.requests, self.keys.request(nxt)])
+                current = nxt
+                if _count(bytes(count)) > nxt:  # (requests posted together; or a moved counter)
+                    current = first_free(self._store, self.keys, nxt) - 1
+                if self._handle(current, {nxt: parse_request(bytes(text))}):
+                    # Answered (as one dump) once the interval is over.
                     self._stop.wait(MIN_REQUEST_INTERVAL_NS / 1e9)
-                    continue
-                self._waiting = True
-                if not self._stop.is_set():
-                    self._store.wait([self._bell], timedelta(seconds=WAIT_S))
-                self._waiting = False
                 failures = 0
                 self.failing = False
             except Exception:
-                self._waiting = False
-                self.failing = not self._stop.is_set()
+                if self._stop.is_set():
+                    return
+                self.failing = True
                 # The store lives in rank 0's process (or the agent's); when it goes away
                 # the job is ending. Give up quietly after a few tries.
                 failures += 1
                 if failures >= MAX_FAILURES or self._stop.wait(RETRY_S * failures):
                     return
+                self._reconnect()
+
+    def _next_posted(self, n: int) -> bool:
+        """Wait until request ``n`` is posted (True), or, polling, look once (and pause)."""
+        key = self.keys.request(n)
+        if self._wire is not None:
+            return self._wire.wait([key])
+        if self._store.check([key]):
+            return True
+        self._stop.wait(POLL_S)
+        return False
+
+    def _reconnect(self) -> None:
+        if self._wire is None:
+            return
+        self._wire.close()
+        try:
+            wire = WireStore(self._wire.host, self._wire.port, CONNECT_TIMEOUT_S)
+        except OSError:
+            return  # the next call fails as fast, and counts
+        if self._stop.is_set():
+            wire.close()
+        else:
+            self._wire = self._store = wire
 
     def _hang_is_recent(self, now: int) -> bool:
         return bool(self.hang_ns) and now - self.hang_ns < HANG_COVERS_NS
 
-    def _handle(self, key: str, current: int) -> bool:
-        """Act on the counter's value; True when a request must wait for the interval."""
+    def _handle(self, current: int, known: dict[int, tuple[int, str]]) -> bool:
+        """Act on requests up to ``current``; True when they must wait for the interval."""
         if current <= self._seen:
             return False
         now = time.monotonic_ns()
@@ -432,11 +456,12 @@ class Poller:
         batch: list[tuple[int, int, str]] = []
         for n in range(self._seen + 1, min(current, self._seen + MAX_LOOKAHEAD) + 1):
             if n not in self.own and len(batch) < MAX_DESCRIPTIONS:
-                try:
-                    requester, reason = read_request(self._store, self._namespace, n)
-                except Exception:
-                    requester, reason = -1, ""
-                batch.append((n, requester, reason))
+                if n not in known:
+                    try:
+                        known[n] = read_request(self._store, self.keys, n)
+                    except Exception:
+                        known[n] = (-1, "")
+                batch.append((n, *known[n]))
         # The dump names the first round among them (a hang, a stop, a death) when there is
         # one: that round's verdict needs this rank's answer, whatever trigger came with it.
         rounds = [b for b in batch if b[2] in ROUND_REASONS]
@@ -468,6 +493,6 @@ class Poller:
         what = "dumped" if dumped else "failed"
         try:
             for n in numbers:
-                self._store.append(f"{request_key(self._namespace)}/{n}/{what}", f"{self.rank},")
+                self._store.append(self.keys.acknowledged(n, what), f"{self.rank},")
         except Exception as exc:  # the trigger then reports this rank as not answering
             log.debug("flightrec: could not acknowledge a dump request: %s", exc)

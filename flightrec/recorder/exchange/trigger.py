@@ -2,14 +2,14 @@
 (bounded) for the ranks to say they did.
 
 The address may be the workers' store itself (MASTER_ADDR:MASTER_PORT), torchrun's c10d
-rendezvous endpoint (rank 0 left the workers' address there, ``endpoint.endpoint_key``) or the
+rendezvous endpoint (rank 0 left the workers' address there, ``Keys.endpoint``) or the
 endpoint file in a FLIGHTREC_DIR. Each rank that answers appends its rank to
-``flightrec/<namespace>/dump_request/<n>/dumped`` (or ``/failed`` when its dump could not be
-written) once it has dumped for request ``n`` (``store.Poller``).
+``Keys.acknowledged(n, "dumped")`` (or ``"failed"`` when its dump could not be written) once it
+has dumped for request ``n`` (``store.Poller``).
 
-Before torch is imported (seconds) or its store client tries (it logs C++ stack traces while
-it retries), a plain socket probes the address: an address where nothing listens costs one
-line, within the connect timeout.
+No torch here: the store is spoken to through ``wire`` (importing torch took 4 to 9 s on a busy
+machine). Only a store that answers, but not as torch's TCPStore does, is tried once more
+through torch's own client where torch is installed (a torch whose protocol differs).
 """
 
 from __future__ import annotations
@@ -19,23 +19,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flightrec.errors import TorchMissingError, UsageError
+from flightrec.errors import UsageError
 from flightrec.recorder.exchange.endpoint import (
     ENDPOINT_FILE,
     Endpoint,
-    endpoint_key,
+    connect_failure,
     parse_address,
-    reachable,
     read_file,
 )
-from flightrec.recorder.exchange.store import (
-    MAX_RANK,
-    connect,
-    known_world_size,
-    post_request,
-    request_key,
-    world_key,
-)
+from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.store import MAX_RANK, known_world_size, post_request
+from flightrec.recorder.exchange.wire import ProtocolError, WireStore
 
 POLL_S = 0.1
 """How often the acknowledgements are read while waiting."""
@@ -89,18 +83,30 @@ def endpoint_from_folder(folder: Path) -> Endpoint:
 
 
 def _connect(host: str, port: int, timeout_s: float) -> Any:
-    why = reachable(host, port, timeout_s)
-    if why:
-        raise UsageError(f"nothing answers at {host}:{port}: {why}")
     try:
-        import torch.distributed  # noqa: F401
-    except ImportError:
-        raise TorchMissingError() from None
+        return WireStore(host, port, timeout_s)
+    except ProtocolError as exc:
+        unexpected = exc
+    except OSError as exc:
+        why = connect_failure(exc, timeout_s)
+        raise UsageError(f"nothing answers at {host}:{port}: {why}") from None
+    store = _torch_client(host, port, timeout_s)
+    if store is None:
+        raise UsageError(
+            f"something answers at {host}:{port}, but not as a job's store (torch's TCPStore) "
+            f"does: {unexpected}; is this the job's MASTER_PORT or torchrun's --rdzv-endpoint?"
+        )
+    return store
+
+
+def _torch_client(host: str, port: int, timeout_s: float) -> Any:
+    """torch's own client, where torch is installed and its client connects; else None."""
     try:
+        from flightrec.recorder.exchange.store import connect
+
         return connect(host, port, timeout_s)
-    except Exception as exc:
-        first = (str(exc) or type(exc).__name__).splitlines()[0][:200]
-        raise UsageError(f"no job store answers at {host}:{port} ({first})") from None
+    except Exception:  # no torch, or torch's client fails as ours did
+        return None
 
 
 def find_store(host: str, port: int, namespace: str, timeout_s: float) -> tuple[Any, str, str]:
@@ -112,15 +118,15 @@ def find_store(host: str, port: int, namespace: str, timeout_s: float) -> tuple[
     Raises:
         UsageError: nothing answers there, or no traced job registered there.
     """
+    keys = Keys(namespace)
     store = _connect(host, port, timeout_s)
-    if store.check([world_key(namespace)]):
+    if store.check([keys.world]):
         return store, f"{host}:{port}", ""
-    key = endpoint_key(namespace)
-    if store.check([key]):
-        where = parse_address(bytes(store.get(key)).decode("ascii", "replace")[:300])
+    if store.check([keys.endpoint]):
+        where = parse_address(bytes(store.get(keys.endpoint)).decode("ascii", "replace")[:300])
         if where is not None:
             inner = _connect(where[0], where[1], timeout_s)
-            if inner.check([world_key(namespace)]):
+            if inner.check([keys.world]):
                 return inner, f"{where[0]}:{where[1]}", f"via the rendezvous store {host}:{port}"
     job = f" (FLIGHTREC_JOB_ID={namespace})" if namespace else ""
     raise UsageError(
@@ -151,16 +157,13 @@ def trigger(
         wait_s: how long to wait for the ranks' acknowledgements (0: do not wait).
 
     Raises:
-        TorchMissingError: torch is not installed here.
         UsageError: nothing answers at host:port, or no traced job registered there.
     """
     store, address, via = find_store(host, port, namespace, timeout_s)
-    world = known_world_size(store, namespace)
-    n = post_request(store, namespace, -1, "CLI_TRIGGER", world)
-    done_key, failed_key = (
-        f"{request_key(namespace)}/{n}/dumped",
-        f"{request_key(namespace)}/{n}/failed",
-    )
+    keys = Keys(namespace)
+    world = known_world_size(store, keys)
+    n = post_request(store, keys, -1, "CLI_TRIGGER")
+    done_key, failed_key = keys.acknowledged(n, "dumped"), keys.acknowledged(n, "failed")
     started = time.monotonic()
     dumped: tuple[int, ...] = ()
     failed: tuple[int, ...] = ()
