@@ -29,6 +29,7 @@ from flightrec.frames import (
     user_index,
     without_own_frames,
 )
+from flightrec.readers.native.convert import SOURCES as NATIVE_FORMS
 from flightrec.readers.scrub import scrub
 from flightrec.text import compress
 
@@ -57,6 +58,12 @@ class FindingKind(enum.StrEnum):
     """A rank arrives last at collective after collective; nothing hangs, everyone waits."""
     DESYNC = "desync"
     """Ranks of one group issued different numbers of collectives, and nobody waits."""
+    SLOW_STAGE = "slow_stage"
+    """One pipeline stage spends longer outside communication than the others (stage
+    imbalance): every rank of it, no single one; nothing hangs."""
+    IMBALANCE = "imbalance"
+    """Ranks that do the same work keep waiting for each other, and a different one is last
+    each time (spread imbalance): time lost, no culprit; nothing hangs."""
     STACK_HANG = "stack_hang"
     """From stacks alone (``flightrec attach`` on an untraced job): ranks outside any
     collective, or in another one, while the others wait, still, in one; or no rank blamed
@@ -344,6 +351,25 @@ class RankDump:
         return len(self.dump.entries.record_id)
 
     @cached_property
+    def converted(self) -> bool:
+        """Whether the dump was converted from PyTorch's own recorder (``flightrec convert``,
+        or read from a native dump)."""
+        return self.header.source in NATIVE_FORMS.values()
+
+    @cached_property
+    def records_gpu_start(self) -> bool:
+        """Whether a ``STARTED`` entry says its GPU work began: PyTorch's recorder watches
+        each collective's CUDA events (``scheduled``, ``started``, ``completed``); flightrec's
+        own entries go from ``ENQUEUED`` to ``COMPLETED``."""
+        return self.converted or any(self.dump.entries.start_ns)
+
+    @cached_property
+    def completion_times(self) -> bool:
+        """Whether entries record when they completed. PyTorch's recorder without timing
+        enabled says which completed, not when; converted gloo dumps say neither."""
+        return any(self.dump.entries.complete_ns)
+
+    @cached_property
     def tracks_completion(self) -> bool:
         """Whether entry states are real. Converted gloo dumps leave every entry ``ENQUEUED``."""
         e = self.dump.entries
@@ -570,6 +596,31 @@ class BelowTimeout:
     """The job's hang timeout, which none of those waits reached."""
 
 
+class Action(enum.StrEnum):
+    """What to do about a finding. The value is the JSON ``recommendation.action``."""
+
+    RESTART = "restart"
+    """Restart the job, leaving out the node if it happens again: a rank stalled, died or
+    left no dump, a GPU stopped completing work, a node is slow or gone. The code is fine."""
+    FIX_CODE = "fix_code"
+    """Stop and fix the code: ranks disagree about a collective, a rank skipped or added
+    one, raised an exception, or the work is split unevenly; a restart fails the same way."""
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """The recommendation a finding carries, and how sure of it the analysis is."""
+
+    action: Action
+    confidence: Literal["high", "medium", "low"]
+    """``high`` unless something the verdict rests on is missing (``lowered_by``)."""
+    why: str
+    """The reason for the action, in a few words."""
+    lowered_by: tuple[str, ...] = ()
+    """What lowered the confidence, one phrase each (dumps missing, rings wrapped past the
+    fault, clocks that could not be aligned, a wait shorter than the timeout...)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One diagnosis with the evidence a person needs.
@@ -599,6 +650,11 @@ class Finding:
     explains: tuple[Folded, ...] = ()
     """Findings this one explains (deaths of its peers, desyncs and unmatched transfers of
     the ranks it held up), folded into it by ``fold.fold_consequences``."""
+    held_by: tuple[int, ...] = ()
+    """Ranks at the head of the chain of waits that made this finding's ranks late: the
+    finding that blames them explains this one (``fold.fold_consequences``)."""
+    advice: Advice | None = None
+    """What to do next, and how sure (``advice.advise``, the last refinement)."""
 
 
 @dataclass(frozen=True, slots=True)
