@@ -27,9 +27,11 @@ processes. Where fresh processes scatter by several µs, this figure holds withi
 Also with the collective one helper deeper (``HELPER=1``: its caller's caller is a new
 activation at every call, which the first stack cache cannot key on).
 
-``--ddp``: steps per second of a small DDP model on 4 gloo ranks (``ddp_steps.py``): untraced,
-FLIGHTREC=1 (DDP keeps its C++ hook), FLIGHTREC=1 with flightrec's Python DDP hook forced,
-interleaved; median, range and per-round ratios. ``--ddp-only`` runs just that.
+``--ddp``: steps per second of a DDP model on 4 gloo ranks (``ddp_steps.py``; ``--ddp-model``
+small or wide): untraced, FLIGHTREC=1 (flightrec's Python DDP hook, the default) and
+FLIGHTREC=1 FLIGHTREC_DDP_HOOK=0 (DDP keeps its C++ hook), interleaved; median, range and
+per-round ratios. ``--ddp-only`` runs just that. ``ddp_hook_cost.py`` prices the hook per
+bucket, paired in one process.
 
 Then the dump: a full 2,000-entry ring with 16-frame stacks from several call sites, dumped
 several times; median wall time and file size.
@@ -357,21 +359,22 @@ def paired(rounds: int, tmp: str) -> None:
         print(f"  {label:<40} {statistics.median(got):+6.2f} us/call   [{spread}]", flush=True)
 
 
-def ddp(rounds: int, tmp: str) -> None:
-    """Steps/s of a small 4-rank gloo DDP model: untraced, ``FLIGHTREC=1`` (DDP keeps its C++
-    hook; PyTorch's recorder sees its all-reduces) and ``FLIGHTREC=1 FLIGHTREC_DDP_HOOK=1``
-    (flightrec's Python hook), interleaved, printed with each mode's spread and the per-round
-    ratios (rounds run back to back, so a change of machine load shifts all three alike)."""
+def ddp(rounds: int, tmp: str, model: str = "small") -> None:
+    """Steps/s of a 4-rank gloo DDP model (``ddp_steps.py``, ``DDP_MODEL=model``): untraced,
+    ``FLIGHTREC=1`` (flightrec's Python DDP hook, the default) and ``FLIGHTREC=1
+    FLIGHTREC_DDP_HOOK=0`` (DDP keeps its C++ hook; PyTorch's recorder sees its all-reduces),
+    interleaved, printed with each mode's spread and the per-round ratios (rounds run back to
+    back, so a change of machine load shifts all three alike)."""
     modes = {
         "off": {},
-        "on": {"FLIGHTREC": "1"},
-        "on, Python DDP hook": {"FLIGHTREC": "1", "FLIGHTREC_DDP_HOOK": "1"},
+        "on (DDP hook)": {"FLIGHTREC": "1"},
+        "on, DDP_HOOK=0": {"FLIGHTREC": "1", "FLIGHTREC_DDP_HOOK": "0"},
     }
     rates: dict[str, list[float]] = {name: [] for name in modes}
     for _ in range(rounds):
         for name, env in modes.items():
-            rates[name].append(_script("ddp_steps.py", env, tmp))
-    print(f"DDP, 4 gloo ranks on this machine, small MLP, {rounds} interleaved runs each "
+            rates[name].append(_script("ddp_steps.py", {**env, "DDP_MODEL": model}, tmp))
+    print(f"DDP, 4 gloo ranks on this machine, {model} model, {rounds} interleaved runs each "
           "(slowest rank's steps/s)")  # fmt: skip
     for name, v in rates.items():
         print(f"  FLIGHTREC {name:<20}: median {statistics.median(v):7.1f} steps/s, range "
@@ -389,6 +392,7 @@ def main() -> None:
     parser.add_argument("--ddp", action="store_true", help="also DDP steps/s on 4 gloo ranks")
     parser.add_argument("--ddp-rounds", type=int, default=5)
     parser.add_argument("--ddp-only", action="store_true", help="only the DDP steps/s")
+    parser.add_argument("--ddp-model", choices=["small", "wide"], default="small")
     parser.add_argument("--source", action="store_true", help="import this checkout")
     parser.add_argument(
         "--instructions",
@@ -412,12 +416,12 @@ def main() -> None:
         return instructions(opts.calls)
     if opts.ddp_only:
         with tempfile.TemporaryDirectory() as tmp:
-            return ddp(opts.ddp_rounds, tmp)
+            return ddp(opts.ddp_rounds, tmp, opts.ddp_model)
     with tempfile.TemporaryDirectory() as tmp:
         harness(opts.rounds, tmp)
         paired(max(3, opts.rounds // 3), tmp)
         if opts.ddp:
-            ddp(opts.ddp_rounds, tmp)
+            ddp(opts.ddp_rounds, tmp, opts.ddp_model)
         dump = _run_child(
             ["--child", "dump", "--entries", str(opts.entries)],
             {"TORCH_FR_BUFFER_SIZE": "0", "FLIGHTREC": "1", "FLIGHTREC_BUFFER": str(opts.entries)},

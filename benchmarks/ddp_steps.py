@@ -1,7 +1,12 @@
-"""Steps per second of a small DDP model on 4 gloo ranks (CPU), for ``bench_recorder.py``.
+"""Steps per second of a DDP model on 4 gloo ranks (CPU), for ``bench_recorder.py``.
 
 Started as a plain script, so that ``FLIGHTREC=1`` in its environment traces it as it traces a
 user's job (the start-up hook, in every spawned rank). Prints the slowest rank's steps/s.
+
+``DDP_MODEL=small`` (the default): an MLP of 100 K parameters in buckets of 0.1 MB (four a
+step: the most buckets per unit of work, the worst case for a per-bucket cost).
+``DDP_MODEL=wide``: 2.2 M parameters (8.8 MB) in DDP's default 25 MB buckets (one a step),
+a step of tens of milliseconds.
 """
 
 from __future__ import annotations
@@ -24,11 +29,13 @@ def _rank(rank: int, port: int, out: object) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=RANKS)
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 256), torch.nn.ReLU(),
-        torch.nn.Linear(256, 10),
-    )  # fmt: skip
-    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.1)
+    wide = os.environ.get("DDP_MODEL", "small") == "wide"
+    width, depth, cap = (1024, 3, 25.0) if wide else (256, 2, 0.1)
+    layers: list[torch.nn.Module] = [torch.nn.Linear(128, width), torch.nn.ReLU()]
+    for _ in range(depth - 1):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 10))
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=cap)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
     x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
 

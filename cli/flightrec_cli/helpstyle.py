@@ -24,6 +24,19 @@ def reflow(text: str | None) -> str | None:
     return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
 
 
+def _literal(command: Any) -> None:
+    """Help texts read literally: under Typer's rich markup a bracketed word is a style tag
+    and vanishes (``pip install 'torch-flightrec[s3]'`` printed without its ``[s3]``)."""
+    if getattr(command, "rich_markup_mode", None) != "rich":
+        return
+    from rich.markup import escape
+
+    command.help = escape(command.help) if command.help else command.help
+    for p in command.params:
+        if getattr(p, "help", None):
+            p.help = escape(p.help)
+
+
 def _is_choice(p: Any) -> bool:
     # Typer with click: ``p.type.choices``; Typer with its own parser: ``p.type_descriptor``.
     descriptor = getattr(p, "type_descriptor", None)
@@ -62,6 +75,7 @@ class PlainCommand(TyperCommand):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.help = reflow(self.help)
+        _literal(self)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain(super().get_params(ctx))
@@ -76,6 +90,7 @@ class PlainGroup(TyperGroup):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.help = reflow(self.help)
+        _literal(self)
 
     def get_params(self, ctx: Any) -> list[Any]:
         return _plain(super().get_params(ctx))

@@ -82,26 +82,16 @@ class Config:
     """FLIGHTREC_SLOW_CHECK: seconds between in-job checks for a persistently late rank (one
     line in the log when one is found, docs/slow-ranks.md); 0 turns the check off. Values
     below 0.5 (but 0) are read as 0.5."""
-    ddp_hook: bool | None = None
-    """FLIGHTREC_DDP_HOOK: record DDP's gradient all-reduces through a Python communication
-    hook (1/true/yes), or leave DDP's C++ hook alone (anything else). Unset: the hook only
-    where PyTorch's own recorder cannot see them (``wants_ddp_hook``)."""
+    ddp_hook: bool = True
+    """FLIGHTREC_DDP_HOOK: record DDP's gradient all-reduces through flightrec's Python
+    communication hook (on unless 0/false/...; DDP then keeps its C++ hook, and its
+    all-reduces come from PyTorch's recorder only).
 
-    def wants_ddp_hook(self, env: Mapping[str, str] | None = None) -> bool:
-        """Whether DDP models get flightrec's Python communication hook.
-
-        DDP's reducer all-reduces its buckets from C++. PyTorch's recorder (on by default, and
-        merged into every dump) records them there at no cost to the job, while any Python
-        communication hook costs DDP about 6% of its steps on a small model (the GIL taken per
-        bucket on the backward pass and again on gloo's thread). So the hook is registered
-        only when that recorder is off: FLIGHTREC_NATIVE=0, or a buffer size of 0.
-        """
-        if self.ddp_hook is not None:
-            return self.ddp_hook
-        env = os.environ if env is None else env
-        sizes = [env.get(k) for k in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")]
-        off = any(v is not None and v.strip() == "0" for v in sizes)
-        return not self.native or off
+    PyTorch's recorder sees the reducer's all-reduces at no cost to the job, but on gloo
+    with no completion time, and with a failed one marked like a finished one: a hang in one
+    is then invisible to the metrics (nothing pending) and the slow check (no times). The hook
+    records each bucket as flightrec's own entry, with its completion or failure, for a
+    Python call and two takes of the GIL per bucket (docs/benchmarks.md, "DDP")."""
 
 
 def is_true(value: str | None) -> bool:
@@ -207,7 +197,5 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         or is_true(env.get("FLIGHTREC_RAW_STACKS")),
         verdict=env.get("FLIGHTREC_VERDICT") is None or is_true(env.get("FLIGHTREC_VERDICT")),
         slow_check_s=_slow_check(env),
-        ddp_hook=None
-        if env.get("FLIGHTREC_DDP_HOOK") is None
-        else is_true(env["FLIGHTREC_DDP_HOOK"]),
+        ddp_hook=env.get("FLIGHTREC_DDP_HOOK") is None or is_true(env.get("FLIGHTREC_DDP_HOOK")),
     )

@@ -4,7 +4,10 @@ With ``FLIGHTREC_METRICS_PORT=P`` each traced process serves ``/metrics`` on ``P
 (``prometheus_client``'s server, on the ``flightrec-metrics`` thread). Nothing is counted on
 the hot path for it: a scrape reads the groups' sequence counters, scans the ring's state
 bytes for pending entries (the C-speed scan the watchdog makes every period), and reads the
-counters the runtime keeps of its dumps, uploads and warnings.
+counters the runtime keeps of its dumps, uploads and warnings. Collectives only PyTorch's
+recorder sees (functional collectives, FSDP2, DDP's C++ hook where flightrec's is off) count
+too, once the watchdog's once-a-second look at torch's counters (``native.watch``) finds one
+unfinished for 2 s: their age is counted from when torch's counters stopped moving.
 
 The early warning is ``flightrec_oldest_pending_seconds``: an operation pending for longer
 than half of ``flightrec_timeout_seconds`` is a hang in the making, before any watchdog fires.
@@ -17,12 +20,13 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flightrec.recorder.dumping.upload import Uploader
+    from flightrec.recorder.native.watch import PendingNative
     from flightrec.recorder.recording.recorder import Recorder
 
 log = logging.getLogger("flightrec")
@@ -86,6 +90,8 @@ class FlightrecCollector:
         identity: ``() -> (rank, world_size, job_id)`` as known now (rank -1 before the first
             process group).
         clock: monotonic nanoseconds (the ring's clock); tests pass a fake one.
+        native: the collectives PyTorch's recorder shows unfinished, one per group at most
+            (``NativeWatch.pending``, read as a snapshot); None: not watched.
     """
 
     def __init__(
@@ -95,15 +101,22 @@ class FlightrecCollector:
         uploader: Uploader | None,
         identity: Callable[[], tuple[int, int, str]],
         clock: Callable[[], int] = time.monotonic_ns,
+        native: Callable[[], Iterable[PendingNative]] | None = None,
     ) -> None:
         self.recorder = recorder
         self.counts = counts
         self.uploader = uploader
         self.identity = identity
         self.clock = clock
+        self.native = native
 
-    def pending(self) -> tuple[dict[int, int], int]:
-        """(pending entries per group index, enqueue time of the oldest; 0 when none)."""
+    def pending(self) -> tuple[dict[int, int], int, int]:
+        """(the ring's pending entries per group index, when the oldest pending operation
+        began (0 when none), operations only PyTorch's recorder shows pending).
+
+        The last: per group, the collective torch's recorder shows unfinished where the ring
+        holds nothing pending (a collective flightrec's hooks never saw).
+        """
         ring = self.recorder.ring
         per_group: dict[int, int] = {}
         oldest = 0
@@ -112,7 +125,16 @@ class FlightrecCollector:
             per_group[slot.group] = per_group.get(slot.group, 0) + 1
             if slot.enqueue_ns and (oldest == 0 or slot.enqueue_ns < oldest):
                 oldest = slot.enqueue_ns
-        return per_group, oldest
+        unseen = 0
+        if self.native is not None:
+            index = {g.name: g.index for g in list(self.recorder.groups.groups)}
+            for p in self.native():
+                if per_group.get(index.get(p.group, -1)):
+                    continue  # the ring holds it, or an older one of the group
+                unseen += 1
+                if p.since_ns and (oldest == 0 or p.since_ns < oldest):
+                    oldest = p.since_ns
+        return per_group, oldest, unseen
 
     def collect(self) -> Iterator[Any]:
         """The metric families (called by ``prometheus_client`` on each scrape)."""
@@ -137,7 +159,7 @@ class FlightrecCollector:
         )
         yield info
 
-        per_group, oldest = self.pending()
+        per_group, oldest, unseen = self.pending()
         issued = CounterMetricFamily(
             "flightrec_collectives_issued",
             "Operations (collectives and point-to-point) this rank issued on each process group.",
@@ -158,7 +180,7 @@ class FlightrecCollector:
         yield GaugeMetricFamily(
             "flightrec_pending_operations",
             "Operations issued and not yet complete, over all process groups.",
-            value=sum(per_group.values()),
+            value=sum(per_group.values()) + unseen,
         )
         age = max(0.0, (self.clock() - oldest) / 1e9) if oldest else 0.0
         yield GaugeMetricFamily(

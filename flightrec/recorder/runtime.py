@@ -204,7 +204,8 @@ class Runtime:
             self.ddp.install(
                 lambda: self.recorder.enabled,
                 lambda: self.hooks.ddp_all_reduce,
-                python_hook=self.config.wants_ddp_hook(),
+                python_hook=self.config.ddp_hook,
+                completion=lambda: self.recorder.tracker if self.recorder.enabled else None,
             )
         except Exception as exc:  # DDP coverage is a bonus; never a reason to fail
             log.warning("flightrec: DDP gradient all-reduces will not be recorded: %s", exc)
@@ -324,9 +325,11 @@ class Runtime:
         with self._lock:
             if self.metrics is not None:
                 return
+            watch = self.native_watch
             collector = FlightrecCollector(
-                self.recorder, self.counts, self.uploader, self._identity
-            )
+                self.recorder, self.counts, self.uploader, self._identity,
+                native=lambda: list(watch.pending.values()),
+            )  # fmt: skip
             port = metrics_port(self.config.metrics_port)
             self.metrics = server = MetricsServer(collector, port, self.config.metrics_addr)
             try:

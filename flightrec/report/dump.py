@@ -8,6 +8,8 @@ from rich.text import Text
 from flightrec.analysis.findings.crashes import exceptions_of
 from flightrec.analysis.model import RankDump, TensorInfo, op_label, user_frame
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
+from flightrec.format.schema import RECORDER_SOURCE
 from flightrec.report.layout import code_line, compact_table, hanging, longest_token
 from flightrec.text import compress
 
@@ -34,6 +36,29 @@ _STATES: dict[int, str] = {
 
 def _state(value: int) -> str:
     return _STATES.get(int(value), "?")
+
+
+def _own_ids(d: RankDump) -> bool:
+    """Whether record ids are flightrec's own (from 1; 0: an entry only PyTorch's recorder
+    saw, merged in at dump time); converted native dumps keep torch's ids, which start at 0."""
+    return d.header.source in ("", RECORDER_SOURCE, BLACKBOX_SOURCE)
+
+
+def _record_id(d: RankDump, i: int) -> str:
+    rid = d.dump.entries.record_id[i]
+    return "-" if rid == 0 and _own_ids(d) else str(rid)
+
+
+def _ring(d: RankDump) -> str:
+    """``11 entries of 2000: 0 calls recorded by flightrec's hooks, 11 entries from PyTorch's
+    recorder`` (a DDP job's reducer issues its all-reduces where only torch sees them)."""
+    h = d.header
+    text = f"{len(d)} entries" + (f" of {h.buffer_capacity}" if h.buffer_capacity else "")
+    if not _own_ids(d):
+        return text
+    native = d.dump.entries.record_id.count(0)
+    text += f": {h.entries_recorded} calls recorded by flightrec's hooks"
+    return text + (f", {native} entries from PyTorch's recorder" if native else "")
 
 
 class DumpRenderer:
@@ -70,12 +95,7 @@ class DumpRenderer:
                 "reason",
                 f"{reason} #{h.dump_index}" + (f": {h.reason_detail}" if h.reason_detail else ""),
             ),
-            (
-                "ring",
-                f"{len(d)} entries"
-                + (f" of {h.buffer_capacity}" if h.buffer_capacity else "")
-                + f" ({h.entries_recorded} recorded)",
-            ),
+            ("ring", _ring(d)),
         ]
         for name, value in facts:
             c.print(hanging(f"  {name:<14} ", value))
@@ -112,7 +132,7 @@ class DumpRenderer:
             frame = user_frame(r.stack)
             rows.append(
                 (
-                    str(d.dump.entries.record_id[i]),
+                    _record_id(d, i),
                     r.group,
                     number,
                     op,

@@ -17,12 +17,14 @@ from html import escape
 from importlib import resources
 from typing import TYPE_CHECKING, Any
 
-from flightrec.analysis.model import FrameInfo, is_library_frame
+from flightrec.analysis.model import Consequence, FrameInfo, is_library_frame
 from flightrec.report.grid import Cell, Grid, build_grid
 from flightrec.report.json import compact_report_to_dict
 
-# The terminal report's sentence ("rank 2 is in ...", "ranks 0-1,3 wait in ..."): one wording.
+# The terminal report's sentences ("rank 2 is in ...", "ranks 0-1,3 wait in ...", "ranks 0,3
+# waited in ..., then died"): one wording.
 from flightrec.report.terminal import _sentence as sentence
+from flightrec.report.terminal import blocked_lines
 from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:
@@ -44,6 +46,12 @@ MAX_SITUATIONS = 24
 """Situations ("where every rank is") the page lists; the rest are counted."""
 MAX_FRAMES = 14
 MAX_OTHER_FINDINGS = 50
+
+
+def _blocked(c: Consequence) -> list[str]:
+    took = f" for {c.waited_s:.1f} s" if c.waited_s >= 0.05 else ""
+    what = f"{c.label or c.op} #{c.seq} on group {c.process_group}"
+    return blocked_lines(c.waiting, c.ended, what, took)
 
 
 class HtmlRenderer:
@@ -213,11 +221,7 @@ def _findings(report: Report) -> str:
         if f.op:
             facts.append(f"op {f.op}")
         waits = "".join(
-            f"<li>{escape(ranks_phrase(c.waiting))} wait in {escape(c.label or c.op)} "
-            f"#{c.seq} on group {escape(c.process_group)}"
-            + (f" for {c.waited_s:.1f} s" if c.waited_s >= 0.05 else "")
-            + "</li>"
-            for c in f.consequences[:12]
+            f"<li>{escape(line)}</li>" for c in f.consequences[:12] for line in _blocked(c)
         )
         more = len(f.consequences) - 12
         if more > 0:

@@ -7,6 +7,7 @@ drops colour under ``NO_COLOR`` and writes plain text when the output is not a t
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from rich.console import Console, Group, RenderableType
@@ -46,6 +47,20 @@ def _sentence(ranks: list[int], phrase: str) -> str:
         head, _, rest = phrase.partition(" ")
         phrase = f"{_SINGULAR.get(head, head)} {rest}".rstrip()
     return f"{ranks_phrase(ranks)} {phrase}"
+
+
+def blocked_lines(waiting: Sequence[int], ended: Sequence[int], what: str, took: str) -> list[str]:
+    """``ranks 0-1,3 wait in WHAT for 2.1 s`` for the ranks still waiting, and ``ranks 0,3
+    waited in WHAT for 2.1 s, then died`` for those whose process has ended since: a dead
+    process waits nowhere. One wording for every renderer."""
+    lines = []
+    still = [r for r in waiting if r not in ended]
+    if still:
+        lines.append(_sentence(still, f"wait in {what}") + took)
+    gone = [r for r in waiting if r in ended]
+    if gone:
+        lines.append(f"{ranks_phrase(gone)} waited in {what}{took}, then died")
+    return lines
 
 
 class TerminalRenderer:
@@ -142,13 +157,7 @@ class TerminalRenderer:
             else:
                 where = f"on {len(cs)} {desc + ' ' if desc else ''}groups"
             took = f" for {longest:.1f} s" if longest >= 0.05 else ""
-            still = [r for r in waiting if r not in ended]
-            if still:
-                lines.append(_sentence(still, f"wait in {op} #{seq} {where}") + took)
-            if ended:  # a process that has ended waits nowhere: say what became of it
-                lines.append(
-                    f"{ranks_phrase(ended)} waited in {op} #{seq} {where}{took}, then died"
-                )
+            lines += blocked_lines(waiting, ended, f"{op} #{seq} {where}", took)
         if lines:
             self._print(Text("Blocked because of it", style="bold"))
             for line in lines[:MAX_LINES]:
@@ -280,9 +289,17 @@ class TerminalRenderer:
                 f"{issued}/{'?' if done < 0 else done}: {ranks_phrase(rs)}"
                 for (issued, done), rs in sorted(by_progress.items(), reverse=True)
             ]
-            missing = [r for r in info.ranks if r not in info.progress]
-            if missing:
-                cells.append(f"no dump: {ranks_phrase(missing)}")
+            # A rank absent here left no dump, or its dump (a summary in the job's log, which
+            # keeps the groups with something pending first) does not hold the group; ranks
+            # the verdict in the log read the progress of only are not listed.
+            run = report.run
+            absent = [r for r in info.ranks if r not in info.progress and r not in run.seen]
+            no_dump = [r for r in absent if r not in run.dumps]
+            if no_dump:
+                cells.append(f"no dump: {ranks_phrase(no_dump)}")
+            unrecorded = [r for r in absent if r in run.dumps]
+            if unrecorded:
+                cells.append(f"not in the dump: {ranks_phrase(unrecorded)}")
             # (the members are the next column)
             name = info.label() if info.desc else f"group {info.key}"
             table.add_row(name, compress(info.ranks), " · ".join(cells))

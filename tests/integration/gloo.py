@@ -29,7 +29,12 @@ def one_rank_gloo() -> Iterator[None]:
 
 @contextlib.contextmanager
 def traced_runtime(
-    directory: Path, buffer: int, *, background: bool = False, native: bool = False
+    directory: Path,
+    buffer: int,
+    *,
+    background: bool = False,
+    native: bool = False,
+    ddp_hook: bool = True,
 ) -> Iterator[Runtime]:
     """The recorder enabled on this process (no watchdog firing: a one-hour timeout).
 
@@ -37,8 +42,9 @@ def traced_runtime(
     process group (and so torch's ring) outlives the runtime each test creates.
     """
     config = Config(
-        enabled=True, directory=str(directory), timeout_s=3600, buffer=buffer, native=native
-    )
+        enabled=True, directory=str(directory), timeout_s=3600, buffer=buffer, native=native,
+        ddp_hook=ddp_hook,
+    )  # fmt: skip
     runtime = Runtime(config)
     runtime.enable()
     if background:

@@ -115,3 +115,46 @@ def test_metrics_move_from_healthy_to_hung(tmp_path: Path) -> None:
             assert value(m, "flightrec_dumps_written_total") >= 1, rank
         hung = scrape(base)
         assert value(hung, "flightrec_oldest_pending_seconds") > 3
+
+
+@pytest.mark.parametrize("hook", ["", "0"])
+def test_a_ddp_hang_shows_in_the_metrics(tmp_path: Path, hook: str) -> None:
+    """A DDP job (only DDP's collectives): rank 2 stalls before its backward, the others wait
+    in its gradient-bucket all-reduces. Their metrics show the wait, before the watchdog fires.
+    ``FLIGHTREC_DDP_HOOK=0``: the buckets go through DDP's C++ hook, and the wait is known from
+    PyTorch's recorder (the watchdog's look at its counters, once a second)."""
+    pytest.importorskip("prometheus_client", reason="metrics need prometheus_client (test extra)")
+    base = free_ports(WORLD)
+    go = tmp_path / "go"
+    env = {
+        "FLIGHTREC_METRICS_PORT": str(base),
+        "FLIGHTREC_METRICS_ADDR": "127.0.0.1",
+        "FLIGHTREC_TIMEOUT": "30",
+        "FLIGHTREC_VERDICT": "0",
+        **({"FLIGHTREC_DDP_HOOK": hook} if hook else {}),
+    }
+    args = ["train", "--steps", "3", "--go", str(go), "--culprit", "2"]
+    with start_job("ddp_job.py", args, env=env, workdir=tmp_path) as job:
+        for rank in range(WORLD):
+            job.wait_for_output(rank, "HEALTHY", timeout=60)
+        # Nothing pending once the steps are over (torch's counters are looked at once a
+        # second: a step that took over 2 s on a loaded machine reads pending until then).
+        deadline = time.monotonic() + 5
+        while value(wait_scrape(job, base), "flightrec_pending_operations") != 0:
+            assert time.monotonic() < deadline, job.output()
+            time.sleep(0.2)
+        go.touch()
+        job.wait_for_output(0, "WAITING", timeout=20)
+        deadline = time.monotonic() + 15  # (the C++ hook's wait is seen after 2 s pending)
+        while value(m := scrape(base), "flightrec_oldest_pending_seconds") == 0:
+            assert time.monotonic() < deadline, job.output()
+            time.sleep(0.2)
+        assert value(m, "flightrec_pending_operations") >= 1
+        time.sleep(1.1)
+        later = scrape(base)
+        assert value(later, "flightrec_oldest_pending_seconds") > value(
+            m, "flightrec_oldest_pending_seconds"
+        )
+        stalled = scrape(base + 2)  # in its data loader: nothing pending there
+        assert value(stalled, "flightrec_pending_operations") == 0
+        assert job.dump_files() == []  # all before the watchdog fired

@@ -85,19 +85,18 @@ def test_a_users_own_hook_is_kept(rt: Runtime) -> None:
     assert decode(rt.recorder.ring.snapshot()) == []
 
 
-def test_with_pytorchs_recorder_on_ddp_keeps_its_own_hook_and_the_dump_labels_buckets(
+def test_with_the_hook_off_ddp_keeps_its_own_and_the_dump_labels_buckets(
     tmp_path: Path,
 ) -> None:
-    """The default: PyTorch's recorder sees the reducer's all-reduces, so DDP keeps its C++
-    hook (a Python one costs it steps), and the merged dump says which entries are buckets."""
+    """FLIGHTREC_DDP_HOOK=0: DDP keeps its C++ hook; PyTorch's recorder sees the reducer's
+    all-reduces, and the merged dump says which entries are buckets."""
     from flightrec.format import flightrec_pb2 as pb
     from flightrec.format.read import read_dump
 
     with (
         one_rank_gloo(),
-        traced_runtime(tmp_path, buffer=64, background=True, native=True) as rt,
+        traced_runtime(tmp_path, buffer=64, background=True, native=True, ddp_hook=False) as rt,
     ):
-        assert not rt.config.wants_ddp_hook({})
         since = time.monotonic_ns()  # torch's ring is the process's: earlier tests' show too
         model = DDP(nn.Linear(4, 3))
         line = step(model)

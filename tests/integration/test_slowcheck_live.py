@@ -8,6 +8,8 @@ with a check every second (FLIGHTREC_SLOW_CHECK=1); the driver watches rank 0's 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -19,13 +21,23 @@ from tests.integration.jobs import SCRIPTS, child_env
 WORLD = 4
 
 
-def run(tmp_path: Path, *args: str) -> dict[str, object]:
+def run(tmp_path: Path, *args: str, timeout: float = 120) -> dict[str, object]:
     cmd = [sys.executable, str(SCRIPTS / "slow_job.py"), "--runs", "1", "--out", str(tmp_path),
            "--world", str(WORLD), *args]  # fmt: skip
     env = child_env({"FLIGHTREC_SLOW_CHECK": "1"}, flightrec=False)
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    # A session of its own: a driver that runs out of time goes with the ranks it forked.
+    with subprocess.Popen(
+        cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as driver:  # fmt: skip
+        try:
+            _, stderr = driver.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.communicate()
+            raise
     logs = "\n".join(p.read_text(errors="replace") for p in sorted(tmp_path.glob("run-*/*.log")))
-    assert done.returncode == 0, done.stderr + logs
+    assert driver.returncode == 0, stderr + logs
     assert "Traceback" not in logs and "flightrec: the slow check" not in logs, logs
     result: dict[str, object] = json.loads((tmp_path / "run-000" / "result.json").read_text())
     result["logs"] = logs
@@ -53,6 +65,20 @@ def test_a_slowing_rank_is_named_in_the_log_while_the_job_runs(
     assert r["onset"] is not None and r["first_line"] is not None
     assert float(r["first_line"]) > float(r["onset"])  # type: ignore[arg-type]
     assert len(lines) <= 3, lines  # again only when what it says changes
+
+
+def test_a_slowing_rank_is_named_in_a_plain_ddp_job(tmp_path: Path) -> None:
+    """The job's only collectives are DDP's gradient all-reduces (no FLIGHTREC_DDP_HOOK set):
+    rank 2 grows 20 ms slower at every step."""
+    r = run(tmp_path, "--ddp", "--shape", "growing", "--grow-ms", "20", "--max-ms", "200",
+            "--slow-rank", "2", "--onset-step", "30", "--steps", "250", "--stop-on-line",
+            timeout=240)  # fmt: skip
+    lines: list[str] = r["lines"]  # type: ignore[assignment]
+    named = [ln for ln in lines if "is persistently late" in ln]
+    assert named, r["logs"]
+    assert named[0].startswith("flightrec: slow rank: rank 2 ("), lines
+    assert "in group 0 (4 ranks)" in named[0], named[0]
+    assert float(r["first_line"]) > float(r["onset"])  # type: ignore[arg-type]
 
 
 def test_a_healthy_job_has_no_line(tmp_path: Path) -> None:

@@ -45,6 +45,8 @@ class _Rank:
     p2p: dict[tuple[str, int, bool], int] = field(default_factory=lambda: defaultdict(int))
     threads: list[tuple[str, list[FrameTuple], bool, bool]] = field(default_factory=list)
     clock: int = 1_000_000_000
+    raised: tuple[str, str, list[FrameTuple], int] | None = None
+    """The exception that ended its main thread: type, message, traceback, ring clock."""
 
 
 class Job:
@@ -175,6 +177,27 @@ class Job:
         """``rank`` dumped because its process exited."""
         self.reason[rank] = pb.PROCESS_EXIT
 
+    def died_of(
+        self,
+        rank: int,
+        type_name: str = "RuntimeError",
+        message: str = "Timed out waiting 4000ms for recv operation to complete",
+        *,
+        function: str = "step",
+        line: int = 22,
+        after_s: float = 4.0,
+    ) -> None:
+        """``rank``'s main thread died of an exception ``after_s`` after its last call, raised
+        inside torch (autograd, as DDP's ``backward()`` raises) under ``function`` at ``line``;
+        it dumped on its way out."""
+        st = self.ranks[rank]
+        st.clock += int(after_s * 1e9)
+        frames = [("/venv/lib/python3.11/site-packages/torch/autograd/graph.py", "_engine_run_backward", 829),
+                  *user_stack(function, line)[1:]]  # fmt: skip
+        st.raised = (type_name, message, frames, st.clock)
+        st.threads = [("MainThread", [], True, False)]
+        self.exited(rank)
+
     def build(
         self, rank: int, *, dump_index: int = 0, reason: int | None = None, wall_offset_s: float = 0
     ) -> pb.Dump:
@@ -213,6 +236,10 @@ class Job:
             threads = [("MainThread", stack, True, inside)]
         for i, (name, frames, is_main, holds) in enumerate(threads):
             b.thread(100 + i, name, frames, is_main=is_main, holds_recorder=holds)
+        if st.raised is not None:
+            kind, message, frames, at = st.raised
+            b.exception(kind, message, frames, thread="MainThread", is_main=True,
+                        wall_time_ns=at + h.wall_time_ns - h.mono_time_ns, via="sys.excepthook")  # fmt: skip
         return b.build()
 
     def write(self, directory: Path, ranks: Iterable[int] | None = None) -> list[Path]:
@@ -258,6 +285,18 @@ def late_arrivals(job: Job, rank: int, steps: int, late_ms: float = 40.0) -> Job
 
 def _fields(e: EntryValues) -> dict[str, object]:
     return {name: getattr(e, name) for name in EntryValues.__dataclass_fields__}
+
+
+def retired(job: Job, rank: int, entries: int = 1) -> Job:
+    """``rank``'s newest ``entries`` as PyTorch's gloo recorder leaves a collective it saw
+    end, finished or failed: ``COMPLETED`` with no completion time (DDP's bucket all-reduces,
+    issued from C++, merged into flightrec's dump)."""
+    st = job.ranks[rank]
+    for i in range(len(st.entries) - entries, len(st.entries)):
+        st.entries[i] = EntryValues(
+            **{**_fields(st.entries[i]), "state": pb.COMPLETED, "complete_ns": 0}
+        )
+    return job
 
 
 def as_native(job: Job) -> Job:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from io import StringIO
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from flightrec.analysis import analyze, analyze_dir
@@ -152,3 +153,49 @@ def test_a_group_the_culprit_left_behind_is_folded_even_where_its_peer_is_free()
     findings = analyze(job.run()).findings
     assert [(f.kind, f.ranks) for f in findings] == [(FindingKind.NOT_ARRIVED, (1,))]
     assert [x.kind for x in findings[0].explains] == [FindingKind.DESYNC]
+
+
+@pytest.mark.parametrize("blackbox", [False, True])
+def test_the_deaths_an_extra_call_caused_are_folded_under_it(blackbox: bool) -> None:
+    """DDP: rank 3 all-reduces one metric more than its peers (#11, where their gradient
+    bucket is); gloo aborts rank 3 after it, and the connection it leaves resets its peers
+    inside their next bucket all-reduce (#12), retired by PyTorch's recorder. Rank 1 still
+    waits. The mismatch is the verdict, whatever waits more ranks hold at the death it led to;
+    the deaths and the waits behind them are its own. ``blackbox``: rank 0 is read from its
+    black box, which holds only what flightrec's hooks saw (none of the buckets: flightrec's
+    DDP hook off) and torch's counter (12 issued)."""
+    from flightrec.format.blackbox import DIED, SOURCE
+    from tests.unit.factories import retired
+    from tests.unit.test_analysis_failed import BACKWARD, ddp_job
+
+    job = ddp_job(steps=10)
+    job.collective(line=BACKWARD, function="main", flags=pb.DDP_BUCKET,
+                   override={3: {"shape": (1,), "line": 43, "function": "log_metric"}},
+                   complete=[0, 2, 3])  # fmt: skip
+    job.collective(ranks=[0, 1, 2], line=BACKWARD, function="main", flags=pb.DDP_BUCKET,
+                   complete=False)  # fmt: skip
+    for r in (0, 2):
+        retired(job, r, 2)
+        job.died_of(r, message="Connection closed by peer", function="main", line=BACKWARD)
+    if blackbox:
+        job.ranks[0].entries.clear()
+    dumps = {r: job.build(r) for r in range(4)}
+    dumps[3].header.source, dumps[3].header.reason = SOURCE, pb.BLACKBOX
+    dumps[3].header.reason_detail = DIED
+    if blackbox:
+        dumps[0].header.source, dumps[0].header.reason = SOURCE, pb.BLACKBOX
+    from flightrec.analysis.loading.loader import Run
+    from flightrec.analysis.model import RankDump
+
+    run = Run({r: RankDump(f"<rank {r}>", d) for r, d in dumps.items()}, 4, (), ())
+    report = analyze(run)
+    first = report.findings[0]
+    assert (first.kind, first.ranks, first.seq) == (FindingKind.MISMATCH, (3,), 11), report.findings
+    assert first.summary.endswith("; rank 3 then died"), first.summary
+    assert len(report.findings) == 1, report.findings
+    folded = {r for x in first.explains if x.kind == FindingKind.DEAD_RANK for r in x.ranks}
+    assert folded == {0, 2, 3}, first.explains
+    waits = {(c.seq, c.waiting) for c in first.consequences}
+    # Rank 1 is held in #11, the mismatched call itself (its #12 is queued behind it); the
+    # ranks that died in #12 waited there.
+    assert (12, (2,) if blackbox else (0, 2)) in waits, first.consequences

@@ -138,6 +138,37 @@ def test_a_dump_without_a_job_id_is_not_another_job(tmp_path: Path) -> None:
     assert not any("another job" in n for n in run.notes)
 
 
+def test_a_hang_the_watchdog_declared_is_described_not_a_trigger_before_it(
+    tmp_path: Path,
+) -> None:
+    """``flightrec trigger`` while the job was on its way (rank 2 already stalled, the others
+    waiting for 6 s, under the 10 s timeout), then the watchdog: the default view describes
+    the hang the watchdog declared, with full confidence, not the trigger's snapshot."""
+    job = stalled()
+    for r in range(4):
+        snap = job.build(r, reason=pb.CLI_TRIGGER, wall_offset_s=-8)
+        snap.header.timeout_s = 10.0
+        for e in range(len(snap.entries.enqueue_ns)):  # the waits were 6 s old then
+            if not snap.entries.complete_ns[e]:
+                snap.entries.enqueue_ns[e] = snap.header.mono_time_ns - 6_000_000_000
+        write_dump(snap, tmp_path, f"{r}-0")
+        reason = pb.PEER_REQUEST if r == 2 else pb.WATCHDOG_TIMEOUT
+        hang = job.build(r, dump_index=1, reason=reason)
+        hang.header.timeout_s = 10.0
+        write_dump(hang, tmp_path, f"{r}-1")
+    run = load_dir(tmp_path)
+    assert {d.header.reason for d in run.dumps.values()} == {pb.WATCHDOG_TIMEOUT, pb.PEER_REQUEST}
+    assert not any("CLI_TRIGGER dump" in n for n in run.notes), run.notes
+    first = analyze_dir(str(tmp_path)).findings[0]
+    assert (first.kind, first.ranks) == ("not_arrived", (2,))
+    assert first.below_timeout is None and "low confidence" not in first.summary, first.summary
+    # Without the watchdog's dumps, the trigger's snapshot is all there is: said as such.
+    for path in tmp_path.glob("*-1"):
+        path.unlink()
+    first = analyze_dir(str(tmp_path)).findings[0]
+    assert first.below_timeout is not None and "low confidence" in first.summary
+
+
 def test_the_hang_view_takes_each_ranks_answer_to_the_first_hang_event(tmp_path: Path) -> None:
     """Rank 2 was stalled; the others' watchdogs fired. After the hang: rank 0 raised (a
     collective error), everyone got SIGTERM. The stalled rank's request dump is its snapshot,

@@ -179,7 +179,7 @@ class FakePoller:
     def connection_source(self) -> MemoryStore:
         return self.store
 
-    def new_connection(self) -> MemoryStore:
+    def new_connection(self, timeout_s: float = 10.0) -> MemoryStore:
         return self.store.clone()
 
 

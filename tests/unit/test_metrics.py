@@ -95,6 +95,34 @@ def test_issued_completed_pending_and_oldest_age_per_group(tmp_path: Path) -> No
     assert m[done] == 4
 
 
+def test_collectives_only_pytorchs_recorder_sees_count_as_pending(tmp_path: Path) -> None:
+    """DDP's C++ hook (flightrec's own off), FSDP2, functional collectives: the watchdog's
+    look at torch's counters finds the group's collective unfinished; a scrape counts it, and
+    its age, unless the ring already holds a pending entry of that group."""
+    from flightrec.recorder.native.watch import PendingNative
+
+    rec = recorder(tmp_path)
+    world = GroupInfo(0, "0", "default_pg", (0, 1, 2, 3), "gloo")
+    pair = GroupInfo(1, "5", "tp", (0, 1), "gloo")
+    rec.groups.groups.extend([world, pair])
+    issue(rec, world, 1 * S, done=True)
+    issue(rec, pair, 9 * S, done=False)
+    native = [
+        PendingNative("0", 7, "all_reduce", 5 * S),
+        PendingNative("5", 2, "all_reduce", 8 * S),
+    ]
+    c = FlightrecCollector(
+        rec, Counts(), None, lambda: (0, 4, ""), clock=lambda: 14 * S, native=lambda: native
+    )
+    m = samples(c)
+    assert m[("flightrec_pending_operations", ())] == 2  # the ring's tp entry, torch's world one
+    assert m[("flightrec_oldest_pending_seconds", ())] == pytest.approx(9.0)
+    world_labels = (("pg_desc", "default_pg"), ("process_group", "0"))
+    assert m[("flightrec_collectives_completed_total", world_labels)] == 1
+    native.clear()
+    assert samples(c)[("flightrec_oldest_pending_seconds", ())] == pytest.approx(5.0)
+
+
 def test_a_quiet_recorder_reports_nothing_pending(tmp_path: Path) -> None:
     rec = recorder(tmp_path, blackbox=True)
     c = FlightrecCollector(rec, Counts(), None, lambda: (-1, 0, ""))

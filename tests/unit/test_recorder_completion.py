@@ -46,3 +46,31 @@ def test_a_finished_work_succeeded_unless_its_future_holds_an_error() -> None:
 def test_a_work_without_a_future_counts_as_succeeded() -> None:
     assert _succeeded(Work(None))
     assert _succeeded(Work(Future(done=False)))  # completed, future not settled yet
+
+
+def test_adopted_work_is_settled_by_its_caller_not_by_a_callback_of_ours() -> None:
+    """DDP's hook adopts its bucket's entry: no future callback of the tracker's (each one is a
+    take of the GIL on gloo's thread), the hook's own callback settles it."""
+    from flightrec.format.slot import COMPLETED, FAILED
+    from flightrec.recorder.recording.completion import Tracker
+
+    finished: list[tuple[int, int]] = []
+    failures: list[int] = []
+
+    class Watched(Future):
+        callbacks = 0
+
+        def add_done_callback(self, fn: object) -> None:
+            Watched.callbacks += 1
+
+    t = Tracker(lambda rid, state, ns: finished.append((rid, state)),
+                lambda rid, exc: failures.append(rid), lambda where, exc: None)  # fmt: skip
+    with t.adopting() as rids:
+        t.track(7, Work(Watched(done=False)), gpu=False)
+    assert rids == [7] and Watched.callbacks == 0 and finished == []
+    t.settler(rids)(Watched(done=True))
+    assert finished == [(7, COMPLETED)]
+    t.settler([8])(Watched(done=True, error=RuntimeError("Timed out waiting 4000ms")))
+    assert finished[-1] == (8, FAILED) and failures == [8]
+    t.track(9, Work(Watched(done=False)), gpu=False)  # outside: the tracker follows it
+    assert Watched.callbacks == 1

@@ -68,17 +68,16 @@ def test_bad_value_warns_once_and_uses_default(
     assert len(caplog.records) == 1 and name in caplog.records[0].getMessage()
 
 
-def test_ddp_hook_only_where_pytorchs_recorder_cannot_see_ddp() -> None:
+def test_ddp_hook_on_unless_turned_off() -> None:
+    """DDP's buckets count (metrics, slow check, failures) by default, whether or not
+    PyTorch's recorder also sees them; FLIGHTREC_DDP_HOOK=0 leaves DDP's C++ hook alone."""
     on = {"FLIGHTREC": "1"}
-    assert not from_env(on).wants_ddp_hook(on)  # torch's recorder sees the reducer
-    for off in ({"FLIGHTREC_NATIVE": "0"}, {"TORCH_FR_BUFFER_SIZE": "0"}):
-        env = {**on, **off}
-        assert from_env(env).wants_ddp_hook(env), off
-    env = {**on, "TORCH_NCCL_TRACE_BUFFER_SIZE": " 0 "}
-    assert from_env(env).wants_ddp_hook(env)
-    env = {**on, "TORCH_FR_BUFFER_SIZE": "4000"}
-    assert not from_env(env).wants_ddp_hook(env)
-    forced = {**on, "FLIGHTREC_DDP_HOOK": "1"}
-    assert from_env(forced).wants_ddp_hook(forced)
-    never = {**on, "FLIGHTREC_DDP_HOOK": "0", "FLIGHTREC_NATIVE": "0"}
-    assert not from_env(never).wants_ddp_hook(never)
+    assert from_env(on).ddp_hook
+    for more in (
+        {"FLIGHTREC_NATIVE": "0"},
+        {"TORCH_FR_BUFFER_SIZE": "0"},
+        {"FLIGHTREC_DDP_HOOK": "1"},
+    ):
+        assert from_env({**on, **more}).ddp_hook, more
+    for off in ("0", "false", "no", " OFF "):
+        assert not from_env({**on, "FLIGHTREC_DDP_HOOK": off}).ddp_hook, off

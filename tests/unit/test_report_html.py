@@ -138,3 +138,13 @@ def test_the_command_writes_the_page_or_says_in_one_line_why_not(tmp_path: Path)
         f"flightrec: error: cannot write {tmp_path / 'missing' / 'report.html'}: "
         "No such file or directory"
     ]
+
+
+def test_blocked_ranks_whose_process_ended_waited_then_died() -> None:
+    """The page says what the terminal says of ranks gloo's timeout killed in the wait."""
+    from tests.unit.test_analysis_failed import ddp_job, torch_timeout_first
+
+    report = analyze(torch_timeout_first(ddp_job()).run())
+    page = HtmlRenderer().render(report)
+    assert "ranks 0-1,3 waited in DDP gradient-bucket all_reduce #6 on group 0" in page, page
+    assert "then died" in page and "ranks 0-1,3 wait in" not in page

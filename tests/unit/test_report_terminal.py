@@ -46,6 +46,25 @@ def test_progress_table_compresses_ranks() -> None:
     assert "4/3: ranks 0-1,3" in text and "3/3: rank 2" in text
 
 
+def test_a_rank_whose_dump_lacks_a_group_is_not_said_to_have_no_dump() -> None:
+    """A summary in the job's log keeps the groups with something pending first: rank 2's
+    lacks the subgroup. It has a dump; the group is not in it."""
+    from flightrec.analysis.loading.loader import Run
+    from flightrec.analysis.model import RankDump
+
+    job = stalled()
+    job.group("5", [0, 1, 2, 3], desc="tp")
+    job.collective(group="5", ranks=[0, 1, 3])
+    dumps = {r: job.build(r) for r in range(4)}
+    del dumps[2].groups[1]  # rank 2 issued nothing on it
+    run = Run({r: RankDump(f"<rank {r}>", d) for r, d in dumps.items()}, 4, (), ())
+    out = io.StringIO()
+    TerminalRenderer(Console(file=out, width=120)).render(analyze(run))
+    text = out.getvalue()
+    assert "not in the dump: rank 2" in text, text
+    assert "no dump" not in text, text
+
+
 def test_a_path_named_by_a_dump_is_never_opened(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # A dump without source lines (a native dump, an older flightrec) names a readable file:
     # the report shows the frame, not the file's contents.

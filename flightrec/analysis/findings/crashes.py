@@ -34,6 +34,7 @@ from flightrec.analysis.model import (
     FindingKind,
     FrameInfo,
     RankDump,
+    is_library_frame,
     user_frame,
 )
 from flightrec.analysis.waitgraph.waits import Wait
@@ -198,7 +199,7 @@ def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
     for rank, x in raised.items():
         loc = x.location
         where = loc.where() if loc else ""
-        in_op = x.in_collective or where in pending.get(rank, ())
+        in_op = x.in_collective or where in pending.get(rank, ()) or _in_unseen_call(m, rank, x)
         by_cause[(x.type, where, in_op)].append(x)
     findings: list[Finding] = []
     for (_, _, in_op), xs in sorted(
@@ -209,7 +210,7 @@ def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
         who = ranks_phrase(ranks)
         ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
         after = bool(hang) and first.wall_time_ns > hang + HANG_SLACK_NS
-        never = "" if any(len(m.dump(r)) for r in ranks) else ", before any collective"
+        never = "" if any(_issued_any(m.dump(r)) for r in ranks) else ", before any collective"
         if after:  # a consequence: said so where it is listed
             never += f", {(first.wall_time_ns - hang) / 1e9:.0f} s after the hang was declared"
         evidence = CrashEvidence(
@@ -227,6 +228,12 @@ def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
             )
         )
     return findings
+
+
+def _issued_any(d: RankDump) -> bool:
+    """Whether the rank issued any collective: its ring holds one, or a group's counter says
+    so (a black box keeps only the calls flightrec's hooks saw)."""
+    return len(d) > 0 or any(g.last_seq for g in d.dump.groups)
 
 
 def exited_finding(
@@ -341,21 +348,56 @@ def place_crashes(m: Matched, findings: list[Finding]) -> list[Finding]:
 
 def _raised_in_blamed_call(m: Matched, crash: Finding, findings: list[Finding]) -> bool:
     """Whether every rank of ``crash`` died inside the collective a finding blames on other
-    ranks (a mismatch, a rank that never arrived): the backend failed that call under them
-    ("Connection reset by peer" once the culprit was aborted). The traceback need not show
-    it: DDP's bucket all-reduces fail inside ``backward()``, with no torch.distributed frame.
+    ranks (a mismatch, a rank that never arrived), or in a later one on that group: the
+    backend failed the group's calls under them ("Connection reset by peer" once the culprit
+    was aborted, a timeout while it stayed away). The traceback need not show it: DDP's
+    bucket all-reduces fail inside ``backward()``, with no torch.distributed frame.
     """
     for f in findings:
         if f.process_group is None or f.seq is None or set(f.ranks) & set(crash.ranks):
             continue
-        group, seq = f.process_group, f.seq
-        # The call itself, unfinished or the last the rank issued on the group: gloo's own
-        # recorder marks a failed call retired, like a finished one.
-        if all(
-            (e := m.record(r, group, seq)) is not None
-            and (e.state != pb.COMPLETED or m.last_seq(r, group) == seq)
-            for r in crash.ranks
-        ):
+        if all(_failed_from(m, r, f.process_group, f.seq) for r in crash.ranks):
+            return True
+    return False
+
+
+def _failed_from(m: Matched, rank: int, group: str, seq: int) -> bool:
+    """Whether ``rank`` was inside collective ``seq`` of ``group``, or a later one of that
+    group, when its exception ended it."""
+    e = m.record(rank, group, seq)
+    # The call itself, unfinished or the last the rank issued on the group: gloo's own
+    # recorder marks a failed call retired, like a finished one.
+    if e is not None and (e.state != pb.COMPLETED or m.last_seq(rank, group) == seq):
+        return True
+    d = m.dump(rank)
+    cols = d.columns
+    for p in m.incomplete.get(rank, ()):  # a later call of the group that never completed
+        if d.group_keys[cols["group"][p]] == group and cols["seq"][p] > seq:
+            return True
+    # A ring without the group's calls from there on (a black box holds only what flightrec's
+    # hooks saw), whose counter went past it.
+    progress = m.groups[group].progress.get(rank) if group in m.groups else None
+    return (
+        e is None
+        and progress is not None
+        and progress.last_seq >= seq
+        and _in_unseen_call(m, rank, died_of(m, rank))
+    )
+
+
+def _in_unseen_call(m: Matched, rank: int, x: RecordedException | None) -> bool:
+    """Whether exception ``x``, raised inside torch's code, ended ``rank`` while a group's
+    counter stood past the calls its ring holds (nothing says those completed): it came out
+    of a collective flightrec's hooks never saw (DDP's C++ bucket all-reduces, in a black box
+    that holds only what the hooks saw)."""
+    if x is None or not x.traceback or not is_library_frame(x.traceback[0]):
+        return False
+    d = m.dump(rank)
+    for local, group in enumerate(d.group_keys):
+        gi = m.index.get(rank, {}).get(group)
+        newest = gi.seqs[-1] if gi is not None and gi.seqs else 0
+        # (calls the ring overwrote are older than those it holds, and counted as dropped)
+        if d.dump.groups[local].last_seq > max(newest, d.dump.groups[local].dropped):
             return True
     return False
 

@@ -90,28 +90,43 @@ def _order_key(d: RankDump) -> tuple[int, int, str]:
     return (d.header.wall_time_ns, d.header.dump_index, d.path)
 
 
-HANG_REASONS = frozenset({pb.WATCHDOG_TIMEOUT, pb.PEER_REQUEST, pb.CLI_TRIGGER, pb.SIGNAL_USR1})
-"""Dumps that see a hang as it happens: the watchdog's, and every dump someone asked for."""
+DECLARED = frozenset({pb.WATCHDOG_TIMEOUT, pb.PEER_REQUEST})
+"""Dumps of a hang flightrec declared: a watchdog's, and every rank's answer to a hang or a
+death it asked about."""
+HANG_REASONS = DECLARED | {pb.CLI_TRIGGER, pb.SIGNAL_USR1}
+"""Dumps that see a hang as it happens: the declared ones, and every dump someone asked for."""
 CLOCK_SLACK_NS = 2_000_000_000
 """Ranks on other hosts answer a hang event on clocks that disagree by this much at most."""
 
 
 def _first_hang(per_rank: dict[int, list[RankDump]]) -> RankDump | None:
-    """The earliest watchdog or requested dump of any rank: the first hang event."""
-    hang = [d for ds in per_rank.values() for d in ds if d.header.reason in HANG_REASONS]
-    return min(hang, key=_order_key) if hang else None
+    """The first hang event: the earliest declared dump of any rank (a watchdog's, or an
+    answer to one); without any, the earliest dump someone asked for (a trigger, SIGUSR1).
+
+    A trigger or a signal before the watchdog fired caught the job on its way (healthy, or a
+    hang not yet past its timeout); the hang the watchdog declared is what the job died of.
+    """
+    dumps = [d for ds in per_rank.values() for d in ds]
+    for reasons in (DECLARED, HANG_REASONS):
+        hang = [d for d in dumps if d.header.reason in reasons]
+        if hang:
+            return min(hang, key=_order_key)
+    return None
 
 
-def _pick(unique: list[RankDump], view: View, hang_ns: int) -> int:
+def _pick(unique: list[RankDump], view: View, first: RankDump | None) -> int:
     """Index in ``unique`` (oldest first) of the dump that speaks for the rank."""
     if view is View.EARLIEST:
         return 0
-    if view is View.LATEST or not hang_ns:
+    if view is View.LATEST or first is None:
         return len(unique) - 1
+    hang_ns = first.header.wall_time_ns
     since = [i for i, d in enumerate(unique) if d.header.wall_time_ns >= hang_ns - CLOCK_SLACK_NS]
     if not since:  # nothing from the hang on (it exited or died before): its last word
         return len(unique) - 1
-    answer = [i for i in since if unique[i].header.reason in HANG_REASONS]
+    # Its answer to the first hang event: a declared hang is answered by declared dumps only.
+    reasons = DECLARED if first.header.reason in DECLARED else HANG_REASONS
+    answer = [i for i in since if unique[i].header.reason in reasons]
     return answer[0] if answer else since[0]
 
 
@@ -535,7 +550,7 @@ def load_dir(
         if len(unique) == 1:
             chosen[rank] = unique[0]
             continue
-        at = _pick(unique, view, hang_ns)
+        at = _pick(unique, view, first)
         pick = chosen[rank] = unique[at]
         if unique[at + 1 :]:
             later[rank] = tuple(unique[at + 1 :])

@@ -11,7 +11,8 @@ from collections.abc import Hashable
 from dataclasses import dataclass, field
 
 from flightrec.analysis.loading.loader import Run
-from flightrec.analysis.loading.rankindex import RankGroupIndex, index_rank
+from flightrec.analysis.loading.rankindex import RankGroupIndex, incomplete_positions, index_rank
+from flightrec.analysis.matching.failed import settle_failed_calls
 from flightrec.analysis.matching.transfers import Alignment, align
 from flightrec.analysis.model import CollectiveRecord, GroupProgress, ProcessGroupInfo, RankDump
 from flightrec.format import flightrec_pb2 as pb
@@ -157,12 +158,16 @@ def match(run: Run) -> Matched:
     # what differs per rank: its newest seq as the dump states it, its incomplete entries and
     # whether it tracks completion. Worked out once per distinct combination.
     progress_of: dict[tuple[int, int, int, tuple[int, ...], bool], GroupProgress] = {}
+    # Collectives an exception came out of that read as finished: failed (``failed``).
+    failed = settle_failed_calls(run.dumps)
     for rank, d in run.dumps.items():
         keys = d.group_keys
         # Built by the loader's workers; dumps assembled in memory are indexed here.
         ri = run.indexes.get(rank) or index_rank(d)
         per_local = ri.groups
-        incomplete[rank] = ri.incomplete
+        incomplete[rank] = (
+            incomplete_positions(d.columns["state"]) if rank in failed else ri.incomplete
+        )
         signatures[rank] = ri.signatures
         per_key: dict[str, RankGroupIndex] = {}
         with_counters = {k for k, g in zip(keys, d.dump.groups, strict=True) if g.p2p}
@@ -180,10 +185,10 @@ def match(run: Run) -> Matched:
                 )
                 continue
             per_key[key] = gi
-            known = (id(gi), local, g.last_seq, ri.incomplete, d.tracks_completion)
+            known = (id(gi), local, g.last_seq, incomplete[rank], d.tracks_completion)
             got = progress_of.get(known)
             if got is None:
-                got = progress_of[known] = _progress(d, local, gi, ri.incomplete)
+                got = progress_of[known] = _progress(d, local, gi, incomplete[rank])
             progress[key][rank] = got
             ranks_of = tuple(g.ranks)  # the shared tuple itself (tuple() of a tuple is a no-op)
             # A member list rebuilt from one rank's own native dump (gloo's name none) is a

@@ -139,11 +139,17 @@ def _fold_into(m: Matched, findings: list[Finding], at: int) -> list[Finding]:
     for f in dead:  # what the culprit died of, where the root does not say yet
         if exception is None and f.exception is not None and f.exception.rank in culprits:
             exception = f.exception
+    # Who waited for a rank whose death the root explains waited because of the root.
+    have = {(c.process_group, c.seq, c.p2p) for c in root.consequences}
+    waits = root.consequences + tuple(
+        c for f in dead for c in f.consequences if (c.process_group, c.seq, c.p2p) not in have
+    )
     root = dataclasses.replace(
         root,
         summary=root.summary + end,
         exception=exception,
         explains=root.explains + tuple(folded),
+        consequences=waits,
     )
     return [*findings[:at], root, *kept]
 

@@ -30,6 +30,7 @@ from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
     Consequence,
     Finding,
+    FindingKind,
     Status,
     user_frame,
 )
@@ -220,17 +221,20 @@ def root_causes(m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]
     # they wait in most likely died of that disagreement (gloo aborts on some mismatches):
     # the mismatch is the cause, the death its consequence. So is one earlier on that group:
     # the peers went on past it, and the rank it killed never came.
+    # That holds for a mismatch some ranks wait at too (a root of its own, holding up fewer
+    # ranks than the death that came of it).
     if roots and roots[0].kind in _GONE:
         group, seq = roots[0].process_group, roots[0].seq
         leading += [
             f
-            for f in rest
+            for f in rest + [r for r in roots[1:] if r.kind is FindingKind.MISMATCH]
             if f.process_group == group
             and f.seq is not None
             and seq is not None
             and f.seq <= seq
             and f not in leading
         ]
+    roots = [f for f in roots if f not in leading]
     trailing = [f for f in rest if f not in leading]
     return RootCauses(leading + roots + trailing, explained)
 

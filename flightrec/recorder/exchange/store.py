@@ -26,7 +26,9 @@ polled instead through torch's client, once every ``POLL_S``.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -104,23 +106,37 @@ def connect(host: str, port: int, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
     )
 
 
-def own_connection(store: Any) -> Any:
-    """A connection of our own to ``store``, so a blocked request never stalls torch's client."""
-    try:
-        return store.clone()
-    except Exception:
-        host, port = getattr(store, "host", ""), getattr(store, "port", 0)
-        return connect(host, port) if host else store
+def own_connection(store: Any, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
+    """A connection of our own to ``store``, so a blocked request never stalls torch's client;
+    opening it waits ``timeout_s`` at most (a clone of torch's client would retry for the
+    store's own timeout, the process group's: 30 minutes by default, when the store's host is
+    gone, with a thread of ours or the exit path waiting on it). Requests on it keep the
+    store's own timeout."""
+    host, port = getattr(store, "host", ""), getattr(store, "port", 0)
+    if not host or not port:  # not a TCPStore: as torch would open another client
+        try:
+            return store.clone()
+        except Exception:
+            return store
+    # A store whose host is gone refuses at once, where torch's client retries until its
+    # timeout, printing a C++ stack trace into the job's log at each try: a plain TCP
+    # connection first (the store's server takes it, and its close, without a word).
+    with socket.create_connection((host, port), timeout=timeout_s):
+        pass
+    conn = connect(host, port, timeout_s)
+    with contextlib.suppress(Exception):
+        conn.set_timeout(store.timeout)
+    return conn
 
 
-def wire_connection(store: Any) -> WireStore | None:
+def wire_connection(store: Any, timeout_s: float = CONNECT_TIMEOUT_S) -> WireStore | None:
     """A connection speaking the protocol ourselves to ``store``'s server; None for a store
     that is no TCPStore, or whose server does not answer as torch's does (one debug line)."""
     host, port = getattr(store, "host", ""), getattr(store, "port", 0)
     if not host or not port:
         return None
     try:
-        return answered_connection(host, int(port), CONNECT_TIMEOUT_S)
+        return answered_connection(host, int(port), timeout_s)
     except OSError as exc:
         log.debug("flightrec: polling the store for dump requests: %s", exc or "no answer")
         return None
@@ -325,11 +341,12 @@ class Poller:
             self._post_store = self.new_connection()
         return self._post_store
 
-    def new_connection(self) -> Any:
+    def new_connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
         """A further connection of its own for another part (the exchange, its reporter):
-        ours where the store speaks the protocol, else torch's client."""
-        wire = wire_connection(self._source) if self._wire is not None else None
-        return wire if wire is not None else own_connection(self._source)
+        ours where the store speaks the protocol, else torch's client; opening it waits
+        ``timeout_s`` at most."""
+        wire = wire_connection(self._source, timeout_s) if self._wire is not None else None
+        return wire if wire is not None else own_connection(self._source, timeout_s)
 
     @property
     def post_lock(self) -> threading.Lock:

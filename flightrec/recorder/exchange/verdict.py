@@ -52,7 +52,7 @@ from flightrec.format.progress import encode_progress, progress
 from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
 from flightrec.recorder.exchange.keys import Keys
-from flightrec.recorder.exchange.store import RANK_DIED, ROUND_REASONS
+from flightrec.recorder.exchange.store import CONNECT_TIMEOUT_S, RANK_DIED, ROUND_REASONS
 
 if TYPE_CHECKING:
     from flightrec.format import flightrec_pb2 as pb
@@ -70,6 +70,8 @@ whose request reached this rank's request thread just before its own SIGTERM did
 MAX_CLAIM_TRIES = 16
 CLOSED = "!"
 """Appended to the reporter's rank once it prints: the round takes no further reporter."""
+EXIT_CONNECT_S = 2.0
+"""Longest the exit path waits to open this exchange's connection (``after_exit``)."""
 LOOK_EVERY_NS = 1_000_000_000
 """How often ``tick`` looks for an operation pending long enough to load the reporter."""
 
@@ -356,13 +358,15 @@ class Exchange:
 
     def after_exit(self) -> None:
         """This process ends cleanly (its default group is being destroyed, or it exits): say
-        so, once, so that a hang among the ranks still running names it as exited."""
+        so, once, so that a hang among the ranks still running names it as exited. On the
+        job's own exit path: a store whose host is gone costs ``EXIT_CONNECT_S`` at most."""
         if self._left or self.store_gone:
             return
         self._left = True
         try:
             with self._lock:
-                self._connection().append(self.keys.left(self.restart), f"{self.rank},")
+                store = self._connection(EXIT_CONNECT_S)
+                store.append(self.keys.left(self.restart), f"{self.rank},")
         except Exception as exc:
             self._warn(exc)
 
@@ -478,9 +482,9 @@ class Exchange:
         except Exception as exc:  # the reporter must not raise; if it does, one line
             log.warning("flightrec: could not print the verdict: %s", exc)
 
-    def _connection(self) -> Any:
+    def _connection(self, timeout_s: float = CONNECT_TIMEOUT_S) -> Any:
         if self._store is None:
-            self._store = self._poller.new_connection()
+            self._store = self._poller.new_connection(timeout_s)
         return self._store
 
     @property

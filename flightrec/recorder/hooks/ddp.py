@@ -1,20 +1,24 @@
-"""DistributedDataParallel: its gradient all-reduces, recorded by PyTorch's recorder or by a hook.
+"""DistributedDataParallel: its gradient all-reduces, recorded by a hook of flightrec's.
 
 DDP's reducer issues its bucket all-reduces from C++, where no Python wrapper sees them.
-PyTorch's own recorder (on by default, merged into every dump by ``native.merge``) records them
-inside the ProcessGroup, so by default flightrec leaves DDP alone: any Python communication
-hook costs DDP steps (about 6% on a small 4-rank gloo model, an untraced hook as much as
-ours), since every bucket takes the GIL on the backward pass and again on the backend's thread.
-The groups of those models are remembered (``bucket_groups``) so that a dump labels the
-reducer's all-reduces as DDP gradient buckets.
-
-Where PyTorch's recorder is off (``Config.wants_ddp_hook``; FLIGHTREC_DDP_HOOK=1 forces it),
+PyTorch's own recorder (on by default, merged into every dump by ``native.merge``) records
+them inside the ProcessGroup, but on gloo with no completion time, and a failed one reads
+like a finished one: a hang inside a bucket all-reduce then shows in no pending-operation
+metric, the slow check has no times to compare, and the watchdog sees it only once torch's
+counters stand still. So by default (``Config.ddp_hook``; FLIGHTREC_DDP_HOOK=0 turns it off)
 flightrec registers a communication hook at the model's first forward that does exactly what
 DDP's default does (divide the bucket by the group size, all-reduce it, hand the result back)
 but through ``torch.distributed.all_reduce``, which the recorder wraps: each bucket becomes an
 ordinary ``all_reduce`` entry with the bucket's flat size and dtype and the ``DDP_BUCKET`` flag,
 numbered on the DDP group's own counter like every other collective, with a stack that runs
-through autograd up to the user's ``backward()`` call, and a completion time on gloo too.
+through autograd up to the user's ``backward()`` call, and a completion time (or its failure)
+on gloo too.
+
+What it costs: any Python communication hook takes the GIL once per bucket on the backward
+pass and again on the backend's thread when the all-reduce completes (an untraced Python hook,
+torch's own ``allreduce_hook``, costs about as much as ours); per-bucket figures in
+docs/benchmarks.md ("DDP"). With the hook off, the groups of DDP models are remembered
+(``bucket_groups``) so that a dump labels the reducer's all-reduces as DDP gradient buckets.
 
 It waits for the first forward because DDP accepts only one hook: a user who registers their
 own hook (or a built-in one) before that keeps theirs, and the model's gradient all-reduces
@@ -25,8 +29,10 @@ hooks such as PowerSGD do; the built-in C++ hooks do not). Mixed-precision DDP i
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 from flightrec.format.builder import DDP_BUCKET as DDP_BUCKET_FLAG
 
@@ -63,6 +69,19 @@ _flagged: Callable[[], Any] = _no_flagged
 (``Hooks.ddp_all_reduce``), None when tracing is off; set by ``DDPHooks.install``."""
 
 
+class Completion(Protocol):
+    """How the hook settles its bucket's entry itself (``completion.Tracker``)."""
+
+    def adopting(self) -> AbstractContextManager[list[int]]: ...
+
+    def settler(self, rids: list[int]) -> Callable[[Any], None]: ...
+
+
+_completion: Callable[[], Completion | None] = _no_flagged
+"""Returns the recorder's completion tracker, None when tracing is off; set by
+``DDPHooks.install``."""
+
+
 def _all_reduce() -> Any:
     import torch.distributed as dist
 
@@ -94,16 +113,31 @@ def ddp_allreduce_passthrough_recorded_by_flightrec(process_group: Any, bucket: 
     group: Any = process_group if process_group is not None else dist.group.WORLD
     tensor = bucket.buffer()
     tensor.div_(group.size())
-    work = _all_reduce()(tensor, group=group, async_op=True)
-    return work.get_future().then(ddp_bucket_result_passed_through_unchanged)
+    completion = _completion()
+    if completion is None:
+        work = _all_reduce()(tensor, group=group, async_op=True)
+        return work.get_future().then(ddp_bucket_result_passed_through_unchanged)
+    with completion.adopting() as rids:
+        work = _all_reduce()(tensor, group=group, async_op=True)
+    fut = work.get_future()
+    if not rids:  # not recorded (or on a GPU: the watchdog polls it)
+        return fut.then(ddp_bucket_result_passed_through_unchanged)
+    settle = completion.settler(rids)
+    return fut.then(functools.partial(ddp_bucket_result_passed_through_unchanged, settle=settle))
 
 
-def ddp_bucket_result_passed_through_unchanged(fut: Any) -> Any:
-    """Hand DDP the reduced bucket, exactly as DDP's default hook does.
+def ddp_bucket_result_passed_through_unchanged(
+    fut: Any, settle: Callable[[Any], None] | None = None
+) -> Any:
+    """Hand DDP the reduced bucket, exactly as DDP's default hook does (first marking the
+    bucket's entry completed or failed, where flightrec's tracker left that to this callback:
+    one callback per bucket on the backend's thread, not two).
 
     An error raised here (a timeout, a closed connection) is the gradient all-reduce's own,
     reported by torch when DDP waits for it; flightrec only recorded the call.
     """
+    if settle is not None:
+        settle(fut)  # (never raises)
     return fut.value()[0]
 
 
@@ -129,19 +163,23 @@ class DDPHooks:
         enabled: Callable[[], bool],
         flagged: Callable[[], Any] = _no_flagged,
         python_hook: bool = True,
+        completion: Callable[[], Completion | None] = _no_flagged,
     ) -> None:
         """Wrap DDP's constructor and hook registration (no-op when DDP is unavailable).
 
         Args:
             enabled: whether tracing is on (models built while it is off are left alone).
             flagged: gives the recorded all_reduce the hook calls (None: plain all_reduce).
-            python_hook: register the Python hook; False leaves DDP's C++ hook, whose all-reduces
-                PyTorch's recorder sees, and remembers the model's group for their label.
+            python_hook: register the Python hook (the default); False leaves DDP's C++ hook,
+                whose all-reduces PyTorch's recorder sees, and remembers the model's group for
+                their label.
+            completion: gives the recorder's completion tracker (None: the tracker follows
+                the bucket's work with a callback of its own).
         """
-        global _flagged
+        global _flagged, _completion
         if self.installed:
             return
-        _flagged = flagged
+        _flagged, _completion = flagged, completion
         try:
             from torch.nn.parallel import DistributedDataParallel as DDP
         except Exception:  # torch.nn is still loading (tracing starts inside `import torch`)

@@ -16,10 +16,11 @@ Nothing here synchronizes a GPU.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from flightrec.format.slot import COMPLETED, FAILED
@@ -68,6 +69,11 @@ class Cuda:
             self.free.append(event)
 
 
+class _Adopting(threading.local):
+    rids: list[int] | None = None
+    """Record ids of the calling thread's async CPU work that its caller settles itself."""
+
+
 class Tracker:
     """Marks ring entries COMPLETED or FAILED when their work ends.
 
@@ -93,6 +99,7 @@ class Tracker:
         """(record ids, Work or CUDA event, is_event) waiting for the watchdog's next poll."""
         self._lock = threading.Lock()
         self._cuda = cuda
+        self._adopting = _Adopting()
 
     def _done(self, rids: tuple[int, ...], ok: bool, exc: BaseException | None = None) -> None:
         now = time.monotonic_ns()
@@ -108,6 +115,10 @@ class Tracker:
     def track_many(self, rids: tuple[int, ...] | list[int], work: Any, gpu: bool) -> None:
         """Follow one Work that completes several entries (a coalesced batch)."""
         key = tuple(rids)
+        adopted = self._adopting.rids
+        if not gpu and adopted is not None:
+            adopted.extend(key)  # its caller settles it (``adopting``)
+            return
         if not gpu:
             try:
                 fut = work.get_future()
@@ -118,6 +129,25 @@ class Tracker:
                 return
         with self._lock:
             self._polled.append((key, work, False))
+
+    @contextlib.contextmanager
+    def adopting(self) -> Iterator[list[int]]:
+        """Within it, async CPU work the calling thread records gets no future callback of
+        the tracker's: its record ids go into the list yielded, and the caller settles them
+        from a callback of its own on the work's future (``settler``). DDP's communication
+        hook already has one: one callback per bucket instead of two, each a take of the GIL
+        on the backend's thread."""
+        taken: list[int] = []
+        self._adopting.rids = taken
+        try:
+            yield taken
+        finally:
+            self._adopting.rids = None
+
+    def settler(self, rids: list[int] | tuple[int, ...]) -> Callable[[Any], None]:
+        """What settles adopted entries from their work's future (never raises)."""
+        key = tuple(rids)
+        return lambda fut: self._settle(key, fut)
 
     def _settle(self, rids: tuple[int, ...], fut: Any) -> None:
         # Runs on torch's callback thread: no blocking, no exceptions out (one raising there

@@ -7,6 +7,10 @@ Shapes (``--shape``), from step ``--onset-step`` on, for the rank ``--slow-rank`
 * ``halfway``: sleeps ``--delay-ms`` at every step (becomes slow, then stays slow);
 * ``none``: a healthy job.
 
+``--ddp``: each step is a DistributedDataParallel step of a small model instead of one
+``all_reduce`` (the job's only collectives are DDP's gradient all-reduces; the stop flag of
+``--stop-on-line`` travels in a gradient).
+
 The slow rank prints ``ONSET <wall time s>`` when its slowdown starts. Two ways to run it:
 
 * one rank per process, as ``tests/integration/jobs.start_job`` launches it (FLIGHTREC=1
@@ -74,10 +78,45 @@ def loop(args: argparse.Namespace, rank: int, slow: int, stop: str = "") -> None
     print("DONE", flush=True)
 
 
+def ddp_loop(args: argparse.Namespace, rank: int, slow: int, stop: str = "") -> None:
+    """``loop`` with a DDP step in place of the all_reduce: DDP's gradient all-reduces are the
+    only collectives until the end. With ``stop``, rank 0 sets the gradient of a flag
+    parameter when that file exists; every rank leaves after the step whose all-reduced
+    gradient carried it."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    rng = random.Random(rank)
+    torch.manual_seed(0)
+    flag = torch.nn.Parameter(torch.zeros(1))
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model.register_parameter("flag", flag)
+    ddp = DDP(model)
+    x = torch.randn(8, 32)
+    print("READY", flush=True)
+    step = 0
+    while args.steps <= 0 or step < args.steps:
+        time.sleep(args.work_ms / 1e3 * rng.uniform(0.8, 1.2))  # forward/backward
+        if rank == slow:
+            if step == args.onset_step and args.shape != "none":
+                print(f"ONSET {time.time():.3f}", flush=True)
+            time.sleep(extra_s(args, step))
+        stopping = 1.0 if (stop and rank == 0 and os.path.exists(stop)) else 0.0
+        ddp.zero_grad()
+        (ddp(x).pow(2).mean() + flag.sum() * stopping).backward()
+        step += 1
+        if step % 50 == 0:
+            print(f"STEP {step}", flush=True)
+        if flag.grad is not None and float(flag.grad[0]) > 0:
+            print(f"STOPPED {step}", flush=True)
+            break
+    dist.barrier()
+    print("DONE", flush=True)
+
+
 def job(args: argparse.Namespace) -> None:
     """One rank of a job launched by torchrun-style environment variables."""
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
-    loop(args, dist.get_rank(), args.slow_rank)
+    (ddp_loop if args.ddp else loop)(args, dist.get_rank(), args.slow_rank)
     dist.destroy_process_group()
 
 
@@ -103,7 +142,8 @@ def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int, slow: in
 
     flightrec.enable()
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.pg_timeout))
-    loop(args, rank, slow, os.path.join(run_dir, "stop") if args.stop_on_line else "")
+    stop = os.path.join(run_dir, "stop") if args.stop_on_line else ""
+    (ddp_loop if args.ddp else loop)(args, rank, slow, stop)
     from flightrec.recorder import runtime
 
     rt = runtime.current()
@@ -195,6 +235,7 @@ def main() -> None:
     parser.add_argument("--world", type=int, default=4, help="ranks per forked job")
     parser.add_argument("--out", default="", help="folder root for --runs")
     parser.add_argument("--cycle-slow", action="store_true")
+    parser.add_argument("--ddp", action="store_true", help="DDP steps instead of all_reduces")
     parser.add_argument(
         "--stop-on-line", action="store_true", help="with --runs: end a run once rank 0 logs a line"
     )
