@@ -67,7 +67,7 @@ def report(rnd: Round) -> None:
     try:
         # The analysis and the renderer load while the other ranks answer, not after.
         from flightrec.live.rounds import earlier
-        from flightrec.live.verdict import render, select
+        from flightrec.live.verdict import UNLISTED, render, select
 
         answered = _gather_answers(rnd)
         if answered is None:
@@ -78,10 +78,17 @@ def report(rnd: Round) -> None:
         dead = sorted(set(died) - set(answered))
         exited = frozenset(left) - set(answered) - set(dead)
         # Every rank's progress first; then the summaries of the ranks it implicates (all of
-        # them in a small job).
-        progress, why = rnd.progress(sorted({*answered, *dead}))
-        chosen = select(progress, rnd.number, rnd.world_size, frozenset(dead), listing_problem=why)
-        raw = rnd.summaries(list(chosen.ranks))
+        # them in a small job). A rank without a record in the round's list (dead since an
+        # earlier round) is read from its summary.
+        wanted = sorted({*answered, *dead})
+        progress, why = rnd.progress(wanted)
+        unlisted = rnd.summaries([r for r in wanted if r not in progress][:UNLISTED])
+        chosen = select(
+            progress, rnd.number, rnd.world_size, frozenset(dead), listing_problem=why,
+            unlisted=unlisted,
+        )  # fmt: skip
+        raw = {r: unlisted[r] for r in chosen.ranks if r in unlisted}
+        raw.update(rnd.summaries([r for r in chosen.ranks if r not in raw]))
         gathered = time.monotonic() - started
         before = earlier(rnd.store, rnd.namespace, rnd.restart)
         panels: list[Report] = []

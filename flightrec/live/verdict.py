@@ -28,6 +28,7 @@ from flightrec.errors import DumpError, printable
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.members import members_of, set_members
 from flightrec.format.progress import decode_progress
+from flightrec.format.progress import progress as progress_of
 from flightrec.format.summary import SummaryError, decode
 from flightrec.live.frontier import Frontier, find_frontier
 from flightrec.readers.summary import summary_view
@@ -41,6 +42,10 @@ TERM_STUCK_S = 5.0
 """In a round started by SIGTERM, an operation pending this long is a hang worth reporting."""
 FULL_RANKS = 96
 """Jobs of at most this many ranks have every summary analysed (well under a second)."""
+UNLISTED = 1024
+"""Ranks without a record in the round's list whose summary stands in for it (a rank that
+died answering an earlier round; the ranks after a damaged record): read from the summary,
+at most this many (a damaged list costs the reporter a bounded read)."""
 MAX_LINE = 200
 """Characters in any line of the text printed into the job's log, at any scale: log pipelines
 split long lines (16 KB in some), and a list of ranks grows with the job. Rank sets are
@@ -74,6 +79,7 @@ def select(
     world_size: int,
     dead: AbstractSet[int] = frozenset(),
     listing_problem: str = "",
+    unlisted: Mapping[int, bytes] | None = None,
 ) -> Selection:
     """Decide whose summaries to read, from every answering rank's progress record.
 
@@ -85,16 +91,26 @@ def select(
         dead: ranks that died of an exception (``load``).
         listing_problem: why the round's list of progress records was not read to its end
             (``Round.progress``; "": it was): one line among the problems.
+        unlisted: summaries of ranks without a record in ``raw``: where such a rank stood is
+            read from its summary (the record it would have published, made from the dump
+            the summary carries).
     """
     progress: dict[int, pb.Progress] = {}
     problems: list[FileProblem] = []
     if listing_problem:
         problems.append(FileProblem("the round's progress records", listing_problem))
-    for rank, data in raw.items():
+    records = [(rank, data, False) for rank, data in raw.items()]
+    records += [(rank, data, True) for rank, data in (unlisted or {}).items() if rank not in raw]
+    for rank, data, summary in records:
         try:
-            p = decode_progress(data, rank, world_size)
+            p = (
+                _stood_in(data, rank, world_size)
+                if summary
+                else decode_progress(data, rank, world_size)
+            )
         except SummaryError as exc:
-            problems.append(FileProblem(f"rank {rank}'s progress", str(exc).split(": ", 1)[-1]))
+            what = "summary" if summary else "progress"
+            problems.append(FileProblem(f"rank {rank}'s {what}", str(exc).split(": ", 1)[-1]))
             continue
         if p.round < number and rank not in dead:
             problems.append(
@@ -103,10 +119,26 @@ def select(
             continue
         progress[rank] = p
     if world_size <= FULL_RANKS:
-        return Selection(tuple(sorted(raw)), progress, tuple(problems), None)
+        return Selection(tuple(sorted({*raw, *(unlisted or {})})), progress, tuple(problems), None)
     frontier = find_frontier(progress)
-    wanted = set(frontier.detail) | (set(dead) & set(raw))
+    wanted = set(frontier.detail) | (set(dead) & {*raw, *(unlisted or {})})
     return Selection(tuple(sorted(wanted)), progress, tuple(problems), frontier)
+
+
+def _stood_in(data: bytes, rank: int, world_size: int) -> pb.Progress:
+    """The progress record of a rank read from its summary (``select``'s ``unlisted``).
+
+    Raises:
+        SummaryError: the summary does not decode, or is another rank's.
+    """
+    s = decode(data, f"rank {rank}'s summary")
+    if s.dump.header.rank != rank:
+        raise SummaryError(f"rank {rank}'s summary: says it is rank {s.dump.header.rank}")
+    if s.dump.header.world_size != world_size:
+        raise SummaryError(
+            f"rank {rank}'s summary: says the world has {s.dump.header.world_size} ranks"
+        )
+    return progress_of(s.dump, s.round)
 
 
 def load(

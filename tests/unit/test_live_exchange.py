@@ -214,6 +214,46 @@ def test_the_lowest_rank_that_answers_reports_once(monkeypatch: pytest.MonkeyPat
     assert {rnd.rank for rnd in rounds} >= {0}
 
 
+def test_only_ranks_that_may_report_offer_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At scale a claim from every rank is one answer each that the store's server writes for
+    # nothing: the first ranks offer, and the rank that posted the request (it was alive to
+    # post it), so that a round whose low ranks all stay silent still has its reporter.
+    monkeypatch.setattr(exchange, "CLAIMANTS", 2)
+    store = MemoryStore()
+    rounds: list[tuple[int, int]] = []
+    posters = {3: {5}}
+
+    class Poller(FakePoller):
+        def __init__(self, rank: int) -> None:
+            super().__init__(store)
+            self.posted = posters.get(rank, set())
+
+    exchanges = {
+        r: Exchange(Poller(r), r, 6, "job", lambda rnd: rounds.append((rnd.number, rnd.rank)))  # type: ignore[arg-type]
+        for r in range(6)
+    }
+
+    def answer(rank: int) -> None:
+        path, dump = hang_dumps()[rank % 4]
+        exchanges[rank].on_dump(dump, Path(path))
+        exchanges[rank].after_request(5, "WATCHDOG_TIMEOUT")
+        running = exchanges[rank]._reporting
+        if running is not None:
+            running.join(5)
+
+    reporter = "flightrec/job/round/5/reporter"
+    answer(4)  # neither low nor the poster: its summary, record and listing; no offer
+    assert reporter not in store.data
+    assert store.get("flightrec/job/round/5/ranks") == b"4,"
+    assert (
+        "flightrec/job/summary/4" in store.data and "flightrec/job/round/5/progress" in store.data
+    )
+    answer(3)  # the poster
+    assert store.get(reporter) == b"3" and rounds == [(5, 3)]
+    answer(1)  # a low rank: takes over
+    assert store.get(reporter) == b"1" and rounds == [(5, 3), (5, 1)]
+
+
 def test_a_rank_answering_after_the_verdict_is_out_prints_no_second_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,11 +11,13 @@ Every rank runs a thread that waits, on a connection of its own, for the descrip
 next request: one server-side ``wait`` on one key that every rank waits on. Posting a request
 is then six store calls whatever the job's size, and the server wakes the waiting ranks in
 one pass over them (one write of one byte each). Woken, a rank reads the counter and the
-description in one ``multi_get`` and waits for the next: two requests per rank and dump
-request, and none while nothing happens. (Until this design, the poster rang a doorbell key per
-rank in one ``multi_set``, which torch's libuv server parses again from its start for every
-4 KB that arrives: 45 s of server time at 131,072 ranks, during which the store answered no
-one. ``benchmarks/bench_store.py`` measures both.)
+description in one ``multi_get``, and registers its wait for the next request in the same
+write: the server reads both with one system call and answers the read with one, and that is
+all a request costs it per rank on this thread (and nothing while nothing happens). (Until
+this design, the poster rang a doorbell key per rank in one ``multi_set``, which torch's libuv
+server parses again from its start for every 4 KB that arrives: 45 s of server time at
+131,072 ranks, during which the store answered no one. ``benchmarks/bench_store.py`` measures
+both.)
 
 The waiting thread speaks the store's protocol itself (``wire``): its wait ends at once when
 the process stops it (``Poller.stop`` closes the connection), and a store that goes away is
@@ -127,9 +129,13 @@ def wire_connection(store: Any) -> WireStore | None:
 
 
 def answered_connection(host: str, port: int, timeout_s: float, tries: int = 2) -> WireStore:
-    """A ``WireStore``, tried again when the handshake gets no answer: seen on a loaded host,
-    torch's libuv server leaves a new connection's first bytes unread now and then, and a
-    second connection is answered.
+    """A ``WireStore``, tried again when the handshake gets no answer in ``timeout_s``.
+
+    torch's libuv server looks up the name of every address that connects to it
+    (``getnameinfo``) on its one thread; where the resolver does not answer at once (on this
+    project's build machine, one query in about fifty waits out the resolver's 5 s timeout)
+    the whole server stops for that long, and a handshake with a shorter timeout fails,
+    while the next connection is answered.
 
     Raises:
         OSError: as ``WireStore``, after ``tries`` connections.
@@ -274,6 +280,9 @@ class Poller:
         """The waiting thread's connection (ours, or torch's client when polling)."""
         self.own: set[int] = set()
         """Request numbers this process posted or already answered (no dump for them)."""
+        self.posted: set[int] = set()
+        """Request numbers this process posted (``start_round``): it offers to report their
+        verdict whatever its rank (``verdict.CLAIMANTS``)."""
         if rank == 0 and world_size > 0:
             self._store.set(self.keys.world, str(world_size))
         self._store.compare_set(self.keys.requests, "", "0")  # (read below and when woken)
@@ -357,6 +366,7 @@ class Poller:
                 self.latest = (n, "", time.monotonic_ns())
                 return False, n
             self.own.add(n)
+            self.posted.add(n)
             self.latest = (n, reason, time.monotonic_ns())
             return True, n
 
@@ -381,7 +391,7 @@ class Poller:
                     continue  # (polling: not yet)
                 if self._stop.is_set():
                     return
-                count, text = self._store.multi_get([self.keys.requests, self.keys.request(nxt)])
+                count, text = self._read_request(nxt)
                 current = nxt
                 if _count(bytes(count)) > nxt:  # (requests posted together; or a moved counter)
                     current = first_free(self._store, self.keys, nxt) - 1
@@ -401,8 +411,17 @@ class Poller:
                     return
                 self._reconnect()
 
+    def _read_request(self, n: int) -> list[bytes]:
+        """The counter and request ``n``'s description; waiting, the wait for request
+        ``n + 1`` goes in the same write (the server reads both with one system call)."""
+        keys = [self.keys.requests, self.keys.request(n)]
+        if self._wire is not None:
+            return self._wire.multi_get(keys, then_wait=[self.keys.request(n + 1)])
+        return list(self._store.multi_get(keys))
+
     def _next_posted(self, n: int) -> bool:
-        """Wait until request ``n`` is posted (True), or, polling, look once (and pause)."""
+        """Wait until request ``n`` is posted (True), or, polling, look once (and pause).
+        (A wait registered ahead for it, by ``_read_request``, only has its answer read.)"""
         key = self.keys.request(n)
         if self._wire is not None:
             return self._wire.wait([key])
