@@ -223,6 +223,13 @@ def _take(store: Any, keys: Keys, rank: int, reason: str, n: int) -> bool:
     return True
 
 
+def request_reads(keys: Keys, n: int) -> tuple[list[str], list[str]]:
+    """What a rank's request thread reads once request ``n`` is posted (the counter and the
+    description, one ``multi_get``), and the wait it registers in the same write (request
+    ``n + 1``'s description)."""
+    return [keys.requests, keys.request(n)], [keys.request(n + 1)]
+
+
 def parse_request(raw: bytes) -> tuple[int, str]:
     """(requesting rank, reason name) from a request description read from the store.
 
@@ -414,9 +421,9 @@ class Poller:
     def _read_request(self, n: int) -> list[bytes]:
         """The counter and request ``n``'s description; waiting, the wait for request
         ``n + 1`` goes in the same write (the server reads both with one system call)."""
-        keys = [self.keys.requests, self.keys.request(n)]
+        keys, then_wait = request_reads(self.keys, n)
         if self._wire is not None:
-            return self._wire.multi_get(keys, then_wait=[self.keys.request(n + 1)])
+            return self._wire.multi_get(keys, then_wait=then_wait)
         return list(self._store.multi_get(keys))
 
     def _next_posted(self, n: int) -> bool:

@@ -130,18 +130,60 @@ Quiet = tuple[str, str, bytes]
 _ENCODE = {"set": encode_set, "append": encode_append}
 
 
-def _encoded(requests: list[Quiet]) -> list[bytes]:
+def encoded(requests: list[Quiet]) -> list[bytes]:
+    """``requests`` as they go on the wire (``wire.encode_set``, ``wire.encode_append``)."""
     return [_ENCODE[call](key, value) for call, key, value in requests]
 
 
-def _send(store: Any, requests: list[Quiet]) -> None:
+def send(store: Any, requests: list[Quiet]) -> None:
     """``requests``: in one write on our own connection (``wire``); on any other store
     (torch's client, a ``FileStore``), one call each."""
     if isinstance(store, WireStore):
-        store.send(_encoded(requests))
+        store.send(encoded(requests))
         return
     for call, key, value in requests:
         getattr(store, call)(key, value)
+
+
+def answer_requests(
+    keys: Keys, rank: int, n: int, summary: bytes, record: bytes | None
+) -> list[Quiet]:
+    """What rank ``rank`` writes to answer round ``n``, in order: its summary, then (the first
+    time it answers the round: ``record`` is not None) its framed progress record and its
+    place in the round's list. The summary first: a rank listed as having answered has its
+    summary and record in the store (a server that reads the write in pieces acts on the
+    requests in their order)."""
+    requests: list[Quiet] = [("set", keys.summary(rank), summary)]
+    if record is not None:
+        requests += [
+            ("append", keys.round(n, "progress"), frame(rank, record)),
+            ("append", keys.round(n, "ranks"), f"{rank},".encode()),
+        ]
+    return requests
+
+
+def may_claim(rank: int, posted: bool) -> bool:
+    """Whether a rank offers to report a round: one of the first ``CLAIMANTS``, or the rank
+    that posted the round's request."""
+    return rank < CLAIMANTS or posted
+
+
+def claim(store: Any, key: str, rank: int, first: list[Quiet]) -> int:
+    """Send ``first`` (requests that get no answer) and make ``key`` hold the lowest rank that
+    offered, in the same write where the store is ours; returns the holder (-1: none known)."""
+    if isinstance(store, WireStore):
+        current = bytes(store.compare_set(key, "", str(rank), first=encoded(first)))
+    else:
+        send(store, first)
+        current = bytes(store.compare_set(key, "", str(rank)))
+    for _ in range(MAX_CLAIM_TRIES):
+        holder, closed = _holder(current)
+        if closed:  # the round's verdict is out: this late answer starts no second one
+            return -1 if holder is None else holder
+        if holder is not None and holder <= rank:
+            return holder
+        current = bytes(store.compare_set(key, current, str(rank)))
+    return -1
 
 
 def _ranks_in(raw: bytes, world_size: int) -> list[int]:
@@ -455,24 +497,16 @@ class Exchange:
             dump, path = latest
             try:
                 data = encode(summarize(dump, n, str(path) if path else ""))
-                # The summary first: a rank listed as having answered has its summary and
-                # record in the store (a server that reads the write in pieces acts on the
-                # requests in their order).
-                requests: list[Quiet] = [("set", self.keys.summary(self.rank), data)]
-                if n not in self._answered:
-                    brief = encode_progress(progress(dump, n))
-                    requests += [
-                        ("append", self.keys.round(n, "progress"), frame(self.rank, brief)),
-                        ("append", self.keys.round(n, "ranks"), f"{self.rank},".encode()),
-                    ]
-                claims = self.rank < CLAIMANTS or n in getattr(self._poller, "posted", ())
+                brief = None if n in self._answered else encode_progress(progress(dump, n))
+                requests = answer_requests(self.keys, self.rank, n, data, brief)
+                posted = n in getattr(self._poller, "posted", ())
                 with self._lock:
                     store = self._connection()
-                    if claims:
-                        holder = self._claim(store, self.keys.round(n, "reporter"), requests)
+                    holder = -1
+                    if may_claim(self.rank, posted):
+                        holder = claim(store, self.keys.round(n, "reporter"), self.rank, requests)
                     else:
-                        _send(store, requests)
-                        holder = -1
+                        send(store, requests)
                     self._answered[n] = time.monotonic()
             except Exception as exc:
                 self._warn(exc)
@@ -480,23 +514,6 @@ class Exchange:
             if holder == self.rank and n not in self._reported:
                 self._reported.add(n)
                 self._start_report(n, self._reasons[n])
-
-    def _claim(self, store: Any, key: str, first: list[Quiet]) -> int:
-        """Send ``first`` (requests that get no answer) and make ``key`` hold the lowest rank
-        that offered, in the same write where the store is ours; returns the holder."""
-        if isinstance(store, WireStore):
-            current = bytes(store.compare_set(key, "", str(self.rank), first=_encoded(first)))
-        else:
-            _send(store, first)
-            current = bytes(store.compare_set(key, "", str(self.rank)))
-        for _ in range(MAX_CLAIM_TRIES):
-            holder, closed = _holder(current)
-            if closed:  # the round's verdict is out: this late answer starts no second one
-                return -1 if holder is None else holder
-            if holder is not None and holder <= self.rank:
-                return holder
-            current = bytes(store.compare_set(key, current, str(self.rank)))
-        return -1
 
     def _start_report(self, n: int, reason: str) -> None:
         # The exchange's own connection, open already (a new one now would cost the store's
@@ -548,4 +565,7 @@ class Exchange:
             )
 
 
-__all__ = ["MAX_BYTES", "Exchange", "Reporter", "Round", "frame", "unframe"]
+__all__ = [
+    "MAX_BYTES", "Exchange", "Reporter", "Round", "answer_requests", "claim", "encoded",
+    "frame", "may_claim", "send", "unframe",
+]  # fmt: skip
