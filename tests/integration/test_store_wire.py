@@ -20,7 +20,13 @@ from pathlib import Path
 import pytest
 
 from flightrec.recorder.exchange.keys import Keys
-from flightrec.recorder.exchange.store import Poller, first_free, post_request
+from flightrec.recorder.exchange.store import (
+    CALL_TIMEOUT_S,
+    Poller,
+    answered_connection,
+    first_free,
+    post_request,
+)
 from flightrec.recorder.exchange.wire import ProtocolError, WireStore, encode_append, encode_set
 
 torch = pytest.importorskip("torch")
@@ -109,6 +115,14 @@ def test_a_wait_ends_when_the_key_comes_when_it_times_out_or_when_closed(
         other.wait(["never"])
     assert time.monotonic() - started < 5
     ours.close()
+    # The recorder's connections: the handshake within the connect timeout, then each call
+    # waits longer for its answer (a server every rank answers at once answers late), and a
+    # timed wait leaves it so.
+    recorders = answered_connection("127.0.0.1", port, 2.0)
+    assert recorders.socket.gettimeout() == CALL_TIMEOUT_S
+    assert recorders.wait(["never"], timeout_s=0.2) is False
+    assert recorders.socket.gettimeout() == CALL_TIMEOUT_S
+    recorders.close()
 
 
 def test_a_wait_sent_with_a_read_and_requests_sent_together(server: tuple[int, str]) -> None:

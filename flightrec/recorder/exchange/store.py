@@ -47,6 +47,11 @@ MAX_FAILURES = 8
 POLL_S = 1.0
 """How often a store that cannot be waited on (no TCPStore) is asked for the next request."""
 CONNECT_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = 30.0
+"""How long a call on a connection of ours waits for its answer once connected. When a hang
+is declared every rank answers at once: at 131,072 ranks the store's one thread takes
+seconds to read them all (``docs/inlog.md``), and a call queued behind them is answered
+late, not never (with 5 s, some ranks gave up publishing on a loaded host)."""
 MIN_REQUEST_INTERVAL_NS = 1_000_000_000
 """At most one dump per second for requests, however many arrive (a flood fills no disk)."""
 HANG_COVERS_NS = 5_000_000_000
@@ -129,7 +134,8 @@ def wire_connection(store: Any) -> WireStore | None:
 
 
 def answered_connection(host: str, port: int, timeout_s: float, tries: int = 2) -> WireStore:
-    """A ``WireStore``, tried again when the handshake gets no answer in ``timeout_s``.
+    """A ``WireStore`` whose calls wait ``CALL_TIMEOUT_S`` for their answers, tried again
+    when the handshake gets no answer in ``timeout_s``.
 
     torch's libuv server looks up the name of every address that connects to it
     (``getnameinfo``) on its one thread; where the resolver does not answer at once (on this
@@ -142,7 +148,7 @@ def answered_connection(host: str, port: int, timeout_s: float, tries: int = 2) 
     """
     for attempt in range(tries):
         try:
-            return WireStore(host, port, timeout_s)
+            return WireStore(host, port, timeout_s, max(timeout_s, CALL_TIMEOUT_S))
         except TimeoutError:
             if attempt == tries - 1:
                 raise
@@ -442,7 +448,7 @@ class Poller:
             return
         self._wire.close()
         try:
-            wire = WireStore(self._wire.host, self._wire.port, CONNECT_TIMEOUT_S)
+            wire = answered_connection(self._wire.host, self._wire.port, CONNECT_TIMEOUT_S, 1)
         except OSError:
             return  # the next call fails as fast, and counts
         if self._stop.is_set():

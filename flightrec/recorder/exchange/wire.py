@@ -155,8 +155,14 @@ class WireStore:
     ``wait`` (the waiting call then raises ``OSError``).
     """
 
-    def __init__(self, host: str, port: int, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, host: str, port: int, timeout_s: float = 5.0, call_timeout_s: float | None = None
+    ) -> None:
         """Connect and check that the peer speaks the protocol.
+
+        ``call_timeout_s``: how long a later call waits for its answer (default
+        ``timeout_s``): a server that answered the handshake is alive, and one that every
+        rank's answer reaches at once answers late, not never.
 
         Raises:
             OSError: nothing accepts the connection, or answers, within ``timeout_s``.
@@ -186,6 +192,9 @@ class WireStore:
         except BaseException:
             self._sock.close()
             raise
+        if call_timeout_s is not None:
+            self.timeout_s = call_timeout_s
+            self._sock.settimeout(call_timeout_s)
 
     # -- requests ------------------------------------------------------------------------------
     def set(self, key: str | bytes, value: str | bytes) -> None:
