@@ -140,8 +140,10 @@ def test_a_wait_sent_with_a_read_and_requests_sent_together(server: tuple[int, s
     ours.multi_get(["d/1"], then_wait=["d/3"])
     assert ours.get("d/1") == b"x"
     theirs.set("d/3", "z")
+    assert theirs.get("d/3") == b"z"  # (taken in: the server orders no two connections)
     assert ours.check(["d/3"]) and ours.get("d/3") == b"z"
     theirs.set("d/4", "w")  # a wait answered at once, before the cancel
+    assert theirs.get("d/4") == b"w"
     ours.multi_get(["d/1"], then_wait=["d/4"])
     assert ours.get("d/4") == b"w" and ours.get("d/1") == b"x"
     ours.multi_get(["d/1"], then_wait=["d/5"])  # a wait for other keys: cancelled, then sent
