@@ -73,6 +73,21 @@ class Selection:
     frontier: Frontier | None
 
 
+Decoded = dict[int, tuple[bytes, "pb.Progress | str"]]
+"""Progress records decoded ahead (``decode_ahead``): rank -> (the bytes, the record or why it
+was refused)."""
+
+
+def decode_ahead(raw: Mapping[int, bytes], world_size: int, into: Decoded) -> None:
+    """Decode ``raw``'s records into ``into`` (the reporter does it as the records arrive, while
+    it waits for the other ranks: at 131,072 ranks decoding them all takes about a second)."""
+    for rank, data in raw.items():
+        try:
+            into[rank] = (data, decode_progress(data, rank, world_size))
+        except SummaryError as exc:
+            into[rank] = (data, str(exc).split(": ", 1)[-1])
+
+
 def select(
     raw: Mapping[int, bytes],
     number: int,
@@ -80,6 +95,7 @@ def select(
     dead: AbstractSet[int] = frozenset(),
     listing_problem: str = "",
     unlisted: Mapping[int, bytes] | None = None,
+    decoded: Decoded | None = None,
 ) -> Selection:
     """Decide whose summaries to read, from every answering rank's progress record.
 
@@ -94,23 +110,24 @@ def select(
         unlisted: summaries of ranks without a record in ``raw``: where such a rank stood is
             read from its summary (the record it would have published, made from the dump
             the summary carries).
+        decoded: records decoded ahead (``decode_ahead``); one whose bytes differ from
+            ``raw``'s is decoded again.
     """
     progress: dict[int, pb.Progress] = {}
     problems: list[FileProblem] = []
     if listing_problem:
         problems.append(FileProblem("the round's progress records", listing_problem))
+    ahead = decoded or {}
     records = [(rank, data, False) for rank, data in raw.items()]
     records += [(rank, data, True) for rank, data in (unlisted or {}).items() if rank not in raw]
     for rank, data, summary in records:
-        try:
-            p = (
-                _stood_in(data, rank, world_size)
-                if summary
-                else decode_progress(data, rank, world_size)
-            )
-        except SummaryError as exc:
+        known = None if summary else ahead.get(rank)
+        if known is None or known[0] != data:
+            known = (data, _decoded(data, rank, world_size, summary))
+        p = known[1]
+        if isinstance(p, str):
             what = "summary" if summary else "progress"
-            problems.append(FileProblem(f"rank {rank}'s {what}", str(exc).split(": ", 1)[-1]))
+            problems.append(FileProblem(f"rank {rank}'s {what}", p))
             continue
         if p.round < number and rank not in dead:
             problems.append(
@@ -123,6 +140,16 @@ def select(
     frontier = find_frontier(progress)
     wanted = set(frontier.detail) | (set(dead) & {*raw, *(unlisted or {})})
     return Selection(tuple(sorted(wanted)), progress, tuple(problems), frontier)
+
+
+def _decoded(data: bytes, rank: int, world_size: int, summary: bool) -> pb.Progress | str:
+    """A rank's record (from its summary when ``summary``), or why it is refused."""
+    try:
+        if summary:
+            return _stood_in(data, rank, world_size)
+        return decode_progress(data, rank, world_size)
+    except SummaryError as exc:
+        return str(exc).split(": ", 1)[-1]
 
 
 def _stood_in(data: bytes, rank: int, world_size: int) -> pb.Progress:

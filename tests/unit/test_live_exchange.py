@@ -438,3 +438,44 @@ def test_a_request_names_a_rank_and_a_reason_from_the_vocabulary(
     from flightrec.recorder.exchange.store import parse_request
 
     assert parse_request(raw) == parsed
+
+
+def test_the_reporter_reads_the_records_as_they_arrive_and_decodes_them_once() -> None:
+    # Each read of the growing list unframes only what was appended since; a list rewritten
+    # by something else, or damaged, is read from its start; records decoded ahead give the
+    # selection decoding them at the end gives, and bytes that changed are decoded again.
+    from flightrec.format.progress import encode_progress
+    from flightrec.live.verdict import Decoded, decode_ahead, select
+
+    store = MemoryStore()
+    rnd = Round(1, "WATCHDOG_TIMEOUT", 0, 8, "", time.monotonic() + 1, store, "0")
+    key = Keys().round(1, "progress")
+
+    def record(rank: int, seq: int = 3) -> bytes:
+        return encode_progress(
+            pb.Progress(round=1, rank=rank, world_size=8, group=["0"], issued=[seq],
+                        pending=[seq], size=[8], wait_group=1, wait_op="all_reduce",
+                        wait_seq=seq, wait_peer=-1)
+        )  # fmt: skip
+
+    listing = exchange.Listing(rnd)
+    assert listing.read() == {} and listing.why == ""
+    for r in (0, 1, 2):
+        store.append(key, exchange.frame(r, record(r)))
+    assert set(listing.read()) == {0, 1, 2}
+    decoded: Decoded = {}
+    decode_ahead(listing.records, 8, decoded)
+    for r in (3, 4):
+        store.append(key, exchange.frame(r, record(r, 2)))
+    assert set(listing.read()) == {3, 4} and set(listing.records) == {0, 1, 2, 3, 4}
+    store.set(key, exchange.frame(5, record(5)))  # rewritten: read again from its start
+    assert set(listing.read()) == {5} and set(listing.records) == {5}
+    store.append(key, b"\x07\x00")  # a cut record: the list is read as far as it goes
+    assert listing.read() == {} and set(listing.records) == {5} and "cut record" in listing.why
+    store.set(key, b"".join(exchange.frame(r, record(r, 2 + (r == 1))) for r in range(5)))
+    assert set(listing.read()) == set(range(5)) and listing.why == ""
+    raw, why = rnd.progress(list(range(5)), listing)
+    assert set(raw) == set(range(5)) and why == ""
+    ahead, fresh = select(raw, 1, 8, decoded=decoded), select(raw, 1, 8)
+    assert ahead.progress == fresh.progress and ahead.ranks == fresh.ranks
+    assert ahead.progress[1].wait_seq == 3 and ahead.progress[0].wait_seq == 2  # changed bytes

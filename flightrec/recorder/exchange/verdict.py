@@ -106,13 +106,13 @@ def frame(rank: int, record: bytes) -> bytes:
     return _FRAME.pack(rank, len(record)) + record
 
 
-def unframe(raw: bytes, world_size: int) -> tuple[dict[int, bytes], str]:
-    """The records of ``round/<n>/progress``, by rank (the last one of a rank wins), and why
-    reading stopped early ("" when it did not): the value is untrusted, and a frame out of
-    range ends it."""
+def unframe(raw: bytes, world_size: int, start: int = 0) -> tuple[dict[int, bytes], str]:
+    """The records of ``round/<n>/progress`` from byte ``start`` on, by rank (the last one of a
+    rank wins), and why reading stopped early ("" when it did not): the value is untrusted,
+    and a frame out of range ends it."""
     out: dict[int, bytes] = {}
     view = memoryview(raw)
-    at, size, head = 0, len(raw), _FRAME.size
+    at, size, head = start, len(raw), _FRAME.size
     while at < size:
         if size - at < head:
             return out, f"a cut record at byte {at}"
@@ -270,19 +270,19 @@ class Round:
         """The published summaries of ``ranks`` (which all answered), as raw bytes."""
         return self._gather(self.keys.summary, ranks)
 
-    def progress(self, ranks: list[int]) -> tuple[dict[int, bytes], str]:
+    def progress(
+        self, ranks: list[int], listing: Listing | None = None
+    ) -> tuple[dict[int, bytes], str]:
         """The progress records of ``ranks`` in the round's list, as raw bytes (one read):
         what the reporter reads from every rank before it reads any summary. A rank not in
         it (one that died answering an earlier round; the ranks after a damaged record) has
         its summary to tell where it stood. Also returns why the list could not be read to its
-        end ("" when it could)."""
-        key = self.keys.round(self.number, "progress")
-        listed: dict[int, bytes] = {}
-        why = ""
-        if self.store.check([key]):
-            listed, why = unframe(bytes(self.store.get(key)), self.world_size)
+        end ("" when it could). ``listing``: the list as read so far (only what was appended
+        since is unframed)."""
+        listing = listing or Listing(self)
+        listing.read()
         wanted = set(ranks)
-        return {r: data for r, data in listed.items() if r in wanted}, why
+        return {r: data for r, data in listing.records.items() if r in wanted}, listing.why
 
     def _gather(self, key: Callable[[int], str], ranks: list[int]) -> dict[int, bytes]:
         """One value per rank, in store calls of 4,096 keys (a rank whose key is absent,
@@ -297,6 +297,35 @@ class Round:
             values = self.store.multi_get(keys)
             out.update(zip(chunk, (bytes(v) for v in values), strict=True))
         return out
+
+
+class Listing:
+    """The round's progress records as they arrive (``round/<n>/progress``). Ranks only
+    append to it, so each read unframes only what came since the one before (at 131,072
+    ranks the list is 12 MB, and the reporter reads it while the ranks answer as well as
+    once they have); a value that does not start with what was read before (rewritten by
+    something else) is read from its start."""
+
+    def __init__(self, rnd: Round) -> None:
+        self._rnd = rnd
+        self._raw = b""
+        self.records: dict[int, bytes] = {}
+        """Rank -> its record (raw bytes), as read so far."""
+        self.why = ""
+        """Why the list could not be read to its end ("": it could)."""
+
+    def read(self) -> dict[int, bytes]:
+        """Read the list again; returns the records that are new since the last read."""
+        rnd = self._rnd
+        key = rnd.keys.round(rnd.number, "progress")
+        raw = bytes(rnd.store.get(key)) if rnd.store.check([key]) else b""
+        start = len(self._raw)
+        if self.why or not raw.startswith(self._raw):
+            start, self.records, self.why = 0, {}, ""
+        new, self.why = unframe(raw, rnd.world_size, start)
+        self._raw = raw
+        self.records.update(new)
+        return new
 
 
 Reporter = Callable[[Round], None]
@@ -566,6 +595,6 @@ class Exchange:
 
 
 __all__ = [
-    "MAX_BYTES", "Exchange", "Reporter", "Round", "answer_requests", "claim", "encoded",
-    "frame", "may_claim", "send", "unframe",
+    "MAX_BYTES", "Exchange", "Listing", "Reporter", "Round", "answer_requests", "claim",
+    "encoded", "frame", "may_claim", "send", "unframe",
 ]  # fmt: skip
