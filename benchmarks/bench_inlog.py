@@ -437,6 +437,8 @@ def one_run(
     steps = out["steps"]
     return {
         "connections": info["connections"],
+        "rank 0 woken": steps["woken"] - t0,
+        "rank 0 published": steps["published"] - t0,
         "reached": ranks["reached"] - t0,
         "sent": max(ranks["sent"], steps.get("published", t0)) - t0,
         "answers seen": steps["answers waited ends"] - t0,
@@ -564,7 +566,7 @@ def report(
     stand_ins = sorted({r for run in runs for r in run["read"]} - real)
     print(f"{world} ranks ({args.layout}, {args.fault}), {runs[0]['answered']} answering, "
           f"over {runs[0]['connections']} connections:")  # fmt: skip
-    names = ["reached", "sent", "answers seen", "written", "answers waited", "read progress",
+    names = ["rank 0 woken", "rank 0 published", "reached", "sent", "answers seen", "written", "answers waited", "read progress",
              "decode progress + first pass", "read summaries", "decode + analysis + render",
              "server CPU", "reporter CPU", "driver CPU", "server reads", "server writes",
              "reporter peak MB", "server MB"]  # fmt: skip
