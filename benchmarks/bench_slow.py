@@ -17,6 +17,11 @@ Four parts, each printing its figures:
    runs, and the judge's time per check.
 4. ``cost``: what one check costs a rank: making and encoding its digest from a full ring
    (2,000 entries), and the judge's time at 4 and 1,024 ranks; the digest's size.
+5. ``pipes``: simulated pipeline-parallel jobs (tp=4, pp=4; ``--pipe-ranks``) whose timing
+   is played out (``flightrec.simulate.digests``), six checks each: a slow worker, a slow
+   stage, spread imbalance and a healthy job, ``--pipe-runs`` seeds each. A detection is a
+   first line that names the shape (the worker, the stage); any line on a healthy job is a
+   false positive.
 
 Run: ``python benchmarks/bench_slow.py`` (all parts; ``--parts sim,cost`` for some). The live
 parts take minutes: the machine they ran on is noted with the figures in docs/slow-ranks.md.
@@ -39,7 +44,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(REPO), str(REPO / "cli")]
 
 from flightrec.format.digest import Digest, GroupDigest, encode  # noqa: E402
-from flightrec.live.slow import SlowJudge  # noqa: E402
+from flightrec.live.slow import SlowJudge, SlowOptions  # noqa: E402
 from flightrec.simulate.layout import GroupKind, Layout  # noqa: E402
 
 SCRIPT = REPO / "tests" / "integration" / "scripts" / "slow_job.py"
@@ -270,11 +275,47 @@ def cost(args: argparse.Namespace) -> None:
     print(f"judge per check at 4 ranks: median {1e3 * statistics.median(samples):.2f} ms")
 
 
+# -- simulated pipelines ------------------------------------------------------------------------
+def pipes(args: argparse.Namespace) -> None:
+    from flightrec.simulate import Fault, SimConfig, parse_layout
+    from flightrec.simulate.digests import checked_digests
+
+    layout = parse_layout("tp=4,pp=4", args.pipe_ranks)
+    print(f"simulated pipelines ({args.pipe_ranks} ranks, tp=4, pp=4), {args.pipe_runs} runs a "
+          "shape, six checks each")  # fmt: skip
+    for fault in (Fault.SLOW_WORKER, Fault.SLOW_STAGE, Fault.SPREAD_IMBALANCE, Fault.NONE):
+        found, costs = 0, []
+        for k in range(args.pipe_runs):
+            rank = (k * 7919 + 5) % args.pipe_ranks
+            stage = layout.coords(rank)[1]
+            want = {
+                Fault.SLOW_WORKER: f"slow rank: rank {rank} (",
+                Fault.SLOW_STAGE: f"slow stage: stage {stage} of",
+                Fault.SPREAD_IMBALANCE: "spread imbalance:",
+            }.get(fault)
+            judge = SlowJudge(SlowOptions(min_persist_s=0))
+            lines = []
+            for raw in checked_digests(SimConfig(layout, 2000, fault, rank, seed=k), 6):
+                started = time.thread_time()
+                line = judge.check(raw)
+                costs.append(time.thread_time() - started)
+                lines += [line] if line else []
+            found += (want is None and not lines) or bool(
+                want
+                and lines
+                and want in lines[0]
+                and "a slow worker" * (fault is Fault.SLOW_WORKER) in lines[0]
+            )
+        what = "healthy without a line" if fault is Fault.NONE else "found"
+        print(f"  {fault.value:17} {what} {found}/{args.pipe_runs}; judge per check: median "
+              f"{1e3 * statistics.median(costs):.0f} ms CPU")  # fmt: skip
+
+
 def main() -> None:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("--parts", default="live,healthy,sim,cost")
+    p.add_argument("--parts", default="live,healthy,sim,cost,pipes")
     p.add_argument("--interval", type=float, default=1.0, help="FLIGHTREC_SLOW_CHECK for live jobs")
     p.add_argument("--runs", type=int, default=8, help="live runs per shape")
     p.add_argument("--onset", type=int, default=100, help="steps before a live shape's onset")
@@ -282,10 +323,14 @@ def main() -> None:
     p.add_argument("--healthy-steps", type=int, default=250)
     p.add_argument("--sim-runs", type=int, default=5)
     p.add_argument("--sim-healthy", type=int, default=10)
+    p.add_argument("--pipe-runs", type=int, default=5)
+    p.add_argument("--pipe-ranks", type=int, default=64)
     args = p.parse_args()
     parts = set(args.parts.split(","))
     print(f"bench_slow on {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
-    for name, fn in (("cost", cost), ("sim", sim), ("live", live), ("healthy", healthy)):
+    for name, fn in (
+        ("cost", cost), ("sim", sim), ("pipes", pipes), ("live", live), ("healthy", healthy)
+    ):  # fmt: skip
         if name in parts:
             fn(args)
 

@@ -11,9 +11,17 @@ Two sources of jobs:
              ``--sim-slow`` jobs with a straggler 30-50 ms late, each with its own seed (and
              fault rank).
 
-A false positive is any ``straggler`` finding on a healthy job; a detection is a job whose
-straggler findings are exactly the slow rank. Also reported: the analysis time per simulated
+A false positive is any ``straggler``, ``slow_stage`` or ``imbalance`` finding on a healthy
+job; a detection is a job whose findings of those kinds are exactly a straggler finding of
+the slow rank. Also reported: the analysis time per simulated
 job, and the straggler pass's share of it.
+
+  pipelines  simulated pipeline-parallel jobs whose timing is played out (tp=4, pp=4 at 64
+             ranks by default): ``--pipelines`` jobs each of a slow worker (2x compute), a
+             slow stage (1.5x) and spread imbalance, and as many healthy ones. A detection is a
+             job whose findings are exactly the expected one (the worker, every rank of the
+             stage, or imbalance blaming nobody); a false positive is any finding on a healthy
+             one.
 
 Run: ``python benchmarks/bench_straggler.py [--real-healthy 100] [--sim-healthy 100] ...``
 """
@@ -41,9 +49,16 @@ from flightrec.simulate import Fault, SimConfig, parse_layout, simulate  # noqa:
 SCRIPT = ROOT / "tests" / "integration" / "scripts" / "straggler.py"
 
 
-def _stragglers(path: Path) -> tuple[int, ...]:
+SLOWNESS = ("straggler", "slow_stage", "imbalance")
+
+
+def _stragglers(path: Path) -> tuple[tuple[str, int], ...]:
+    """(kind, rank) of every slowness finding (``("imbalance", -1)``: no rank blamed)."""
     return tuple(
-        r for f in analyze_dir(str(path)).findings if f.kind == "straggler" for r in f.ranks
+        (f.kind.value, r)
+        for f in analyze_dir(str(path)).findings
+        if f.kind in SLOWNESS
+        for r in f.ranks or (-1,)
     )
 
 
@@ -58,7 +73,7 @@ def _real_runs(out: Path, runs: int, steps: int, slow: bool) -> list[Path]:
         sys.executable, str(SCRIPT), "--runs", str(runs), "--steps", str(steps),
         "--out", str(out), *(["--cycle-slow"] if slow else []),
     ]  # fmt: skip
-    subprocess.run(cmd, env=_env(), check=True, capture_output=True, timeout=60 + 5 * runs)
+    subprocess.run(cmd, env=_env(), check=True, capture_output=True, timeout=120 + 20 * runs)
     return sorted(out.glob("run-*"))
 
 
@@ -70,7 +85,7 @@ def bench_real(healthy: int, slow: int, steps: int, work: Path) -> dict[str, obj
     detected = 0
     if slow:
         for k, run in enumerate(_real_runs(work / "slow", slow, steps, True)):
-            detected += _stragglers(run) == (k % 4,)  # the driver's --cycle-slow rank
+            detected += _stragglers(run) == (("straggler", k % 4),)  # --cycle-slow's rank
     return {
         "healthy_runs": healthy,
         "false_positives": len(fp),
@@ -98,9 +113,14 @@ def bench_sim(healthy: int, slow: int, ranks: int, entries: int, work: Path) -> 
         t0 = time.perf_counter()
         find_stragglers(report.matched, Clocks(report.matched))
         pass_times.append(time.perf_counter() - t0)
-        blamed = tuple(r for f in report.findings if f.kind == "straggler" for r in f.ranks)
+        blamed = tuple(
+            (f.kind.value, r)
+            for f in report.findings
+            if f.kind in SLOWNESS
+            for r in f.ranks or (-1,)
+        )
         if is_slow:
-            detected += blamed == (rank,)
+            detected += blamed == (("straggler", rank),)
         else:
             fp += bool(blamed)
     return {
@@ -117,6 +137,29 @@ def bench_sim(healthy: int, slow: int, ranks: int, entries: int, work: Path) -> 
     }
 
 
+def bench_pipelines(jobs: int, ranks: int, entries: int, work: Path) -> dict[str, object]:
+    """Detections of the three slow shapes, and findings on healthy played pipelines."""
+    layout = parse_layout("tp=4,pp=4", ranks)
+    out: dict[str, object] = {"ranks": ranks, "entries": entries, "jobs_per_shape": jobs}
+    for fault in (Fault.SLOW_WORKER, Fault.SLOW_STAGE, Fault.SPREAD_IMBALANCE, Fault.NONE):
+        hits, times = 0, []
+        for k in range(jobs):
+            rank = (k * 7919 + 13) % ranks
+            path = work / f"pipe-{fault.value}-{k}"
+            config = SimConfig(layout, entries, fault, rank, seed=k, played=True)
+            expected = simulate(config, path)
+            t0 = time.perf_counter()
+            findings = analyze_dir(str(path)).findings
+            times.append(time.perf_counter() - t0)
+            got = [(f.kind.value, list(f.ranks)) for f in findings]
+            want = [(expected["kind"], expected["ranks"])] if expected else []
+            hits += got == want
+        name = "healthy_without_finding" if fault is Fault.NONE else f"{fault.value}_found"
+        out[name] = hits
+        out[f"{fault.value}_analyze_s_median"] = round(statistics.median(times), 2)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--real-healthy", type=int, default=100)
@@ -126,6 +169,9 @@ def main() -> None:
     parser.add_argument("--sim-slow", type=int, default=50)
     parser.add_argument("--sim-ranks", type=int, default=64)
     parser.add_argument("--sim-entries", type=int, default=500)
+    parser.add_argument("--pipelines", type=int, default=10, help="played jobs per shape")
+    parser.add_argument("--pipeline-ranks", type=int, default=64)
+    parser.add_argument("--pipeline-entries", type=int, default=1000)
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="bench-straggler-") as tmp:
@@ -134,6 +180,9 @@ def main() -> None:
             "real": bench_real(args.real_healthy, args.real_slow, args.steps, work),
             "simulated": bench_sim(
                 args.sim_healthy, args.sim_slow, args.sim_ranks, args.sim_entries, work
+            ),
+            "pipelines": bench_pipelines(
+                args.pipelines, args.pipeline_ranks, args.pipeline_entries, work
             ),
         }
     if args.json:

@@ -6,6 +6,7 @@ Importing this package never imports torch. The recorder (``flightrec.enable()``
 
 from __future__ import annotations
 
+import os as _os
 from importlib import metadata as _metadata
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,13 @@ except _metadata.PackageNotFoundError:  # running from a source tree
     __version__ = "0.0.0+source"
 
 __all__ = ["__version__", "disable", "dump", "enable"]
+
+# Under FLIGHTREC=1 the start-up hook (flightrec-autostart.pth) arms tracing in every process;
+# where site-packages lacks it, importing flightrec arms it instead (the recorder then says in
+# the job's log that processes which never import flightrec are not traced). A no-op where
+# the hook already ran, and nothing is imported until torch.distributed is.
+if _os.environ.get("FLIGHTREC", "").strip().lower() in ("1", "true", "yes"):
+    from flightrec import _autostart  # noqa: F401
 
 
 def enable() -> None:

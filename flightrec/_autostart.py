@@ -1,6 +1,8 @@
 """Start tracing in a process that never imports flightrec (``FLIGHTREC=1``).
 
-``flightrec-autostart.pth`` imports this module at interpreter start when FLIGHTREC is on.
+``flightrec-autostart.pth`` imports this module at interpreter start when FLIGHTREC is on
+(``import flightrec`` does too, so that a process whose site-packages lacks the hook is
+traced from that import, and says so).
 Importing torch here would add seconds to every Python process (and the torchrun launcher),
 so instead a meta-path finder waits for ``torch.distributed`` to be imported and enables the
 recorder right after that module finishes loading, before user code can take references to
@@ -25,8 +27,23 @@ def _enable() -> None:
     try:
         from flightrec import recorder
         from flightrec.live import REPORTER
+        from flightrec.recorder import runtime
+        from flightrec.recorder.diagnose import PTH, installed_hook
 
         recorder.enable(reporter=REPORTER)
+        rt = runtime.current()
+        if rt is None or not rt.hooks.installed:
+            log.warning(
+                "flightrec: FLIGHTREC=1 but nothing in torch.distributed could be hooked: "
+                "this process is not traced (flightrec doctor says more)"
+            )
+        elif installed_hook() is None:
+            log.warning(
+                "flightrec: FLIGHTREC=1 but no %s in site-packages: this process is traced "
+                "because it imported flightrec, processes that never do are not (reinstall "
+                "with pip install . or pip install -e ., setuptools 64 or later)",
+                PTH,
+            )
     except Exception as exc:
         log.warning("flightrec: FLIGHTREC=1 but tracing could not start: %s", exc)
 

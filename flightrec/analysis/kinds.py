@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flightrec.analysis.model import FindingKind
+from flightrec.analysis.model import Action, FindingKind
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,23 +50,31 @@ class KindSpec:
     simulated_by: tuple[str, ...]
     """Faults of ``flightrec simulate`` (``simulate.faults.Fault`` values) whose expected
     verdict is this kind; empty where the simulator injects none that ends in it."""
+    action: Action
+    """What to do about it, unless the finding's own evidence says otherwise (a rank that
+    died of an exception, a skipped call: ``advice.advise``)."""
+    timed: bool
+    """Built on times compared across ranks: less sure where clocks could not be aligned
+    (``advice.advise``)."""
 
 
 KINDS: dict[FindingKind, KindSpec] = {
     s.kind: s
     for s in (
-        #        kind                       made_by          prio root  step   crash  skips  timeout hang   lanes  gone   simulated_by
-        KindSpec(FindingKind.NOT_ARRIVED, "not_arrived", 0, True, False, True, True, True, True, False, False, ("stall",)),
-        KindSpec(FindingKind.DEAD_RANK, "crashes", 0, True, False, True, True, True, True, False, True, ()),
-        KindSpec(FindingKind.MISSING_DUMP, "not_arrived", 0, True, False, False, False, True, True, False, True, ("crash",)),
-        KindSpec(FindingKind.MISMATCH, "mismatch", 0, True, False, False, True, False, True, False, False, ("op_mismatch", "size_mismatch", "dtype_mismatch")),
-        KindSpec(FindingKind.P2P_DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, ("p2p_deadlock",)),
-        KindSpec(FindingKind.DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, ()),
-        KindSpec(FindingKind.STUCK, "stuck", 0, True, False, False, False, True, True, False, False, ()),
-        KindSpec(FindingKind.STACK_HANG, "stacks", 0, True, False, False, False, False, True, False, False, ()),
-        KindSpec(FindingKind.P2P_UNMATCHED, "p2p", 1, False, True, False, False, True, True, False, False, ()),
-        KindSpec(FindingKind.DESYNC, "desync", 2, False, True, False, True, True, True, False, False, ()),
-        KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, False, ("straggler",)),
+        #        kind                       made_by          prio root  step   crash  skips  timeout hang   lanes  gone   simulated_by                                          action     timed
+        KindSpec(FindingKind.NOT_ARRIVED, "not_arrived", 0, True, False, True, True, True, True, False, False, ("stall",), Action.RESTART, False),
+        KindSpec(FindingKind.DEAD_RANK, "crashes", 0, True, False, True, True, True, True, False, True, (), Action.RESTART, False),
+        KindSpec(FindingKind.MISSING_DUMP, "not_arrived", 0, True, False, False, False, True, True, False, True, ("crash",), Action.RESTART, False),
+        KindSpec(FindingKind.MISMATCH, "mismatch", 0, True, False, False, True, False, True, False, False, ("op_mismatch", "size_mismatch", "dtype_mismatch"), Action.FIX_CODE, False),
+        KindSpec(FindingKind.P2P_DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, ("p2p_deadlock",), Action.FIX_CODE, False),
+        KindSpec(FindingKind.DEADLOCK, "p2p", 0, True, False, False, False, True, True, False, False, (), Action.FIX_CODE, False),
+        KindSpec(FindingKind.STUCK, "stuck", 0, True, False, False, False, True, True, False, False, (), Action.RESTART, False),
+        KindSpec(FindingKind.STACK_HANG, "stacks", 0, True, False, False, False, False, True, False, False, (), Action.RESTART, False),
+        KindSpec(FindingKind.P2P_UNMATCHED, "p2p", 1, False, True, False, False, True, True, False, False, (), Action.FIX_CODE, False),
+        KindSpec(FindingKind.DESYNC, "desync", 2, False, True, False, True, True, True, False, False, (), Action.FIX_CODE, False),
+        KindSpec(FindingKind.STRAGGLER, "straggler", 3, False, False, False, False, True, False, True, False, ("straggler", "slow_worker"), Action.RESTART, True),
+        KindSpec(FindingKind.SLOW_STAGE, "slow_stage", 3, False, False, False, False, True, False, True, False, ("slow_stage",), Action.FIX_CODE, True),
+        KindSpec(FindingKind.IMBALANCE, "imbalance", 4, False, False, False, False, True, False, False, False, ("spread_imbalance",), Action.FIX_CODE, True),
     )
 }  # fmt: skip
 """Every kind's row (``test_kinds_table`` checks that none is missing)."""

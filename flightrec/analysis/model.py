@@ -10,17 +10,26 @@ from __future__ import annotations
 
 import enum
 import hashlib
-import re
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import ClassVar, Literal, TypeAlias
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.schema import ENTRY_COLUMNS
+from flightrec.format.threads import issuing_thread, where_thread
 from flightrec.format.view import DumpView, EntriesView, GroupView
-from flightrec.frames import is_library_file
+from flightrec.frames import (
+    FrameOrigin,
+    call_name,
+    called_index,
+    fallback_index,
+    origin_of,
+    user_index,
+    without_own_frames,
+)
+from flightrec.readers.native.convert import SOURCES as NATIVE_FORMS
 from flightrec.readers.scrub import scrub
 from flightrec.text import compress
 
@@ -49,6 +58,12 @@ class FindingKind(enum.StrEnum):
     """A rank arrives last at collective after collective; nothing hangs, everyone waits."""
     DESYNC = "desync"
     """Ranks of one group issued different numbers of collectives, and nobody waits."""
+    SLOW_STAGE = "slow_stage"
+    """One pipeline stage spends longer outside communication than the others (stage
+    imbalance): every rank of it, no single one; nothing hangs."""
+    IMBALANCE = "imbalance"
+    """Ranks that do the same work keep waiting for each other, and a different one is last
+    each time (spread imbalance): time lost, no culprit; nothing hangs."""
     STACK_HANG = "stack_hang"
     """From stacks alone (``flightrec attach`` on an untraced job): ranks outside any
     collective, or in another one, while the others wait, still, in one; or no rank blamed
@@ -81,32 +96,32 @@ class FrameInfo:
     code: str = field(default="", compare=False)
     """The line's source text as the recording process read it (schema 1.1); "" when unknown.
     Not part of equality: a black box's frames (no text) equal a dump's frames of the same line."""
+    origin: FrameOrigin = field(
+        default=FrameOrigin.UNKNOWN, compare=False, metadata={"json": False}
+    )
+    """Whose code it is, as the recording process judged it (schema 1.6); ``UNKNOWN`` when the
+    dump does not say (``origin`` then judges it from the path)."""
+    called: str = field(default="", compare=False)
+    """For the user's line of a stack: the framework function it called on the way to the
+    collective (``Accelerator.gather``); "" when it called torch directly."""
 
     def where(self) -> str:
-        """``file:line`` with the file shortened to its last two path components."""
+        """``file:line`` with the file shortened to its last two path components, and the
+        framework call made there when there is one (``train.py:42 via Accelerator.gather``)."""
         parts = self.file.replace("\\", "/").split("/")
-        return f"{'/'.join(parts[-2:]) if len(parts) > 2 else self.file}:{self.line}"
+        at = f"{'/'.join(parts[-2:]) if len(parts) > 2 else self.file}:{self.line}"
+        return f"{at} via {self.called}" if self.called else at
 
-
-# flightrec's recorder itself (its package modules, the wrappers it compiles), and the stdlib
-# threading calls its handlers make: never where a rank is. Narrow on purpose: a user's
-# checkout in a folder named flightrec must not match.
-_RECORDER_FRAME = re.compile(r"^<flightrec |/flightrec/(recorder|format|readers)/[^/]+\.py$")
-_THREADING_FRAME = re.compile(r"/lib/python3\.\d+/threading\.py$")
+    def judged_origin(self) -> FrameOrigin:
+        """The recorded origin, else the one ``flightrec.frames`` gives its path here."""
+        return self.origin if self.origin is not FrameOrigin.UNKNOWN else origin_of(self.file)
 
 
 def without_recorder_frames(stack: tuple[FrameInfo, ...]) -> tuple[FrameInfo, ...]:
     """``stack`` without a leading run of flightrec's own frames (and the ``threading`` calls
     its handlers make): dumps of older versions show them where the exit dump or a signal
     handler ran. Empty when nothing else is left: at exit, the program had returned."""
-    cut = 0
-    for i, frame in enumerate(stack):
-        file = frame.file.replace("\\", "/")
-        if _RECORDER_FRAME.search(file):
-            cut = i + 1
-        elif not _THREADING_FRAME.search(file):
-            return stack[cut:]
-    return () if cut else stack
+    return tuple(without_own_frames(stack, [f.file for f in stack], own_thread=False))
 
 
 def op_label(op: str, flags: int) -> str:
@@ -116,16 +131,24 @@ def op_label(op: str, flags: int) -> str:
 
 
 def is_library_frame(frame: FrameInfo) -> bool:
-    """True for frames of torch, flightrec or the standard library rather than user code."""
-    return is_library_file(frame.file)
+    """True for frames of torch, flightrec, the standard library or any installed package
+    rather than the user's code (``flightrec.frames``)."""
+    return frame.judged_origin() is not FrameOrigin.USER
 
 
 def user_frame(stack: Sequence[FrameInfo]) -> FrameInfo | None:
-    """The innermost frame that is user code; the innermost frame when all are library code."""
-    for frame in stack:
-        if not is_library_frame(frame):
-            return frame
-    return stack[0] if stack else None
+    """The innermost frame of the user's code, carrying in ``called`` the framework call it
+    made, if any; where the stack has no user frame, its innermost framework frame (the
+    framework's call into torch), else its innermost frame."""
+    origins = [f.judged_origin() for f in stack]
+    at = user_index(origins)
+    if at is None:
+        fallback = fallback_index(origins)
+        return None if fallback is None else stack[fallback]
+    callee = called_index(origins, [f.function for f in stack], at)
+    if callee is None:
+        return stack[at]
+    return replace(stack[at], called=call_name(stack[callee].file, stack[callee].function))
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +238,7 @@ _Caches: TypeAlias = "tuple[dict[int, FrameInfo], dict[int, tuple[FrameInfo, ...
 # mostly intern the same tables (a few dozen variants among 16,384 ranks), so each frame is
 # resolved once per variant, not once per rank. Per process, bounded.
 _SHARED_CACHES: dict[bytes, _Caches] = {}
+_ORIGINS = frozenset(o.value for o in FrameOrigin)
 _MAX_SHARED_CACHES = 1024
 
 
@@ -327,6 +351,25 @@ class RankDump:
         return len(self.dump.entries.record_id)
 
     @cached_property
+    def converted(self) -> bool:
+        """Whether the dump was converted from PyTorch's own recorder (``flightrec convert``,
+        or read from a native dump)."""
+        return self.header.source in NATIVE_FORMS.values()
+
+    @cached_property
+    def records_gpu_start(self) -> bool:
+        """Whether a ``STARTED`` entry says its GPU work began: PyTorch's recorder watches
+        each collective's CUDA events (``scheduled``, ``started``, ``completed``); flightrec's
+        own entries go from ``ENQUEUED`` to ``COMPLETED``."""
+        return self.converted or any(self.dump.entries.start_ns)
+
+    @cached_property
+    def completion_times(self) -> bool:
+        """Whether entries record when they completed. PyTorch's recorder without timing
+        enabled says which completed, not when; converted gloo dumps say neither."""
+        return any(self.dump.entries.complete_ns)
+
+    @cached_property
     def tracks_completion(self) -> bool:
         """Whether entry states are real. Converted gloo dumps leave every entry ``ENQUEUED``."""
         e = self.dump.entries
@@ -342,7 +385,10 @@ class RankDump:
         if f is None:
             raw = self.dump.frames[index]
             strings = self.dump.strings
-            f = FrameInfo(strings[raw.file], strings[raw.name], raw.line, strings[raw.code])
+            f = FrameInfo(
+                strings[raw.file], strings[raw.name], raw.line, strings[raw.code],
+                FrameOrigin(raw.origin) if raw.origin in _ORIGINS else FrameOrigin.UNKNOWN,
+            )  # fmt: skip
             self._frame_cache[index] = f
         return f
 
@@ -408,15 +454,12 @@ class RankDump:
         return tuple(out)
 
     def current_stack(self) -> tuple[FrameInfo, ...]:
-        """Where the rank was at dump time: the main thread, else a thread in a collective."""
-        threads = self.threads()
-        for t in threads:
-            if t.is_main and t.stack:
-                return t.stack
-        for t in threads:
-            if t.holds_recorder and t.stack:
-                return t.stack
-        return threads[0].stack if threads else ()
+        """Where the rank was at dump time: the stack of the thread that issues its
+        collectives (``flightrec.format.threads``), the main thread's where they name none."""
+        d = self.dump
+        issuer = issuing_thread(d.entries.thread, d.strings)
+        thread = where_thread(self.threads(), issuer, lambda t: bool(t.stack))
+        return thread.stack if thread is not None else ()
 
     def wall_ns(self, mono_ns: int) -> int:
         """Convert this rank's monotonic ns to wall-clock ns using the header's anchor."""
@@ -553,6 +596,31 @@ class BelowTimeout:
     """The job's hang timeout, which none of those waits reached."""
 
 
+class Action(enum.StrEnum):
+    """What to do about a finding. The value is the JSON ``recommendation.action``."""
+
+    RESTART = "restart"
+    """Restart the job, leaving out the node if it happens again: a rank stalled, died or
+    left no dump, a GPU stopped completing work, a node is slow or gone. The code is fine."""
+    FIX_CODE = "fix_code"
+    """Stop and fix the code: ranks disagree about a collective, a rank skipped or added
+    one, raised an exception, or the work is split unevenly; a restart fails the same way."""
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """The recommendation a finding carries, and how sure of it the analysis is."""
+
+    action: Action
+    confidence: Literal["high", "medium", "low"]
+    """``high`` unless something the verdict rests on is missing (``lowered_by``)."""
+    why: str
+    """The reason for the action, in a few words."""
+    lowered_by: tuple[str, ...] = ()
+    """What lowered the confidence, one phrase each (dumps missing, rings wrapped past the
+    fault, clocks that could not be aligned, a wait shorter than the timeout...)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Finding:
     """One diagnosis with the evidence a person needs.
@@ -582,6 +650,11 @@ class Finding:
     explains: tuple[Folded, ...] = ()
     """Findings this one explains (deaths of its peers, desyncs and unmatched transfers of
     the ranks it held up), folded into it by ``fold.fold_consequences``."""
+    held_by: tuple[int, ...] = ()
+    """Ranks at the head of the chain of waits that made this finding's ranks late: the
+    finding that blames them explains this one (``fold.fold_consequences``)."""
+    advice: Advice | None = None
+    """What to do next, and how sure (``advice.advise``, the last refinement)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -58,6 +58,9 @@ MAX_SOURCE_CHARS = 200
 SourceReader = Callable[[str, int], str]
 """(file, line) -> that line of source, stripped; "" when it cannot be read."""
 
+OriginReader = Callable[[str, int], int]
+"""(file, line) -> the frame's ``FrameOrigin``; 0 when not known."""
+
 
 class DumpBuilder:
     """Accumulates one dump. Not thread-safe: build each dump in one thread.
@@ -66,10 +69,16 @@ class DumpBuilder:
         source: reads the source line of each new frame into the dump (the recorder passes
             one: the analysis usually runs on another machine, or after the code changed, so
             the line must come from the files the job ran). None leaves frames without it.
+        origin: says whose code each new frame is (``flightrec.frames.origin_of`` in the
+            recorder: only the process that ran the code knows its prefixes and working
+            tree). None leaves the origin unknown, to be judged by whoever reads the dump.
     """
 
-    def __init__(self, source: SourceReader | None = None) -> None:
+    def __init__(
+        self, source: SourceReader | None = None, origin: OriginReader | None = None
+    ) -> None:
         self._source = source
+        self._origin = origin
         self._dump = new_dump()
         self._strings: dict[str, int] = {"": 0}
         self._frames: dict[tuple[int, int, int], int] = {}
@@ -93,6 +102,7 @@ class DumpBuilder:
         """
         other = DumpBuilder.__new__(DumpBuilder)
         other._source = self._source
+        other._origin = self._origin
         other._dump = pb.Dump()
         other._dump.CopyFrom(self._dump)
         other._strings = dict(self._strings)
@@ -133,7 +143,11 @@ class DumpBuilder:
             self._frames[key] = index
             text = self._source(file, line)[:MAX_SOURCE_CHARS] if self._source and line > 0 else ""
             code = self.string(text) if text else 0
-            self._dump.frames.add(file=key[0], name=key[1], line=key[2], code=code)
+            origin = self._origin(file, line) if self._origin else 0
+            self._dump.frames.add(
+                file=key[0], name=key[1], line=key[2], code=code,
+                origin=origin,  # type: ignore[arg-type]
+            )  # fmt: skip
         return index
 
     def stack(self, frames: Iterable[FrameTuple]) -> int:

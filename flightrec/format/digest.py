@@ -15,7 +15,11 @@ finer than the milliseconds lateness is judged in):
   clock), host length (u8), device length (u8), groups (u8); then host and device (UTF-8);
 - per group: key length (u8), key (UTF-8), members (u32), collectives (u16), base (i64 ns,
   wall clock), first seq (u64); then per collective: seq after the first (u32), enqueue
-  after base (u32 µs), completion after enqueue (u32 µs).
+  after base (u32 µs), completion after enqueue (u32 µs);
+- then the rank's activity (version 2, ``format.activity.RingActivity``): own time and the
+  span it was measured over (u64 ns each), entries measured and entries per step (u32 each),
+  and its point-to-point peers (u8 count, then u32 each): what tells a slow worker, a slow
+  pipeline stage and spread imbalance apart (``flightrec.live.shapes``).
 
 The reader takes bytes from the store, which anyone who can reach it may write: a value that
 is not a digest of this version raises ``DigestError``, never anything else.
@@ -28,9 +32,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flightrec.errors import DumpError
+from flightrec.format.activity import MAX_PEERS, RingActivity
 
 MAGIC = b"FRDG"
-VERSION = 1
+VERSION = 2
 MAX_GROUPS = 8
 MAX_PER_GROUP = 64
 MAX_TEXT = 64
@@ -38,13 +43,20 @@ MAX_TEXT = 64
 _HEAD = struct.Struct("<4sBIIqBBB")
 _GROUP = struct.Struct("<IHqQ")
 _ENTRY = struct.Struct("<III")
+_ACTIVITY = struct.Struct("<QQIIB")
+_PEER = struct.Struct("<I")
 _U32 = (1 << 32) - 1
 MAX_BYTES = (
     _HEAD.size
     + 2 * MAX_TEXT
     + MAX_GROUPS * (1 + MAX_TEXT + _GROUP.size + MAX_PER_GROUP * _ENTRY.size)
+    + _ACTIVITY.size
+    + MAX_PEERS * _PEER.size
 )
-"""The largest digest (6,992 bytes); one group of 64 collectives takes about 800."""
+"""The largest digest (7,049 bytes); one group of 64 collectives takes about 800."""
+
+
+NOTHING_MEASURED = RingActivity(0, 0, 0, 0, ())
 
 
 class DigestError(DumpError):
@@ -73,6 +85,8 @@ class Digest:
     host: str
     device: str
     groups: tuple[GroupDigest, ...]
+    activity: RingActivity = NOTHING_MEASURED
+    """Its own time and pipeline neighbours."""
 
 
 def _text(s: str) -> bytes:
@@ -92,6 +106,18 @@ def encode(d: Digest) -> bytes:
         first = rows[0][0] if rows else 0
         out += [bytes([len(key)]), key, _GROUP.pack(min(g.members, _U32), len(rows), base, first)]
         out += [_ENTRY.pack(s - first, (e - base) // 1000, (c - e) // 1000) for s, e, c in rows]
+    a = d.activity
+    peers = [p for p in a.peers if 0 <= p <= _U32][:MAX_PEERS]
+    out.append(
+        _ACTIVITY.pack(
+            max(0, a.own_ns),
+            max(0, a.span_ns),
+            min(a.entries, _U32),
+            min(a.period, _U32),
+            len(peers),
+        )
+    )
+    out += [_PEER.pack(p) for p in peers]
     return b"".join(out)
 
 
@@ -151,6 +177,14 @@ def decode(data: bytes, label: str) -> Digest:
                 raise DigestError(label, "cut short")
             off += count * _ENTRY.size
             groups.append(GroupDigest(key, members, tuple(seqs), tuple(enq), tuple(comp)))
+        own, span, entries, period, npeers = _ACTIVITY.unpack_from(data, off)
+        off += _ACTIVITY.size
+        if npeers > MAX_PEERS:
+            raise DigestError(label, f"{npeers} peers is more than a digest holds")
+        peers = tuple(p for (p,) in _PEER.iter_unpack(data[off : off + npeers * _PEER.size]))
+        if len(peers) != npeers:
+            raise DigestError(label, "cut short")
     except (struct.error, IndexError):
         raise DigestError(label, "cut short") from None
-    return Digest(rank, world, taken, host, device, tuple(groups))
+    activity = RingActivity(own, span, entries, period, peers)
+    return Digest(rank, world, taken, host, device, tuple(groups), activity)

@@ -3,7 +3,8 @@
 isort:skip_file
 flightrec dump format, schema 1.x (1.2: group members as a RankGrid; 1.3: a tail readable
 on its own; 1.4: the Summary and Progress messages of the verdict in the job's log; 1.5:
-snapshots taken from outside a process by `flightrec attach`).
+snapshots taken from outside a process by `flightrec attach`; 1.6: each frame's origin, as
+the recording process judged it).
 
 One file per rank per dump event. The file is a single serialized `Dump` message. Field 1
 is a constant magic string and protobuf writes fields in number order, so every dump file
@@ -106,6 +107,37 @@ BLACKBOX: DumpReason.ValueType  # 10
 ATTACHED: DumpReason.ValueType  # 11
 """a snapshot taken from outside the process by `flightrec attach` (1.5): its threads' stacks, and torch's ring where one could be read"""
 global___DumpReason = DumpReason
+
+class _FrameOrigin:
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
+
+class _FrameOriginEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_FrameOrigin.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
+    ORIGIN_UNKNOWN: _FrameOrigin.ValueType  # 0
+    """not recorded: readers judge the frame by its path"""
+    ORIGIN_USER: _FrameOrigin.ValueType  # 1
+    """the user's own code"""
+    ORIGIN_FRAMEWORK: _FrameOrigin.ValueType  # 2
+    """an installed package other than torch and flightrec"""
+    ORIGIN_CORE: _FrameOrigin.ValueType  # 3
+    """torch, flightrec, the standard library, interpreter-made names"""
+
+class FrameOrigin(_FrameOrigin, metaclass=_FrameOriginEnumTypeWrapper):
+    """Whose code a frame runs, decided by the recording process from where it imports libraries
+    (its prefixes, site folders, editable installs) and where its user works (its working folder,
+    its main script): what a reader elsewhere cannot tell from the path alone. (1.6)
+    """
+
+ORIGIN_UNKNOWN: FrameOrigin.ValueType  # 0
+"""not recorded: readers judge the frame by its path"""
+ORIGIN_USER: FrameOrigin.ValueType  # 1
+"""the user's own code"""
+ORIGIN_FRAMEWORK: FrameOrigin.ValueType  # 2
+"""an installed package other than torch and flightrec"""
+ORIGIN_CORE: FrameOrigin.ValueType  # 3
+"""torch, flightrec, the standard library, interpreter-made names"""
+global___FrameOrigin = FrameOrigin
 
 class _State:
     ValueType = typing.NewType("ValueType", builtins.int)
@@ -506,6 +538,7 @@ class Frame(google.protobuf.message.Message):
     NAME_FIELD_NUMBER: builtins.int
     LINE_FIELD_NUMBER: builtins.int
     CODE_FIELD_NUMBER: builtins.int
+    ORIGIN_FIELD_NUMBER: builtins.int
     file: builtins.int
     """index into strings"""
     name: builtins.int
@@ -513,6 +546,10 @@ class Frame(google.protobuf.message.Message):
     line: builtins.int
     code: builtins.int
     """index into strings: the source line, stripped, read by the"""
+    origin: global___FrameOrigin.ValueType
+    """recording process when it wrote the dump; 0 when unknown (1.1)
+    whose code it is, judged where the job ran (1.6)
+    """
     def __init__(
         self,
         *,
@@ -520,8 +557,9 @@ class Frame(google.protobuf.message.Message):
         name: builtins.int = ...,
         line: builtins.int = ...,
         code: builtins.int = ...,
+        origin: global___FrameOrigin.ValueType = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["code", b"code", "file", b"file", "line", b"line", "name", b"name"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["code", b"code", "file", b"file", "line", b"line", "name", b"name", "origin", b"origin"]) -> None: ...
 
 global___Frame = Frame
 

@@ -60,12 +60,15 @@ def parse_profiling_name(name: str) -> Call:
     """Backend, flightrec op name and (for P2P) group-local sender and receiver of a name.
 
     ``"send 0->1"`` names sender then receiver; ``"recv 1<-0"`` names receiver then sender;
-    -1 where there is none.
+    -1 where there is none (``"recv 1<-?"``: a receive from any source; torchcomms' and the
+    hook-based recorder's names on some backends carry no peers at all).
     """
-    backend, _, rest = name.partition(":")
-    if not rest:  # older or third-party writers without the "backend:" prefix
-        backend, rest = "", name
-    op, _, meta = rest.strip().partition(" ")
+    # "<backend>:<op>[ <peers>]": the op and peers hold no colon, a backend's name may (torch
+    # writes whatever name a plugin registered: "nccl2", "c10d", "my:plugin").
+    head, _, meta = name.strip().partition(" ")
+    backend, colon, op = head.rpartition(":")
+    if not colon:  # older or third-party writers without the "backend:" prefix
+        backend, op = "", head
     op = OPS.get(op, op)
     src = dst = -1
     m = P2P_NAME.search(meta)

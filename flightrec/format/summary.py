@@ -7,7 +7,8 @@ needs to name the culprit, taken from the dump the rank just built:
 - per process group: its members, the collectives issued (the counter), per-peer P2P
   counters, and the entries that had not completed (oldest first) with the newest completed
   one: op, sequence numbers, peer, state, shapes and dtypes, the user's call site;
-- where the rank is now: the innermost frames of its main thread, with their source lines;
+- where the rank is now: the innermost frames of the thread that issues its collectives (the
+  main thread in most jobs; ``flightrec.format.threads``), with their source lines;
 - what ended its threads, when one died of an exception: type, message, the user's frames of
   the traceback (a rank that died publishes its summary on the way out, so the verdict names
   the crash and not a rank that left nothing);
@@ -35,7 +36,8 @@ from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.members import members_of
 from flightrec.format.read import validate
 from flightrec.format.schema import SUMMARY_SOURCE
-from flightrec.frames import keep_user_frames
+from flightrec.format.threads import issuing_thread, where_thread
+from flightrec.frames import FrameOrigin, called_index, keep_user_frames, origin_of, user_index
 
 MAGIC = "flightrec.summary"
 MAX_BYTES = 3072
@@ -51,7 +53,7 @@ MAX_ENTRIES = HISTORY + MAX_PENDING + 1
 MAX_TENSORS = 4
 MAX_DIMS = 8
 MAX_STACK = 10
-"""Innermost frames of the main thread kept."""
+"""Innermost frames kept of the thread that says where the rank is."""
 MAX_ENTRY_FRAMES = 3
 """Frames per entry (the user's call site first)."""
 MAX_FRAMES = 64
@@ -76,12 +78,14 @@ class SummaryError(FlightrecError):
 
 @dataclass(frozen=True, slots=True)
 class Frame:
-    """One Python frame: file, function, line, the source line's text ("" when unknown)."""
+    """One Python frame: file, function, line, the source line's text ("" when unknown), and
+    whose code it is (a ``FrameOrigin`` value, as the dump says)."""
 
     file: str
     function: str
     line: int
     code: str = ""
+    origin: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,9 +169,12 @@ class Summary:
     """Where the rank's full dump went on its host; "" when it could not be written."""
     groups: tuple[Group, ...]
     stack: tuple[Frame, ...]
-    """The main thread's innermost frames at dump time, innermost first."""
+    """The innermost frames at dump time of the thread that says where the rank is
+    (``flightrec.format.threads``), innermost first."""
     exceptions: tuple[Raised, ...] = ()
     """Exceptions that ended threads of the process (the main thread's first)."""
+    thread: str = "MainThread"
+    """The name of the thread ``stack`` is from."""
 
 
 # -- building ---------------------------------------------------------------------------------
@@ -188,13 +195,18 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
 
     def frame(i: int) -> Frame:
         f = frames[i]
-        return Frame(s[f.file][:MAX_TEXT], s[f.name][:MAX_TEXT], f.line, s[f.code][:MAX_TEXT])
+        return Frame(
+            s[f.file][:MAX_TEXT], s[f.name][:MAX_TEXT], f.line, s[f.code][:MAX_TEXT], f.origin
+        )
 
     def stack(i: int, limit: int) -> tuple[Frame, ...]:
         """The innermost frame and the user's, within ``limit`` (``keep_user_frames``)."""
         ids = stacks[i].frames
-        files = [s[frames[f].file] for f in ids] if len(ids) > limit else []
-        return tuple(frame(f) for f in keep_user_frames(ids, files, limit))
+        if len(ids) <= limit:
+            return tuple(frame(f) for f in ids)
+        origins = [_origin(frames[f].origin, s[frames[f].file]) for f in ids]
+        functions = [s[frames[f].name] for f in ids]
+        return tuple(frame(f) for f in keep_user_frames(ids, origins, functions, limit))
 
     def tensors(i: int) -> tuple[Tensor, ...]:
         spec = specs[i]
@@ -250,9 +262,9 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
                 tuple(entry(i) for i in picked),
             )
         )
-    main = next((t for t in dump.threads if t.is_main), None)
-    main = main or next((t for t in dump.threads if t.holds_recorder), None)
-    main_stack = stack(main.stack, MAX_STACK) if main else ()
+    issuer = issuing_thread(e.thread, s)
+    where = where_thread(dump.threads, issuer, lambda t: bool(stacks[t.stack].frames))
+    where_stack = stack(where.stack, MAX_STACK) if where else ()
     raised = sorted(dump.exceptions, key=lambda x: not x.is_main)[:MAX_EXCEPTIONS]
     exceptions = tuple(
         Raised(x.type[:MAX_TEXT], _cut(x.message), x.thread[:MAX_TEXT], x.is_main,
@@ -263,8 +275,17 @@ def summarize(dump: pb.Dump, round_: int, dump_path: str = "") -> Summary:
         round_, h.rank, h.world_size, h.hostname[:MAX_TEXT], h.pid, h.local_rank,
         h.device[:MAX_TEXT], h.job_id[:MAX_TEXT], h.backend[:32],
         pb.DumpReason.Name(h.reason), h.wall_time_ns, h.mono_time_ns, h.timeout_s,
-        dump_path[:MAX_PATH], tuple(groups), main_stack, exceptions,
+        dump_path[:MAX_PATH], tuple(groups), where_stack, exceptions,
+        where.name[:MAX_TEXT] if where else "MainThread",
     )  # fmt: skip
+
+
+def _origin(value: int, file: str) -> FrameOrigin:
+    """A frame's recorded origin, else the one this process gives its file."""
+    return FrameOrigin(value) if value in _ORIGINS and value else origin_of(file)
+
+
+_ORIGINS = frozenset(o.value for o in FrameOrigin)
 
 
 def _cut(text: str) -> str:
@@ -307,7 +328,11 @@ def to_dump(s: Summary) -> pb.Dump:
     """The summary as a ``Dump``: what travels inside the ``Summary`` message and what the
     analysis reads (entries in ring order; earlier ones read as overwritten)."""
     code = {(f.file, f.line): f.code for f in _frames(s) if f.code}
-    b = DumpBuilder(source=lambda file, line: code.get((file, line), ""))
+    origin = {(f.file, f.line): f.origin for f in _frames(s) if f.origin}
+    b = DumpBuilder(
+        source=lambda file, line: code.get((file, line), ""),
+        origin=lambda file, line: origin.get((file, line), 0),
+    )
     h = b.header
     h.rank, h.world_size, h.hostname, h.pid = s.rank, s.world_size, s.host, s.pid
     h.local_rank, h.device, h.job_id, h.backend = s.local_rank, s.device, s.job_id, s.backend
@@ -342,7 +367,8 @@ def to_dump(s: Summary) -> pb.Dump:
         b.entry(values)
     h.entries_recorded = max((e.record_id for e in entries), default=0)
     pending = any(e.state != pb.COMPLETED for e in entries)
-    b.thread(1, "MainThread", [_raw(f) for f in s.stack], is_main=True, holds_recorder=pending)
+    # The one thread of the summary is where the rank is, whichever thread that was.
+    b.thread(1, s.thread, [_raw(f) for f in s.stack], is_main=True, holds_recorder=pending)
     for x in s.exceptions:
         b.exception(
             x.type, x.message, [_raw(f) for f in x.stack], thread=x.thread, is_main=x.is_main,
@@ -359,18 +385,37 @@ def _trimmed(s: Summary, step: int) -> Summary:
     if step == 2:  # groups with nothing pending go
         busy = tuple(g for g in s.groups if any(en.state != pb.COMPLETED for en in g.entries))
         return replace(_trimmed(s, 1), groups=busy)
-    if step == 3:  # one frame per entry, four on the stack, no source text
+    if step == 3:  # the user's frame per entry (and its call), four on the stack, no text
         groups = tuple(
-            replace(g, entries=tuple(replace(en, stack=en.stack[:1]) for en in g.entries))
+            replace(g, entries=tuple(replace(en, stack=_call_site(en.stack)) for en in g.entries))
             for g in s.groups
         )
-        return replace(s, groups=groups, stack=tuple(no_code[f] for f in s.stack[:4]))
+        return replace(s, groups=groups, stack=tuple(no_code[f] for f in _kept(s.stack, 4)))
     exceptions = tuple(
         replace(x, stack=tuple(no_code[f] for f in x.stack[:1])) for x in s.exceptions
     )
     return replace(
-        s, groups=(), stack=s.stack[:1], dump_path=s.dump_path[-200:], exceptions=exceptions
+        s, groups=(), stack=_kept(s.stack, 1), dump_path=s.dump_path[-200:], exceptions=exceptions
     )
+
+
+def _kept(stack: tuple[Frame, ...], limit: int) -> tuple[Frame, ...]:
+    """``limit`` frames of a thread's stack, the user's first (``keep_user_frames``)."""
+    if limit == 1:
+        return _call_site(stack)[-1:]
+    origins = [_origin(f.origin, f.file) for f in stack]
+    return tuple(keep_user_frames(stack, origins, [f.function for f in stack], limit))
+
+
+def _call_site(stack: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """The frames of an entry's stack the verdict shows: the user's, with the framework call
+    it made when it made one; the innermost frame when the stack has no user frame."""
+    origins = [_origin(f.origin, f.file) for f in stack]
+    at = user_index(origins)
+    if at is None:
+        return stack[:1]
+    called = called_index(origins, [f.function for f in stack], at)
+    return (stack[called], stack[at]) if called is not None else (stack[at],)
 
 
 def encode(s: Summary) -> bytes:

@@ -22,6 +22,14 @@ after ``confirm`` checks in a row that are at least ``min_persist_s`` apart, eac
 at the collectives new since the check before, again only when what the line says changes (another rank
 or group, another shape, lateness halved or doubled unless it is growing), and once when it is over (``confirm``
 checks in a row without it).
+
+Where the time goes is judged as ``flightrec analyze`` judges it (``flightrec.live.shapes``):
+a late rank whose own time (outside communication) stands out among its pipeline stage's is
+a slow worker, and the late ranks that are not were waiting (on it, down its pipeline): they
+are left out while it is named; a stage whose ranks all spend longer outside communication
+than the other stages gets a line of its own (stage imbalance), and so does spread imbalance
+(ranks doing the same work waiting for each other, a different one last each time), where
+no rank is late.
 """
 
 from __future__ import annotations
@@ -32,12 +40,15 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from statistics import median
 
-from flightrec.analysis.findings.straggler import chance_of_as_many, percentile
+from flightrec.analysis.findings.straggler import OwnTime, chance_of_as_many, own_phrase, percentile
+from flightrec.analysis.timing.activity import RankTime, excess_of
 from flightrec.analysis.timing.clocks import Lane, align_lanes
 from flightrec.analysis.timing.lastarrivals import tally_arrivals
+from flightrec.analysis.timing.stages import Stages
+from flightrec.analysis.timing.tallies import Pending
 from flightrec.analysis.timing.trend import (
     GROWING,
     Trend,
@@ -46,6 +57,7 @@ from flightrec.analysis.timing.trend import (
     trend_phrase,
 )
 from flightrec.format.digest import Digest, DigestError, decode
+from flightrec.live.shapes import Shapes, is_slow_worker, rank_times, slow_stages, stages_of
 
 log = logging.getLogger("flightrec")
 WARMUP_SEQS = 5
@@ -92,6 +104,9 @@ class Slowness:
     host: str
     device: str
     trend: Trend | None
+    worker: str = ""
+    """Where it is a slow worker: ``(stage 1 of 4): it spends 68% of its time outside
+    communication, against 34% for the other ranks of its stage``."""
 
 
 @dataclass(slots=True)
@@ -121,6 +136,10 @@ class SlowJudge:
         self._said: tuple[int, str, str, int] | None = None
         self._named: Slowness | None = None
         self._clear = 0
+        self._shapes = Shapes(self.options.confirm, self.options.min_persist_s)
+        self._pendings: list[Pending] = []
+        self._stages = Stages(1, {}, ())
+        self._times: dict[int, RankTime] = {}
 
     def find(self, digests: Mapping[int, Digest]) -> list[Slowness]:
         """Ranks late in this check's window, the costliest first (history updated)."""
@@ -147,6 +166,7 @@ class SlowJudge:
                 )
                 members[g.key] = g.members
         found: list[Slowness] = []
+        self._pendings = []
         for key, group_lanes in sorted(lanes.items()):
             ga = align_lanes(key, group_lanes)
             if ga is None:
@@ -160,6 +180,7 @@ class SlowJudge:
                 hist.extend((ga.arrivals[r][i], rows[r][i]) for i in fresh)
             seen.last_seq = max(seen.last_seq, ga.seqs[-1])
             gt = tally_arrivals(ga, floor_ns)
+            self._pendings.append(Pending(key, ga.ranks, gt))
             n, taken, total = len(ga.ranks), len(ga.seqs), len(gt.late)
             span = max(max(c) for c in ga.completions.values()) - min(
                 min(a) for a in ga.arrivals.values()
@@ -201,6 +222,7 @@ class SlowJudge:
                     )
                 )
         found = _first_causes(found, {k: set(v) for k, v in lanes.items()})
+        found = self._slow_workers(found, digests)
         found.sort(key=lambda s: (-s.cost, s.rank))
         flagged = {(s.rank, s.group) for s in found}
         now = max((d.taken_ns for d in digests.values()), default=0)
@@ -209,6 +231,34 @@ class SlowJudge:
             for k in flagged
         }
         return found
+
+    def _slow_workers(self, found: list[Slowness], digests: Mapping[int, Digest]) -> list[Slowness]:
+        """The late ranks that are slow themselves, said so; while one is, the late ranks
+        that are not (they waited, on it or down its pipeline) and those of a slow stage
+        are left out."""
+        self._stages, self._times = stages_of(digests), rank_times(digests)
+        stages, times = self._stages, self._times
+        slow_stage = {r for st in slow_stages(stages, times) for r in st.ranks}
+        out: list[Slowness] = []
+        for s in found:
+            if s.rank in slow_stage:
+                continue
+            if is_slow_worker(s.rank, stages, times):
+                place = stages.place(s.rank)
+                cohort = stages.cohort(stages.stage_of[s.rank])
+                ex = excess_of(
+                    times[s.rank], [times[r] for r in cohort if r != s.rank and r in times]
+                )
+                if ex is not None:
+                    own = OwnTime(round(ex.share, 3), round(ex.others_share, 3), ex.others,
+                                  ex.per_step_ms, ex.others_per_step_ms)  # fmt: skip
+                    where = f"stage {place[0]} of {place[1]}" if place else ""
+                    phrase = own_phrase(own, bool(place))
+                    s = replace(s, worker=f"{f' ({where})' if where else ''}: {phrase}")
+            out.append(s)
+        if any(s.worker for s in out):
+            out = [s for s in out if s.worker]
+        return out
 
     def check(self, raw: Mapping[int, bytes]) -> str | None:
         """One check: the line to print into the log, or None.
@@ -224,8 +274,14 @@ class SlowJudge:
                 if d.rank == rank:
                     digests[rank] = d
         found = self.find(digests)
-        opt = self.options
         now = max((d.taken_ns for d in digests.values()), default=0)
+        lines = [self._rank_line(found, now)]
+        lines += self._shapes.check(digests, self._pendings, self._stages, self._times, bool(found))
+        return "".join(line for line in lines if line) or None
+
+    def _rank_line(self, found: list[Slowness], now: int) -> str | None:
+        """The line about late ranks this check, if any (named, changed, or over)."""
+        opt = self.options
         confirmed = []
         for s in found:
             checks, since = self._streak[(s.rank, s.group)]
@@ -241,7 +297,7 @@ class SlowJudge:
             if said == self._said:
                 return None
             self._said, self._named = said, s
-            return slow_line(s, len(confirmed) - 1)
+            return slow_line(s, len({c.rank for c in confirmed} - {s.rank}))
         named = self._named
         if named is None:
             return None
@@ -283,11 +339,13 @@ def slow_line(s: Slowness, more: int = 0) -> str:
     """The log line naming a late rank."""
     trend = f"; {trend_phrase(s.trend)}" if s.trend is not None else ""
     others = f" ({more} more rank{'s' if more > 1 else ''} late too)" if more else ""
+    worker = f"; a slow worker{s.worker}" if s.worker else ""
     return (
         f"flightrec: slow rank: {_who(s)} is persistently late in group {s.group} "
         f"({s.members} ranks){others}: last by {s.median_ms:.1f} ms (median; p90 "
-        f"{s.p90_ms:.1f} ms) at {s.late} of the newest {s.collectives} collectives{trend}; "
-        f"the others spend {100 * s.cost:.0f}% of their time waiting for it. Nothing hangs.\n"
+        f"{s.p90_ms:.1f} ms) at {s.late} of the newest {s.collectives} collectives{trend}"
+        f"{worker}; the others spend {100 * s.cost:.0f}% of their time waiting for it. "
+        "Nothing hangs.\n"
     )
 
 

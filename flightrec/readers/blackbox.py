@@ -63,6 +63,9 @@ def is_blackbox(path: str | Path) -> bool:
         return False
 
 
+ORIGINS = frozenset(pb.FrameOrigin.values())
+
+
 class Tables:
     """The journal's tables: strings, tensor signatures, frames, stacks and groups."""
 
@@ -72,6 +75,8 @@ class Tables:
         self.frames: dict[int, tuple[str, str, int]] = {}
         self.sources: dict[int, str] = {}
         """Frame id -> its source line, as the recording process read it."""
+        self.origins: dict[int, int] = {}
+        """Frame id -> its ``FrameOrigin``, as the recording process judged it."""
         self.stacks: dict[int, list[int]] = {0: []}
         self.groups: dict[int, tuple[str, str, list[int], str]] = {}
         self.exceptions: list[
@@ -108,7 +113,10 @@ def read_tables(path: Path) -> Tables:
             elif kind == "f":
                 t.frames[index] = (str(rec[2]), str(rec[3]), int(rec[4]))
             elif kind == "c":
-                t.sources[index] = str(rec[2])  # cut to length by the builder
+                if rec[2]:
+                    t.sources[index] = str(rec[2])  # cut to length by the builder
+                if len(rec) > 3 and int(rec[3]) in ORIGINS:  # (none before schema 1.6)
+                    t.origins[index] = int(rec[3])
             elif kind == "k":
                 t.stacks[index] = [int(f) for f in rec[2]]
             elif kind == "x":
@@ -314,8 +322,14 @@ def _to_dump(
     }
     for x in tables.exceptions:
         by_site.update({(f[0], f[2]): f[3] for f in x[6] if f[3]})
+    origins = {
+        (f[0], f[2]): tables.origins[i] for i, f in tables.frames.items() if i in tables.origins
+    }
     died_of = next((x[0] for x in tables.exceptions if x[3]), "")
-    b = DumpBuilder(source=lambda file, line: by_site.get((file, line), ""))
+    b = DumpBuilder(
+        source=lambda file, line: by_site.get((file, line), ""),
+        origin=lambda file, line: origins.get((file, line), 0),
+    )
     h = b.header
     h.rank, h.world_size = head["rank"], head["world_size"]
     h.hostname, h.pid = head["hostname"], head["pid"]

@@ -27,6 +27,7 @@ from typing import Any
 
 import flightrec
 from flightrec.recorder import config as _config
+from flightrec.recorder.torchapi import NEWEST_TESTED, OLDEST_TESTED, TorchAPI, probe
 
 PTH = "flightrec-autostart.pth"
 
@@ -69,8 +70,13 @@ class Diagnosis:
         }
 
 
-def diagnose(env: Mapping[str, str] | None = None) -> Diagnosis:
-    """Check this interpreter and the FLIGHTREC_* settings in ``env`` (default: os.environ)."""
+def diagnose(env: Mapping[str, str] | None = None, live: bool = False) -> Diagnosis:
+    """Check this interpreter and the FLIGHTREC_* settings in ``env`` (default: os.environ).
+
+    With ``live``, also prove the answer: a fresh Python, with ``FLIGHTREC=1`` and nothing
+    imported from flightrec, runs one all_reduce on a 1-rank gloo group and exits; its exit
+    dump must hold the call (``live_check``).
+    """
     env = os.environ if env is None else env
     cfg = _config.from_env(env)
     # Under FLIGHTREC=1 the start-up hook armed itself in this very process (which shows it
@@ -84,12 +90,18 @@ def diagnose(env: Mapping[str, str] | None = None) -> Diagnosis:
     ]
     torch, torch_item = _torch()
     items.append(torch_item)
-    fast, path_item = _recording_path()
+    api = _torch_api(torch)
+    fast, path_item = _recording_path(api)
     items.append(path_item)
+    if api is not None:
+        items.append(_internals(api))
+        items.append(_native_recorder(api, cfg.native))
     items.append(_tensor_reader(fast, torch))
     items.append(_frame_walk(fast, cfg.stack_depth))
     items.append(_group_cache(fast))
     items.append(_hook(env, armed=autostart is not None))
+    if live and torch is not None:
+        items.append(live_check())
     items.append(_dumps(cfg.directory))
     items.append(
         Item(
@@ -131,7 +143,37 @@ def _torch() -> tuple[Any, Item]:
     return torch, Item("torch", torch.__version__, f"{cuda}; backends: {', '.join(backends)}")
 
 
-def _recording_path() -> tuple[Any, Item]:
+def _torch_api(torch: Any) -> TorchAPI | None:
+    if torch is None:
+        return None
+    try:
+        return probe()
+    except Exception:  # torch without torch.distributed: already reported
+        return None
+
+
+def _internals(api: TorchAPI) -> Item:
+    topic = "torch internals"
+    if api.newer_than_tested:
+        return Item(topic, "public API only", api.notice().removeprefix("flightrec: "))
+    tested = "-".join(".".join(map(str, r)) for r in (OLDEST_TESTED, NEWEST_TESTED))
+    world = "" if api.world else "; no c10d._world: the default group through GroupMember"
+    return Item(topic, "fast paths allowed", f"torch {api.version}, tested {tested}{world}")
+
+
+def _native_recorder(api: TorchAPI, wanted: bool) -> Item:
+    topic = "PyTorch's recorder"
+    if not wanted:
+        return Item(topic, "not merged", "FLIGHTREC_NATIVE=0")
+    if not api.native_dump:
+        return Item(topic, "not merged", "this torch has no _dump_fr_trace")
+    if not api.merge_native:
+        return Item(topic, "not merged", "a torch newer than tested: its private API is not used")
+    how = "one recorder per backend" if api.native_backends else "one recorder per process"
+    return Item(topic, "merged into dumps", how)
+
+
+def _recording_path(api: TorchAPI | None = None) -> tuple[Any, Item]:
     """The C extension where it is built and used, else None (the pure-Python path)."""
     try:
         from flightrec.recorder.hooks import codegen
@@ -151,6 +193,8 @@ def _recording_path() -> tuple[Any, Item]:
         )
     if not codegen.USE_FAST:
         return None, Item("recording path", "pure Python", "the C path is switched off")
+    if api is not None and not api.fast_paths:
+        return None, Item("recording path", "pure Python", "a torch newer than tested")
     return fast, Item("recording path", "C", str(fast.__file__))
 
 
@@ -223,6 +267,18 @@ def _site_dirs() -> list[Path]:
     return [Path(d) for d in dict.fromkeys(dirs)]
 
 
+def installed_hook() -> Path | None:
+    """The start-up hook that starts flightrec, where one is in site-packages, else None."""
+    for d in _site_dirs():
+        pth = d / PTH
+        try:
+            if "flightrec._autostart" in pth.read_text():
+                return pth
+        except OSError:
+            continue
+    return None
+
+
 def _hook(env: Mapping[str, str], armed: bool) -> Item:
     on = _config.is_true(env.get("FLIGHTREC"))
     state = "FLIGHTREC is not set: set FLIGHTREC=1 for the job"
@@ -244,6 +300,57 @@ def _hook(env: Mapping[str, str], armed: bool) -> Item:
         "that never imports flightrec (pip install torch-flightrec installs it)",
         True,
     )
+
+
+LIVE_JOB = """
+import socket, torch, torch.distributed as dist
+with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+dist.all_reduce(torch.ones(2))
+dist.destroy_process_group()
+"""
+"""The live check's job: plain torch, no flightrec import (the start-up hook must trace it)."""
+LIVE_TIMEOUT_S = 120.0
+
+
+def live_check(timeout_s: float = LIVE_TIMEOUT_S) -> Item:
+    """Run ``LIVE_JOB`` in a fresh interpreter under ``FLIGHTREC=1`` and read its exit dump:
+    the proof that a job started here is traced (the hook ran, the call was recorded, the
+    dump was written)."""
+    import subprocess
+
+    from flightrec.format.read import read_dump
+
+    topic = "live check"
+    with tempfile.TemporaryDirectory(prefix="flightrec-doctor-") as tmp:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("FLIGHTREC")}
+        env.update(FLIGHTREC="1", FLIGHTREC_DIR=tmp, FLIGHTREC_DUMP_ON_EXIT="1",
+                   FLIGHTREC_VERDICT="0", FLIGHTREC_SLOW_CHECK="0")  # fmt: skip
+        try:
+            run = subprocess.run(
+                [sys.executable, "-c", LIVE_JOB], cwd=tmp, env=env, capture_output=True,
+                text=True, timeout=timeout_s, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return Item(topic, "failed", f"a 1-rank gloo job did not end in {timeout_s:g} s", True)
+        if run.returncode:
+            last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+            return Item(topic, "failed", f"a 1-rank gloo job failed: {last}", True)
+        dumps = sorted(Path(tmp).rglob("*.frdump"))
+        recorded = False
+        for path in dumps:
+            try:
+                recorded = recorded or "all_reduce" in read_dump(path).strings
+            except Exception:
+                continue
+        if not recorded:
+            why = "its exit dump holds no all_reduce" if dumps else "it left no dump"
+            return Item(topic, "not traced", f"a 1-rank gloo job ran under FLIGHTREC=1; {why}",
+                        True)  # fmt: skip
+    return Item(topic, "traced", "a 1-rank gloo all_reduce in a fresh Python under FLIGHTREC=1 "
+                "was recorded and dumped")  # fmt: skip
 
 
 def _dumps(directory: str) -> Item:

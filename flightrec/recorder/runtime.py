@@ -8,6 +8,7 @@ that only imports torch.distributed (the torchrun launcher, a data-loading helpe
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
@@ -17,6 +18,7 @@ from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.rawstacks import stacks_path
+from flightrec.recorder import torchapi
 from flightrec.recorder.config import Config, from_env, store_namespace
 from flightrec.recorder.dumping.dumper import Dumper, describe_entry, in_thread
 from flightrec.recorder.dumping.exceptions import (
@@ -33,9 +35,10 @@ from flightrec.recorder.exchange.keys import DEFAULT_NAMESPACE
 from flightrec.recorder.exchange.slowcheck import SlowCheck
 from flightrec.recorder.exchange.store import Poller, default_store, store_address
 from flightrec.recorder.exchange.verdict import GATHER_S, Exchange, Reporter
-from flightrec.recorder.hooks import ddp
+from flightrec.recorder.hooks import codegen, ddp
 from flightrec.recorder.hooks.ddp import DDPHooks
 from flightrec.recorder.hooks.install import Hooks
+from flightrec.recorder.hotpath import layout
 from flightrec.recorder.metrics import (
     Counts,
     FlightrecCollector,
@@ -64,6 +67,14 @@ class Runtime:
     """The process's recorder with its triggers."""
 
     def __init__(self, config: Config) -> None:
+        self.torch = torchapi.probe()
+        """What the installed torch offers (``torchapi``): a torch newer than tested is traced
+        through its public API only."""
+        if config.native and not self.torch.merge_native:
+            config = dataclasses.replace(config, native=False)
+        if not self.torch.fast_paths:  # once per process: the wrappers are generated after this
+            codegen.USE_FAST = layout.USE_LAYOUT = False
+            log.warning("%s", self.torch.notice())
         self.config = config
         self.recorder = Recorder(config)
         self.dumper = Dumper(self.recorder, config.job_id)

@@ -85,6 +85,9 @@ def finding_to_dict(f: Finding) -> dict[str, Any]:
     if f.explains:
         # Findings this one explains, folded into it rather than blaming the ranks it held up.
         out["explains"] = to_json(f.explains)
+    if f.advice is not None:
+        # What to do next (restart, or fix the code) and how sure.
+        out["recommendation"] = to_json(f.advice)
     evidence: dict[str, Any] = to_json(f.evidence) if f.evidence is not None else {}
     if f.call_shift is not None:
         evidence["call_shift"] = to_json(f.call_shift)

@@ -22,6 +22,7 @@ from flightrec.analysis.model import (
     FrameInfo,
     is_library_frame,
 )
+from flightrec.analysis.verdict.advice import advice_line
 from flightrec.report.layout import code_line, hanging
 from flightrec.text import compress, ranks_phrase
 
@@ -64,6 +65,8 @@ class TerminalRenderer:
         self._desc = {k: g.desc for k, g in report.matched.groups.items()}
         self._members = {k: tuple(g.ranks) for k, g in report.matched.groups.items()}
         self._print(self._verdict(report))
+        if report.findings and report.findings[0].advice is not None:
+            self._print(hanging("Next: ", advice_line(report.findings[0].advice), style="bold"))
         for line in report.notes:
             self._print(hanging("note: ", line, style="dim"))
         if report.findings:

@@ -38,6 +38,20 @@ class Fault(Enum):
     """The rank waits for its next stage's gradient before sending its activations."""
     STRAGGLER = "straggler"
     """The rank arrives last at every collective, by tens of milliseconds; nothing hangs."""
+    SLOW_WORKER = "slow_worker"
+    """The rank computes about twice as slowly as its peers (a throttled GPU), and everyone
+    who waits on it, through its collectives or down its pipeline, runs late too."""
+    SLOW_STAGE = "slow_stage"
+    """Every rank of the fault rank's pipeline stage computes half again as long as the other
+    stages (stage imbalance): all its workers, no single rank."""
+    SPREAD_IMBALANCE = "spread_imbalance"
+    """Every rank's compute varies from step to step (uneven batches): someone is always
+    last, never the same rank; no culprit."""
+
+    @property
+    def slows(self) -> bool:
+        """A fault of timing alone, played out by ``simulate.timing``: nothing hangs."""
+        return self in (Fault.SLOW_WORKER, Fault.SLOW_STAGE, Fault.SPREAD_IMBALANCE)
 
 
 Key = tuple[object, ...]
@@ -64,6 +78,19 @@ def op_keys(program: Sequence[OpTemplate]) -> list[tuple[GroupKind, int, int, bo
         counters[counter] = n + 1
         keys.append((op.kind, n, op.peer_stage_delta, op.send))
     return keys
+
+
+def instance(
+    layout: Layout, rank: int, key: tuple[GroupKind, int, int, bool], group_name: Sequence[str]
+) -> tuple[Key, int]:
+    """Which instance ``rank``'s operation is (``op_keys`` of it; ``group_name``: each rank's
+    group of that kind), and how many participants it has: a collective is one per group and
+    ordinal, a transfer one per pair and ordinal."""
+    kind, ordinal, delta, send = key
+    if delta:
+        peer = rank + delta * layout.tp
+        return ((rank, peer, ordinal) if send else (peer, rank, ordinal)), 2
+    return (group_name[rank], ordinal), len(layout.group_of(rank, kind).ranks)
 
 
 def play_out(
@@ -96,15 +123,8 @@ def play_out(
         i = ptr[r]
         if i >= len(program) or i >= stop_at.get(r, len(program)) or inside[r]:
             continue
-        kind, ordinal, delta, send = keys_of(r)[i]
-        key: Key
-        if delta:
-            peer = r + delta * layout.tp
-            key = (r, peer, ordinal) if send else (peer, r, ordinal)
-            need = 2
-        else:
-            key = (group_name[kind][r], ordinal)
-            need = len(layout.group_of(r, kind).ranks)
+        k = keys_of(r)[i]
+        key, need = instance(layout, r, k, group_name[k[0]])
         members = waiting.setdefault(key, set())
         members.add(r)
         inside[r] = True

@@ -28,8 +28,11 @@ from flightrec.simulate.faults import Fault, Outcome, mismatched, op_keys, play_
 from flightrec.simulate.layout import GroupKind, Layout, SimGroup
 from flightrec.simulate.native import write_native
 from flightrec.simulate.schedule import MS, OpTemplate, step_length, step_template
+from flightrec.simulate.timing import Played, factors, play
 
 EPOCH_NS = 1_790_000_000 * 10**9  # wall clock of the job's start (late 2026)
+T0_NS = 10**12
+"""True time of the first step (ns)."""
 TIMEOUT_S = 60.0
 
 
@@ -44,6 +47,13 @@ class SimConfig:
     microbatches: int = 4
     seed: int = 0
     straggler_delay_ms: tuple[float, float] = (30.0, 50.0)
+    played: bool = False
+    """Play the timing out (``simulate.timing``): each rank computes between operations and
+    waits for whoever arrives last, so slowness travels down pipelines. The slow faults
+    always are; a healthy job (``Fault.NONE``) is when this is set."""
+    completion: bool = True
+    """Record completion times. Off: every entry keeps only when it was entered, as PyTorch's
+    recorder does without timing enabled (entries still say whether they completed)."""
 
 
 _Interned = tuple[int, int, int, int, int, int]
@@ -62,6 +72,8 @@ class _Plan:
     dead: set[int]
     history: int
     expected: dict[str, Any] = field(default_factory=dict)
+    played: Played | None = None
+    """Every rank's times, where the timing is played out (``SimConfig.played``)."""
     prototypes: dict[int, tuple[DumpBuilder, list[_Interned]]] = field(default_factory=dict)
     """Per step program (by identity): its interned builder, to fork per rank."""
 
@@ -140,12 +152,30 @@ def plan(config: SimConfig) -> _Plan:
         stop_at[culprit] = at
         group_kind = program[at].kind
         expected = {"kind": expected_kind(fault), "ranks": [culprit]}
-    elif fault is Fault.STRAGGLER:
+    elif fault in (Fault.STRAGGLER, Fault.SLOW_WORKER):
         expected = {"kind": expected_kind(fault), "ranks": [culprit]}
+    elif fault is Fault.SLOW_STAGE:
+        if layout.pp < 2:
+            raise ValueError("a slow stage needs pipeline stages: use a layout with pp >= 2")
+        stage = layout.coords(culprit)[1]
+        ranks = [r for r in range(layout.world) if layout.coords(r)[1] == stage]
+        expected = {"kind": expected_kind(fault), "ranks": ranks}
+    elif fault is Fault.SPREAD_IMBALANCE:
+        expected = {"kind": expected_kind(fault), "ranks": []}
     else:
         expected = {}
 
-    if fault in (Fault.NONE, Fault.STRAGGLER):
+    played: Played | None = None
+    if fault.slows or (config.played and fault is Fault.NONE):
+        played = play(
+            layout,
+            templates,
+            history + 1,
+            factors(fault, layout, culprit),
+            config.seed,
+            T0_NS,
+        )
+    if fault in (Fault.NONE, Fault.STRAGGLER) or fault.slows:
         outcomes = [
             Outcome(len(templates[layout.coords(r)[1]]), False) for r in range(layout.world)
         ]
@@ -161,7 +191,7 @@ def plan(config: SimConfig) -> _Plan:
             stop_at,
             lambda key: key == broken_key,
         )
-    if expected and fault not in (Fault.P2P_DEADLOCK, Fault.STRAGGLER):
+    if expected and fault not in (Fault.P2P_DEADLOCK, Fault.STRAGGLER) and not fault.slows:
         g = layout.group_of(culprit, group_kind)
         expected.update(
             process_group=g.name,
@@ -179,6 +209,7 @@ def plan(config: SimConfig) -> _Plan:
         dead={culprit} if fault is Fault.CRASH else set(),
         history=history,
         expected=expected,
+        played=played,
     )
 
 
@@ -228,7 +259,7 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     start = max(0, total - cfg.entries)
     period = step_length(layout, cfg.microbatches)
     boot, skew = _host_clock(cfg.seed, layout.host(rank))
-    t0 = 10**12  # true time of the first step, ns
+    t0 = T0_NS
     straggler = cfg.fault_rank if cfg.fault is Fault.STRAGGLER else -1
 
     groups = layout.groups_of(rank)
@@ -286,6 +317,10 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     done: list[int] = [int(pb.COMPLETED)] * n
     if outcome.blocked and n:
         done[-1] = int(pb.STARTED)
+    enqueue = list(map(sub, map(sub, complete, tile([op.duration for op in program])), waits))
+    if p.played is not None:
+        enqueue = [t - boot for t in p.played.enqueue[rank][start:total]]
+        complete = [t - boot for t in p.played.complete[rank][start:total]]
     group_col = tile(k_group)
     cols: dict[str, list[int]] = {
         "record_id": list(range(start, total)),
@@ -296,11 +331,9 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
         "reduce_op": tile([ki[1] for ki in k_interned]),
         "peer": tile(k_peer),
         "state": done,
-        "enqueue_ns": list(
-            map(sub, map(sub, complete, tile([op.duration for op in program])), waits)
-        ),
+        "enqueue_ns": enqueue,
         "start_ns": [0] * n,
-        "complete_ns": complete,
+        "complete_ns": complete if cfg.completion else [0] * n,
         "thread": [b.string("MainThread")] * n,
         "stack": tile([ki[2] for ki in k_interned]),
         "inputs": tile([ki[3] for ki in k_interned]),
@@ -354,6 +387,8 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     b.entry_columns(cols)
 
     dump_true = t0 + (p.history + 1) * period + int(TIMEOUT_S * 1e9)
+    if p.played is not None:  # (a dump on request, once every rank has finished the step)
+        dump_true = p.played.end_ns + 1_000 * MS
     h = b.header
     h.rank, h.world_size = rank, layout.world
     h.hostname = f"node{layout.host(rank):05d}"
@@ -373,7 +408,7 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     h.stack_depth = 16
     h.timeout_s = TIMEOUT_S
     h.source = "flightrec-simulate"
-    if cfg.fault in (Fault.NONE, Fault.STRAGGLER):
+    if cfg.fault in (Fault.NONE, Fault.STRAGGLER) or cfg.fault.slows:
         h.reason, h.reason_detail = pb.CLI_TRIGGER, "flightrec trigger"
         main: list[tuple[str, str, int]] = [
             ("model/transformer.py", "mlp_forward", 188),

@@ -10,6 +10,11 @@ own recorder on through TORCH_FR_BUFFER_SIZE) and writes:
     samples/native/<scenario>-json/<host>-comm_lib_trace_rank_<r>   JSON form
 each folder with an ``expected.json`` describing the fault injected (not the analyzer's output).
 Stacks in the dumps hold this machine's paths; nothing else is edited after recording.
+
+With torch 2.15 or later, ``hook_hang`` and ``torchft_hang`` record what 2.15's hook-based
+recorder writes (``HOOK_SCENARIOS``, tests/integration/native_scripts/hook_job.py), and
+``torchcomms_hang`` is built per torchcomms' writer code (samples/native/torchcomms.py: only
+a GPU job writes it).
 """
 
 from __future__ import annotations
@@ -92,9 +97,76 @@ def record(scenario: str) -> None:
         (d / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
 
 
+# Forms torch 2.15 writes (tests/integration/native_scripts/hook_job.py, torch 2.15 or later):
+# its hook-based recorder on a backend without one of its own, dumped by torch's own writer.
+HOOK_SCENARIOS: dict[str, dict[str, object]] = {
+    "hook_hang": {
+        "layout": "plain",
+        "description": (
+            "rank 2 never enters the third step's all_reduce; recorded by torch 2.15's "
+            "FlightRecorderHook on an out-of-tree backend ('relay', forwarding to gloo): "
+            "'relay:all_reduce' entries with no start or completion times, written by torch's "
+            "_dump_fr_trace_file as comm_lib_trace_rank_<r> (PyTorch native dumps, pickle form)"
+        ),
+        "first_finding": {
+            "kind": "not_arrived",
+            "ranks": [2],
+            "process_group": "0",
+            "seq": 5,
+            "op": "all_reduce",
+        },
+    },
+    "torchft_hang": {
+        "layout": "torchft",
+        "description": (
+            "torchft's layout: two replica groups of two ranks, each with its own default group, "
+            "dumped per quorum into trace_quorum_<q>/<global rank> (TORCH_FR_DUMP_DYNAMIC_FILE_NAME"
+            "=1, as torchft's Manager sets it); quorum 1 healthy, in quorum 2 global rank 3 never "
+            "enters its replica group's third all_reduce (torch 2.15, hook-based recorder on the "
+            "'relay' backend, pickle form)"
+        ),
+        "first_finding": {
+            "kind": "not_arrived",
+            "ranks": [3],
+            "process_group": "replica1/0",
+            "seq": 5,
+            "op": "all_reduce",
+        },
+    },
+}
+HOOK_SCRIPT = ROOT / "tests" / "integration" / "native_scripts" / "hook_job.py"
+
+
+def record_hook(scenario: str) -> None:
+    """Run one torch 2.15 scenario and write its sample folder."""
+    spec = HOOK_SCENARIOS[scenario]
+    d = HERE / scenario
+    shutil.rmtree(d, ignore_errors=True)
+    subprocess.run(
+        [sys.executable, str(HOOK_SCRIPT), "hang", str(d), str(spec["layout"])],
+        check=True, timeout=300,
+    )  # fmt: skip
+    expected = {
+        "scenario": scenario,
+        "description": spec["description"],
+        "world_size": 4,
+        "exit_status": 1,
+        "first_finding": spec["first_finding"],
+    }
+    (d / "expected.json").write_text(json.dumps(expected, indent=2) + "\n")
+
+
 def main() -> None:
-    for scenario in sys.argv[1:] or list(SCENARIOS):
-        record(scenario)
+    wanted = sys.argv[1:] or [*SCENARIOS, *HOOK_SCENARIOS, "torchcomms_hang"]
+    for scenario in wanted:
+        if scenario in HOOK_SCENARIOS:
+            record_hook(scenario)
+        elif scenario == "torchcomms_hang":
+            from construct_torchcomms import write_sample
+
+            write_sample(HERE / scenario)
+        else:
+            record(scenario)
 
 
 if __name__ == "__main__":

@@ -214,6 +214,7 @@ def start_job(
     launch: str = "procs",
     workdir: Path | None = None,
     rank_env: Mapping[int, Mapping[str, str]] | None = None,
+    launcher: Sequence[str] = (),
 ) -> Iterator[Job]:
     """Start a job; kill what is left of it when the block ends.
 
@@ -226,10 +227,14 @@ def start_job(
         launch: "procs" (one process per rank), "spawn" (torch.multiprocessing.spawn from one
             process), "torchrun" (static rendezvous at ``port``), "torchrun-c10d" (c10d
             rendezvous at ``port``; the workers' store is elsewhere) or "torchrun-standalone"
-            (``--standalone``: ``port`` is unused).
+            (``--standalone``: ``port`` is unused), or "self": one process runs
+            ``python *launcher SCRIPT ARGS`` and a framework's launcher starts the ranks
+            (Lightning's, ``accelerate launch``, Ray); only MASTER_ADDR/MASTER_PORT are set.
         workdir: folder for the dumps (``workdir/dumps``, the FLIGHTREC_DIR) and the
             processes' logs; a new temporary folder, left for the caller, when omitted.
         rank_env: per rank, environment of its own (launch "procs" only).
+        launcher: for "self", what goes between ``python`` and the script
+            (``["-m", "accelerate.commands.launch", "--multi_gpu", ...]``).
     """
     path = Path(script)
     if not path.is_absolute():
@@ -258,6 +263,10 @@ def start_job(
                     base, RANK=str(rank), LOCAL_RANK=str(rank), **(rank_env or {}).get(rank, {})
                 )
                 popen([sys.executable, str(path), *args], own, f"rank{rank}")
+        elif launch == "self":
+            drop = ("WORLD_SIZE", "RANK", "LOCAL_RANK")
+            proc_env = {k: v for k, v in base.items() if k not in drop}
+            popen([sys.executable, *launcher, str(path), *args], proc_env, "launcher")
         elif launch == "spawn":
             popen([sys.executable, str(path), "--spawn", str(world_size), *args], base, "spawn")
         elif launch.startswith("torchrun"):

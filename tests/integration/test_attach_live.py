@@ -184,13 +184,21 @@ def test_gone_and_unreadable_processes_cost_one_line_each(tmp_path: Path) -> Non
         pytest.skip("no setpriv, or not root: cannot take the right to ptrace away")
     with start_job(SCRIPT, ["stall"], flightrec=False, workdir=tmp_path) as job:
         _hung(job, 2)
-        # Real uid nobody and no CAP_SYS_PTRACE: /proc/PID/environ is still readable (its
-        # check uses the effective uid), but ptrace and process_vm_readv are refused.
+        # Real uid nobody and no CAP_SYS_PTRACE: ptrace and process_vm_readv are refused. On most
+        # kernels /proc/PID/environ stays readable (its check uses the effective uid) and the
+        # refusal shows per rank; where it does not (some container sandboxes), it shows per pid.
         drop = (setpriv, "--ruid", "65534", "--inh-caps=-sys_ptrace", "--bounding-set=-sys_ptrace")
+        probe = flightrec("--version", prefix=drop)
+        if probe.returncode != 0:
+            pytest.skip(f"setpriv cannot drop ptrace here: {probe.stderr.strip()[:200]}")
         pids = [p.pid for p in job.procs]
         done = flightrec("attach", *pids, gone.pid, "--out", tmp_path / "snap", prefix=drop)
-        assert done.returncode == 2, done.stdout + done.stderr
-        lines = [ln for ln in done.stdout.splitlines() if "no permission to read its memory" in ln]
-        assert len(lines) == 4, done.stdout
+        said = done.stdout + done.stderr
+        assert done.returncode == 2, said
+        memory = [ln for ln in done.stdout.splitlines() if "no permission to read its memory" in ln]
+        environ = [ln for ln in done.stderr.splitlines() if "no permission to read /proc/" in ln]
+        assert len(memory) + len(environ) == 4, said
+        assert all(any(f"pid {p}:" in ln for ln in memory + environ) for p in pids), said
         assert f"pid {gone.pid}: no such process" in done.stderr
+        assert "Traceback" not in said
         assert all(running(p) for p in pids)

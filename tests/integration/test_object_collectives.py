@@ -116,10 +116,17 @@ def test_without_the_native_recorder_each_object_collective_is_one_entry(tmp_pat
     env = {"FLIGHTREC_DUMP_ON_EXIT": "1", "FLIGHTREC_NATIVE": "0"}
     with start_job(script, world_size=WORLD, env=env, workdir=tmp_path) as job:
         assert job.wait(90) == [0] * WORLD, job.output()
+    numbers = []
     for rank, items in job.dumps().items():
         _, dump = items[-1]
         e = dump.entries
         ops = [dump.strings[i] for i in e.op]
         collective = [i for i in range(len(ops)) if not e.flags[i] & IS_P2P]
         assert [ops[i] for i in collective] == COLLECTIVES, (rank, ops)
-        assert [e.seq[i] for i in collective] == [1, 2, 3, 4, 5], rank
+        numbers.append([e.seq[i] for i in collective])
+    # Numbered alike on every rank, from 1 up: 1-5 where the ProcessGroup does not count the
+    # collectives torch runs inside an object call; where it does (gloo on torch 2.15), the
+    # numbers follow it from the first object call on, on every rank at the same call.
+    first = numbers[0]
+    assert first[0] == 1 and first == sorted(set(first)), first
+    assert all(n == first for n in numbers), numbers

@@ -270,3 +270,22 @@ def as_native(job: Job) -> Job:
         ]
         job.reason[r] = pb.CONVERTED
     return job
+
+
+def gpu_progress(job: Job, not_started: Mapping[int, int] | None = None) -> Job:
+    """The job as PyTorch's NCCL recorder sees its GPUs: every entry's GPU start recorded
+    (``start_ns``) and every incomplete one ``started``, except the newest ``n`` incomplete
+    entries of each rank in ``not_started`` (rank -> n), which stay ``scheduled``: issued by
+    the CPU, never reached by the GPU."""
+    skip = dict(not_started or {})
+    for r, st in job.ranks.items():
+        pending = [i for i, e in enumerate(st.entries) if e.state != pb.COMPLETED]
+        queued = set(pending[len(pending) - skip.get(r, 0) :]) if skip.get(r) else set()
+        for i, e in enumerate(st.entries):
+            if i in queued:
+                st.entries[i] = EntryValues(**{**_fields(e), "state": pb.ENQUEUED})
+            else:
+                state = pb.COMPLETED if e.state == pb.COMPLETED else pb.STARTED
+                started = {"state": state, "start_ns": e.enqueue_ns}
+                st.entries[i] = EntryValues(**{**_fields(e), **started})
+    return job

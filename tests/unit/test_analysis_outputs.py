@@ -90,7 +90,8 @@ def test_a_rank_that_timed_out_first_is_not_blamed() -> None:
     job.collective(complete=False)
     _fail(job, 3, after_ns=29_000_000_000)  # raised after the others had waited 29 s
     first = analyze(job.run()).findings[0]
-    assert (first.kind, first.ranks) == (FindingKind.STUCK, (0, 1, 2, 3))
+    # The collective itself is stuck: no rank is blamed, every member is in it.
+    assert (first.kind, first.ranks, first.pg_ranks) == (FindingKind.STUCK, (), (0, 1, 2, 3))
 
 
 def test_two_ranks_without_a_majority_are_told_apart_by_the_op_s_rule() -> None:
@@ -138,7 +139,7 @@ def test_most_members_failing_at_once_is_not_a_local_error() -> None:
     for r in (0, 1, 3):
         _fail(job, r)
     first = analyze(job.run()).findings[0]
-    assert (first.kind, first.ranks) == (FindingKind.STUCK, (0, 1, 2, 3))
+    assert (first.kind, first.ranks, first.pg_ranks) == (FindingKind.STUCK, (), (0, 1, 2, 3))
 
 
 def test_a_gather_root_whose_list_does_not_fit_the_group_is_blamed() -> None:

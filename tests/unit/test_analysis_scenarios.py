@@ -245,6 +245,11 @@ def test_stuck_collective_everyone_entered() -> None:
     first = analyze(job.run()).findings[0]
     assert first.kind == FindingKind.STUCK and first.seq == 4
     assert "transport failure" in first.summary and "GPU" not in first.summary
+    # No rank is missing or wrong: none is blamed; where each got to is the evidence.
+    assert first.ranks == () and first.summary.startswith("The collective itself is stuck")
+    assert "last progress: ranks 0-3 completed all_reduce #3 on group 0" in first.summary
+    (progress,) = first.evidence.last_progress
+    assert progress.ranks == (0, 1, 2, 3) and progress.last_completed == "all_reduce #3 on group 0"
 
 
 def test_a_collective_stuck_on_every_gpu_says_it_was_issued_and_not_completed_there() -> None:

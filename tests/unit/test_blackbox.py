@@ -20,6 +20,7 @@ from flightrec.format.members import members_of
 from flightrec.format.schema import dump_filename
 from flightrec.format.slot import COMPLETED, ENQUEUED, SLOT_SIZE
 from flightrec.format.write import write_dump
+from flightrec.frames import origin_of
 from flightrec.readers.blackbox import is_blackbox, read_blackbox
 from flightrec.recorder.hotpath.groups import GroupInfo
 from flightrec.recorder.hotpath.ring import Ring
@@ -106,6 +107,10 @@ def test_source_lines_are_journaled_off_the_calling_thread(tmp_path: Path) -> No
     dump = read_blackbox(rec.bb.path)
     frame = dump.frames[dump.stacks[dump.entries.stack[0]].frames[0]]
     assert dump.strings[frame.code] == 'rec.call("all_reduce", (4,))  # the line a reader must name'
+    # ... with whose code each frame is, as this process judges it (schema 1.6)
+    assert top.frames[0].origin == pb.ORIGIN_UNKNOWN
+    assert frame.origin == origin_of(__file__) == pb.ORIGIN_USER
+    assert {f.origin for f in dump.frames} <= {pb.ORIGIN_USER, pb.ORIGIN_FRAMEWORK, pb.ORIGIN_CORE}
 
 
 def test_hostile_journal_lines_are_bad_lines_not_crashes(tmp_path: Path) -> None:

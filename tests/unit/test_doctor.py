@@ -117,7 +117,13 @@ def test_the_command_prints_every_item_and_exits_by_the_verdict(tmp_path: Path) 
     for topic in ("flightrec", "python", "torch", "recording path", "tensor-memory reader",
                   "frame walk", "start-up hook", "dumps"):  # fmt: skip
         assert topic in topics
-    text = CliRunner().invoke(app, ["doctor"], env=env)
+    hook = next(i for i in report["items"] if i["topic"] == "start-up hook")
+    if "torch" in sys.modules and not hook["blocks"]:
+        # The proof: a fresh Python under FLIGHTREC=1 recorded and dumped a real all_reduce.
+        live = next(i for i in report["items"] if i["topic"] == "live check")
+        assert (live["value"], live["blocks"]) == ("traced", False), live
+    text = CliRunner().invoke(app, ["doctor", "--no-live"], env=env)
+    assert "live check" not in text.output
     assert text.exit_code == result.exit_code
     assert str(tmp_path) in text.output
     assert text.output.rstrip().endswith("tracing would work" if report["tracing_works"] else

@@ -186,8 +186,9 @@ def test_every_kind_has_a_scenario_test() -> None:
 def test_traits_read_by_the_refinements() -> None:
     # A mismatch is wrong however short the wait; a straggler is no hang.
     assert not KINDS[FindingKind.MISMATCH].low_confidence_below_timeout
-    assert kinds_where("marks_lanes") == {FindingKind.STRAGGLER}
-    assert FindingKind.STRAGGLER not in kinds_where("hang")
+    assert kinds_where("marks_lanes") == {FindingKind.STRAGGLER, FindingKind.SLOW_STAGE}
+    slowness = {FindingKind.STRAGGLER, FindingKind.SLOW_STAGE, FindingKind.IMBALANCE}
+    assert slowness.isdisjoint(kinds_where("hang") | kinds_where("root_cause"))
     assert kinds_where("root_cause").isdisjoint(kinds_where("out_of_step"))
     # A rank that is gone is why its peers wait: the kinds that say so are root causes.
     assert kinds_where("gone") == {FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP}

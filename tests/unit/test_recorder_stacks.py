@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import threading
 from types import FrameType
 
-import flightrec
 from flightrec.recorder.recording.stacks import MAX_SOURCE_CHARS, StackTable, frames_of, source_line
 
 
@@ -84,33 +82,6 @@ def test_purge_forgets_frames_that_returned() -> None:
 def test_frames_of_live_frame() -> None:
     frames = frames_of(sys._getframe(), 3)
     assert frames[0][1] == "test_frames_of_live_frame" and len(frames) == 3
-
-
-def test_dump_time_stacks_start_where_the_program_was() -> None:
-    import threading as _threading
-
-    from flightrec.recorder.recording import stacks
-
-    # The whole package is flightrec's own, wherever in it the module that asks lives.
-    assert os.path.dirname(os.path.abspath(flightrec.__file__)) + os.sep == stacks._PACKAGE_DIR
-    own = stacks._PACKAGE_DIR + "recorder/signals.py"
-    lib = _threading.__file__
-    program = [("train.py", "save_checkpoint", 48), ("train.py", "main", 90)]
-    # SIGTERM caught the main thread: flightrec's handler waits for the dump on top of it
-    handler = [(lib, "Condition.wait", 331), (lib, "Event.wait", 629), (own, "_handler", 115)]
-    assert stacks.without_own_frames(handler + program) == program
-    # a thread inside a traced collective keeps torch's frames and the wrapper's caller
-    inside = [("torch/distributed/distributed_c10d.py", "all_reduce", 3252)]
-    inside += [("<flightrec wrapper of all_reduce>", "all_reduce", 9), *program]
-    assert stacks.without_own_frames(inside) == inside
-    # flightrec's own threads keep their stacks
-    watchdog = [(stacks._PACKAGE_DIR + "recorder/watchdog.py", "_loop", 60), (lib, "run", 982)]
-    assert stacks.without_own_frames(watchdog) == watchdog
-    # the main thread writing the exit dump from atexit: the program returned from main
-    at_exit = [(stacks._PACKAGE_DIR + "recorder/dumping/dumper.py", "Dumper._dump", 250)]
-    assert stacks.without_own_frames(at_exit, own_thread=False) == []
-    # a helper thread that only runs flightrec's signal dump says nothing either
-    assert stacks.without_own_frames(watchdog, own_thread=False) == []
 
 
 def test_source_line_reads_the_line_and_never_fails(tmp_path) -> None:  # type: ignore[no-untyped-def]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import random
+import re
 import time
 from types import SimpleNamespace
 
 import pytest
 
+from flightrec.format.activity import RingActivity
 from flightrec.format.digest import MAX_BYTES, Digest, DigestError, GroupDigest, decode, encode
 from flightrec.format.slot import COMPLETED, ENQUEUED, SLOT
 from flightrec.live.slow import SlowJudge, SlowOptions
@@ -15,6 +17,8 @@ from flightrec.recorder.config import DEFAULT_SLOW_CHECK_S, from_env
 from flightrec.recorder.exchange.keys import Keys
 from flightrec.recorder.exchange.slowcheck import SlowCheck, make_digest
 from flightrec.recorder.hotpath.ring import Ring
+from flightrec.simulate import Fault, SimConfig, parse_layout
+from flightrec.simulate.digests import checked_digests
 from tests.unit.test_live_exchange import MemoryStore
 
 MS = 1_000_000
@@ -237,3 +241,48 @@ def test_a_store_that_stops_answering_ends_the_check_with_one_line(
     assert not check._thread.is_alive()
     warned = [r.getMessage() for r in caplog.records if "slow check" in r.getMessage()]
     assert warned == ["flightrec: the slow check stopped: Connection reset by peer"]
+
+
+def test_digest_carries_the_rank_s_own_time_and_pipeline_peers() -> None:
+    activity = RingActivity(700 * MS, 1000 * MS, 900, 38, (3, 11))
+    d = Digest(7, 16, T0, "h", "cpu", (), activity)
+    assert decode(encode(d), "rank 7").activity == activity
+    # Made from a ring: a stage that receives from rank 3 and sends to rank 11.
+    buf = bytearray()
+    for i in range(60):
+        peer, flags = (3, 8) if i % 2 == 0 else (11, 8 | 16)
+        t = T0 + i * 10 * MS
+        buf += SLOT.pack(i + 1, t, t + 4 * MS, COMPLETED, 0, i // 2 + 1, 0, 0, 0, peer,
+                         0, 0, 0, 0, 0, flags, i + 1)  # fmt: skip
+    made = make_digest(bytes(buf), [("0", 16)], 7, 16, "h", "cpu", 0, T0).activity
+    assert made.peers == (3, 11) and made.period == 2 and made.entries == 60
+    assert made.own_ns == 59 * 6 * MS and made.span_ns == 59 * 10 * MS
+
+
+def _live(fault: Fault, layout: str = "tp=2,pp=2", rank: int = 5) -> list[str]:
+    config = SimConfig(parse_layout(layout, 16), 2000, fault, rank)
+    judge = SlowJudge(SlowOptions(min_persist_s=0))
+    return [line for raw in checked_digests(config, 4) if (line := judge.check(raw))]
+
+
+def test_a_slow_worker_is_named_as_such_and_the_ranks_it_held_up_are_not() -> None:
+    (line,) = _live(Fault.SLOW_WORKER)
+    assert line.startswith("flightrec: slow rank: rank 5 (node00000, cuda:5) is persistently")
+    assert "a slow worker (stage 0 of 2): it spends" in line
+    assert "rank 4" not in line and "rank 6" not in line
+
+
+def test_a_slow_stage_gets_a_line_of_its_own() -> None:
+    (line,) = _live(Fault.SLOW_STAGE, "tp=2,pp=4", rank=6)
+    assert line.startswith("flightrec: slow stage: stage 3 of 4 (ranks 6-7,14-15) spends")
+    assert "stage imbalance, no single rank" in line
+
+
+def test_spread_imbalance_gets_a_line_that_names_no_rank() -> None:
+    (line,) = _live(Fault.SPREAD_IMBALANCE)
+    assert line.startswith("flightrec: spread imbalance: ranks doing the same work spend")
+    assert "no culprit" in line and not re.search(r"rank \d", line)
+
+
+def test_a_healthy_pipeline_prints_nothing() -> None:
+    assert _live(Fault.NONE) == []

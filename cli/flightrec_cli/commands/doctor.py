@@ -16,17 +16,25 @@ def doctor_command(
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object on stdout instead of the text.")
     ] = False,
+    live: Annotated[
+        bool,
+        typer.Option(
+            "--live/--no-live",
+            help="Prove it: trace a 1-rank gloo all_reduce in a fresh Python (a few seconds).",
+        ),
+    ] = True,
 ) -> None:
     """Check this Python, its torch and the FLIGHTREC_* settings: flightrec's version, the
-    recording path (C or pure Python), the tensor-memory reader and frame walk (and why one is
-    off), the start-up hook, and where dumps would go. Run it first when something looks wrong,
-    and paste its output into bug reports.
+        recording path (C or pure Python), the tensor-memory reader and frame walk (and why one is
+        off), the start-up hook, where dumps would go, and (unless --no-live) whether a real 1-rank
+    gloo job started here is traced. Run it first when something looks wrong,
+        and paste its output into bug reports.
 
-    Exit status: 0 tracing would work, 1 it would not (the lines marked "!" say why).
+        Exit status: 0 tracing would work, 1 it would not (the lines marked "!" say why).
     """
     from flightrec.recorder.diagnose import diagnose
 
-    found = diagnose()
+    found = diagnose(live=live)
     if as_json:
         typer.echo(json.dumps(found.as_dict(), indent=2))
     else:

@@ -61,10 +61,34 @@ def simulate_command(
             "the same job, for comparing with fr_trace.",
         ),
     ] = DumpFormat.FLIGHTREC,
+    played: Annotated[
+        bool,
+        typer.Option(
+            "--played",
+            help="Play the timing out (ranks compute, then wait for the last to arrive), as "
+            "slow_worker, slow_stage and spread_imbalance always do; for a healthy job to "
+            "compare with them.",
+        ),
+    ] = False,
+    no_completion: Annotated[
+        bool,
+        typer.Option(
+            "--no-completion-times",
+            help="Record no completion times (PyTorch's recorder without timing).",
+        ),
+    ] = False,
 ) -> None:
     """Write realistic flightrec dumps of a tp/pp/dp job with one fault; print the expected verdict."""
     try:
-        config = SimConfig(parse_layout(layout, ranks), entries, fault, fault_rank, seed=seed)
+        config = SimConfig(
+            parse_layout(layout, ranks),
+            entries,
+            fault,
+            fault_rank,
+            seed=seed,
+            played=played,
+            completion=not no_completion,
+        )
         # On a terminal, once it takes more than a second: a 4,096-rank job takes half a minute.
         with StageProgress() as shown:
             shown.stage(f"Planning a job of {ranks:,} ranks")

@@ -155,7 +155,10 @@ def find_unmatched(m: Matched, graph: DiGraph) -> list[Finding]:
     for (group, rank, peer), (sends, _) in sorted(m.p2p_counts.items()):
         if peer not in m.run.dumps or (group, rank, peer) in blocked:
             continue
-        recvs = m.p2p_counts.get((group, peer, rank), (0, 0))[1]
+        if not m.judged(group, rank, peer):
+            continue  # wrapped rings whose times cannot line the transfers up
+        # (in the sender's numbering: rings that wrapped count from different points)
+        recvs = m.received(group, rank, peer)
         if sends == recvs:
             continue
         short, extra = (peer, rank) if sends > recvs else (rank, peer)

@@ -3,10 +3,21 @@
 In a synchronous collective every member waits for the slowest, so durations all look alike;
 the signal is who arrives last. Arrivals (enqueue times) of different ranks are compared on
 one clock, aligned from the dumps themselves (``clocks.group_arrivals``: completions of one
-collective are simultaneous). A straggler is last at most of the recent collectives it took
-part in, by a margin well above ordinary jitter and above the alignment's own uncertainty,
-and far more often than random arrival order would make it (in a 2-rank group every member is
-last half the time).
+collective are simultaneous). A rank is late in a group when it is last at most of that
+group's recent collectives, by a margin well above ordinary jitter and above the alignment's
+own uncertainty, and far more often than random arrival order would make it (in a 2-rank
+group every member is last half the time). It is judged group by group
+(``timing.tallies``): a rank late at every collective of its data-parallel group is late
+even where its other groups dilute it.
+
+Late is not slow. A rank late because it waited (on a tensor-parallel peer, on the send of
+the pipeline stage before it) spent the difference inside operations; the rank that is slow
+itself spends longer outside communication than the other ranks of its stage
+(``timing.activity``). So a late rank whose own time stands out is a **slow worker**: the
+finding says so, with its stage and both times; a late rank whose own time does not is
+followed down the chain of what it waited on, and its finding names the rank at the head
+(``Finding.held_by``), under whose finding it is then folded (``verdict.fold``). Ranks of a
+slow stage are the ``slow_stage`` finding's.
 
 Rank 0 often does legitimate extra work between steps (logging, evaluation, checkpoint
 writes): when it is the late one, the finding says so and carries low confidence.
@@ -15,25 +26,18 @@ writes): when it is the late one, the finding says so and carries low confidence
 from __future__ import annotations
 
 import re
-from array import array
-from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from statistics import median
 from typing import ClassVar
 
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
-from flightrec.analysis.timing.clocks import (
-    ClockAlignment,
-    Clocks,
-    HostArrivals,
-    enqueue_arrivals,
-    may_share,
-)
-from flightrec.analysis.timing.lastarrivals import GroupTally, members_of, tally, tally_arrivals
-from flightrec.analysis.timing.trend import Trend, median_rule, straggler_trend, trend_phrase
-from flightrec.text import compress
+from flightrec.analysis.timing.activity import Activity, Excess, per_step_phrase
+from flightrec.analysis.timing.clocks import ClockAlignment, Clocks
+from flightrec.analysis.timing.tallies import Tallied, Tally, add_evidence, tally_groups
+from flightrec.analysis.timing.trend import Trend, straggler_trend, trend_phrase
+from flightrec.text import ranks_phrase
 
 KINDS = (FindingKind.STRAGGLER,)
 """The kinds this module makes (``kinds.KINDS`` names it for each)."""
@@ -99,6 +103,21 @@ class ClockSummary:
 
 
 @dataclass(frozen=True, slots=True)
+class OwnTime:
+    """A rank's time outside communication (``format.activity``) against its stage's."""
+
+    share: float
+    """Of its time, the share spent outside communication."""
+    others_share: float
+    """The same, typical of the other ranks of its stage (the job's, without stages)."""
+    compared: int
+    """How many other ranks were compared."""
+    ms_per_step: float | None = None
+    """Its own time per training step, where steps repeat."""
+    others_ms_per_step: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class StragglerEvidence(Evidence):
     """Evidence of a ``straggler`` finding."""
 
@@ -138,23 +157,22 @@ class StragglerEvidence(Evidence):
     trend: Trend | None = None
     """Onset and shape of its lateness in its main group over the whole history the dumps
     hold (``flightrec.analysis.timing.trend``); None where arrivals cannot be lined up."""
-
-
-@dataclass(slots=True)
-class _Tally:
-    taken: int = 0
-    last: int = 0
-    late: list[float] = field(default_factory=list)
-    """Margins (ms) behind the next-latest member, where it was last by a clear margin."""
-    behind: list[float] = field(default_factory=list)
-    """Arrival minus the other members' median arrival (ms), every collective."""
-    waited_ns: int = 0
-    delay_ns: int = 0
-    groups: Counter[str] = field(default_factory=Counter)
-    ops: Counter[str] = field(default_factory=Counter)
-    spread_ns: float = 0.0
-    sizes: Counter[int] = field(default_factory=Counter)
-    """Collectives taken part in, per member count of their group."""
+    late_groups: tuple[str, ...] = ()
+    """The groups where it was judged late (most late arrivals first)."""
+    stage: int | None = None
+    """Its pipeline stage (0 is the first), where the job has stages."""
+    stages: int | None = None
+    """Stages per pipeline, where the job has stages."""
+    own_time: OwnTime | None = None
+    """Its time outside communication against the other ranks of its stage; None where it
+    cannot be measured."""
+    slow_worker: bool = False
+    """Its own time stands out among its stage's: it is slow itself (not only late)."""
+    held_up: tuple[int, ...] = ()
+    """Ranks found late because they waited on it (directly or down a chain of waits)."""
+    held_by: int | None = None
+    """Where its own time is like its stage's: the rank at the head of the chain of waits
+    that made it late."""
 
 
 def chance_of_as_many(sizes: Mapping[int, int], k: int) -> float:
@@ -185,65 +203,8 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
-_Rule = tuple[int, float, int, float, float]
-
-
-@dataclass(frozen=True, slots=True)
-class _Pending:
-    """What a group's tally leaves for the steps that only a finding needs."""
-
-    ranks: Sequence[int]
-    """The members tallied, in rank order."""
-    tally: GroupTally
-
-
-def _count(
-    m: Matched, group: str, ranks: Sequence[int], gt: GroupTally, t: dict[int, _Tally]
-) -> _Pending:
-    """Add a group's tally (members ``ranks``) to the per-rank tallies ``t``."""
-    n = len(ranks)
-    for j, c in enumerate(gt.lasts):
-        if c:
-            t[ranks[j]].last += c
-    for i, j, margin in gt.late:
-        r = ranks[j]
-        tl = t[r]
-        tl.late.append(margin / 1e6)
-        tl.waited_ns += margin * (n - 1)
-        tl.delay_ns += margin
-        tl.groups[group] += 1
-        d = m.dump(r)
-        tl.ops[d.string(d.columns["op"][gt.positions[j][i]])] += 1
-    taken = len(gt.seqs)
-    for r in ranks:
-        tr = t[r]
-        tr.taken += taken
-        tr.sizes[n] += taken
-    return _Pending(ranks, gt)
-
-
-def _add_evidence(pending: _Pending, blamed: set[int], t: dict[int, _Tally]) -> None:
-    """Per member, arrival minus the others' median (ms); per blamed rank, its clock jitter.
-
-    Only a finding needs these: computed then, one comprehension per member and group.
-    """
-    gt = pending.tally
-    rows = [gt.arrivals[j] for j in range(len(pending.ranks))]
-    rules = [median_rule(sorted(col)) for col in zip(*rows, strict=True)]
-    for r, mine in zip(pending.ranks, rows, strict=True):
-        t[r].behind.extend(
-            [
-                (a - (hi if a > t1 else (mid if a > t2 else lo))) / 1e6
-                for a, (t1, hi, t2, mid, lo) in zip(mine, rules, strict=True)
-            ]
-        )
-    for j, r in enumerate(pending.ranks):
-        if gt.lasts[j] and r in blamed:
-            t[r].spread_ns = max(t[r].spread_ns, gt.spread(j))
-
-
 def lateness_table(
-    tallies: dict[int, _Tally], keep: Sequence[int], alignment: ClockAlignment
+    tallies: Mapping[int, Tally], keep: Sequence[int], alignment: ClockAlignment
 ) -> tuple[LatenessRow, ...]:
     """Per-rank lateness rows, latest first: the ``keep`` ranks plus the latest others.
 
@@ -257,6 +218,8 @@ def lateness_table(
     chosen += [r for r in keep if r not in chosen]
     out: list[LatenessRow] = []
     for r, tr in rows:
+        if not tr.taken:
+            continue
         if r not in chosen:
             continue
         c = alignment.clocks.get(r)
@@ -282,70 +245,123 @@ def _extra_work_hint(m: Matched, rank: int) -> str | None:
     return None
 
 
+def late_in(t: Tally, opt: StragglerOptions) -> bool:
+    """Whether a rank's tally in one group says it is late there (``StragglerOptions``)."""
+    if t.taken < opt.min_samples or len(t.late) / t.taken < opt.min_fraction:
+        return False
+    if median(t.late) < opt.min_margin_ms:
+        return False
+    # As often as random arrival order would make it last: no evidence.
+    return chance_of_as_many(t.sizes, len(t.late)) <= opt.max_chance
+
+
 def find_stragglers(
-    m: Matched, clocks: Clocks, options: StragglerOptions | None = None
+    m: Matched,
+    clocks: Clocks,
+    options: StragglerOptions | None = None,
+    activity: Activity | None = None,
+    tallied: Tallied | None = None,
 ) -> list[Finding]:
-    """Ranks that consistently arrive last at completed collectives.
+    """Ranks that consistently arrive last at completed collectives of some group.
 
     Args:
         m: the lined-up histories.
         clocks: the run's clock alignment (read only for the ranks found late).
         options: thresholds; defaults when None.
+        activity: own times and wait chains (``timing.activity``), shared with the other
+            slowness candidates; made here when None.
+        tallied: every group's late arrivals (``tallies.tally_groups`` with ``options``'
+            window and margin); made here when None.
 
     Returns:
-        ``straggler`` findings, the most consistent straggler first; empty for a healthy job.
+        ``straggler`` findings: slow workers and late ranks whose own time cannot be told
+        first (the most consistent first), then the late ranks held up by another
+        (``Finding.held_by``), which ``verdict.fold`` folds under the finding of that rank.
+        Empty for a healthy job.
     """
     opt = options or StragglerOptions()
-    floor_ns = opt.min_margin_ms * 1e6
-    tallies: dict[int, _Tally] = defaultdict(_Tally)
-    pending: list[_Pending] = []
-    assumed: dict[int, str] = {}
-    windows: dict[int, tuple[array[int], array[int]]] = {}
-    for key, info in m.groups.items():
-        if len(info.ranks) < 2:
-            continue
-        if may_share(m, key, opt.recent):
-            ranks, members = members_of(m, key, opt.recent, windows)
-            gt = tally(members, floor_ns)
-            if gt is not None:
-                kept = [ranks[j] for j in gt.kept]
-                pending.append(_count(m, key, kept, gt, tallies))
-                continue
-        # No completion times (PyTorch's gloo recorder): enqueue times, one host at a time.
-        for ha in enqueue_arrivals(m, key, opt.recent):
-            ga = ha.arrivals
-            pending.append(_count(m, key, ga.ranks, tally_arrivals(ga, floor_ns), tallies))
-            for r in ga.ranks:
-                assumed[r] = _assumption(ha)
-    blamed: list[tuple[float, int]] = []
-    for r, tr in tallies.items():
-        if tr.taken < opt.min_samples or len(tr.late) / tr.taken < opt.min_fraction:
-            continue
-        if median(tr.late) < opt.min_margin_ms:
-            continue
-        if chance_of_as_many(tr.sizes, len(tr.late)) > opt.max_chance:
-            continue  # as often as random arrival order would make it last: no evidence
-        blamed.append((len(tr.late) / tr.taken, r))
-    # Rank 0's lateness is often by design (see the module doc): other stragglers first.
-    blamed.sort(key=lambda kv: (kv[1] == 0, -kv[0], kv[1]))
-    if not blamed:
+    tallied = tallied or tally_groups(m, opt.recent, opt.min_margin_ms * 1e6)
+    late: dict[int, list[str]] = {}
+    for (r, g), t in tallied.per_group.items():
+        if late_in(t, opt):
+            late.setdefault(r, []).append(g)
+    if not late:
         return []
-    blamed_ranks = {r for _, r in blamed}
-    for p in pending:
-        _add_evidence(p, blamed_ranks, tallies)
+    activity = activity or Activity(m)
+    stage_ranks = activity.slow_stage_ranks
+
+    def is_head(q: int) -> bool:
+        return q in stage_ranks or activity.is_slow_worker(q)
+
+    # Who is slow itself, who only waited (and on whom), who belongs to a slow stage.
+    held_by: dict[int, int] = {}
+    for r in sorted(late):
+        if not is_head(r):
+            head = activity.head_of(r, is_head)
+            if head is not None:
+                held_by[r] = head
+    held_up: dict[int, list[int]] = {}
+    for r, h in held_by.items():
+        held_up.setdefault(h, []).append(r)
+    workers = [h for h in held_up if h not in late and h not in stage_ranks]
+    named = sorted(late) + workers
+    blamed = set(named)
+    for p in tallied.pending:
+        add_evidence(p, blamed, tallied.per_group)
+    pooled = tallied.pooled()
     alignment = clocks.alignment(opt.recent)
-    table = lateness_table(tallies, [r for _, r in blamed], alignment)
+    table = lateness_table(pooled, named, alignment)
     clock = clock_summary(alignment)
-    return [_finding(m, r, tallies[r], table, clock, assumed.get(r)) for _, r in blamed]
+    findings: list[tuple[tuple[bool, bool, float, int], Finding]] = []
+    for r in named:
+        groups = sorted(late.get(r, ()), key=lambda g: -len(tallied.per_group[(r, g)].late))
+        mine = Tally()
+        for g in groups:
+            mine.add(tallied.per_group[(r, g)])
+        f = _finding(
+            m,
+            r,
+            _Judged(mine, tuple(groups), pooled.get(r, Tally())),
+            table,
+            clock,
+            tallied.assumed.get(r),
+            _Roles(
+                activity.excess(r),
+                activity.stages.place(r),
+                activity.is_slow_worker(r),
+                tuple(sorted(held_up.get(r, ()))),
+                held_by.get(r, r if r in stage_ranks else None),
+            ),
+        )
+        share = len(mine.late) / mine.taken if mine.taken else 0.0
+        # Heads first (the slow workers, then rank 0, whose lateness is often by design),
+        # then the ranks they held up.
+        findings.append(((r in held_by or r in stage_ranks, r == 0, -share, r), f))
+    findings.sort(key=lambda kf: kf[0])
+    return [f for _, f in findings]
 
 
-def _assumption(ha: HostArrivals) -> str:
-    ranks = compress(ha.arrivals.ranks)
-    where = f"on host {ha.host}" if ha.host else "on one host (their dumps do not name it)"
-    return (
-        f"compared by enqueue times alone (the dumps record no completion): assumes ranks "
-        f"{ranks} {where} share one clock"
-    )
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """A rank's late arrivals where it was judged late, and over all its groups."""
+
+    late: Tally
+    """Pooled over ``groups`` (empty for a slow worker late nowhere itself)."""
+    groups: tuple[str, ...]
+    everywhere: Tally
+
+
+@dataclass(frozen=True, slots=True)
+class _Roles:
+    """What the own-time comparison and the wait chains say of a rank."""
+
+    excess: Excess | None
+    stage: tuple[int, int] | None
+    """(its stage, stages per pipeline), where the job has stages."""
+    slow_worker: bool
+    held_up: tuple[int, ...]
+    held_by: int | None
+    """The head of its chain of waits (itself for a rank of a slow stage); None for a head."""
 
 
 def clock_summary(a: ClockAlignment) -> ClockSummary:
@@ -361,40 +377,114 @@ def clock_summary(a: ClockAlignment) -> ClockSummary:
     )
 
 
+def _own_time(ex: Excess | None) -> OwnTime | None:
+    if ex is None:
+        return None
+    return OwnTime(
+        round(ex.share, 3),
+        round(ex.others_share, 3),
+        ex.others,
+        ex.per_step_ms,
+        ex.others_per_step_ms,
+    )
+
+
+def _groups_phrase(m: Matched, groups: Sequence[str]) -> str:
+    """``group 7 (dp)``; ``groups 7, 9``."""
+    if len(groups) == 1:
+        return m.groups[groups[0]].label()
+    return "groups " + ", ".join(groups)
+
+
+def own_phrase(own: OwnTime, staged: bool) -> str:
+    """``it spends 67% of its time outside communication, against 34% for the other ranks
+    of its stage (about 1350.0 ms a step against 680.0 ms)``."""
+    where = "of its stage" if staged else "of the job"
+    per_step = per_step_phrase(own.ms_per_step, own.others_ms_per_step)
+    return (
+        f"it spends {100 * own.share:.0f}% of its time outside communication, against "
+        f"{100 * own.others_share:.0f}% for the other ranks {where}{per_step}"
+    )
+
+
 def _finding(
     m: Matched,
     r: int,
-    tr: _Tally,
+    judged: _Judged,
     table: tuple[LatenessRow, ...],
     clock: ClockSummary,
-    assumption: str | None = None,
+    assumption: str | None,
+    roles: _Roles,
 ) -> Finding:
+    tr = judged.late if judged.late.late else judged.everywhere
     n, total = len(tr.late), tr.taken
-    typical, p90 = median(tr.late), percentile(tr.late, 0.9)
-    group = tr.groups.most_common(1)[0][0]
+    typical = median(tr.late) if tr.late else 0.0
+    p90 = percentile(tr.late, 0.9)
+    group = (
+        judged.groups[0]
+        if judged.groups
+        else tr.groups.most_common(1)[0][0]
+        if tr.groups
+        else max(m.groups, key=lambda g: (r in m.groups[g].ranks, len(m.groups[g].ranks)))
+    )
     info = m.groups[group]
     d = m.dump(r)
-    summary = (
-        f"Rank {r} ({d.describe()}) arrived last at {n} of the {total} recent collectives it "
-        f"took part in ({100 * n / total:.0f}%), typically {typical:.1f} ms after the next-latest "
-        f"rank (p90 {p90:.1f} ms); the other ranks waited about {tr.waited_ns / 1e9:.2f} "
-        f"rank-seconds for it ({tr.delay_ns / 1e9:.2f} s of job time). Nothing hangs"
-    )
+    own = _own_time(roles.excess)
+    lead = f"Rank {r} ({d.describe()})"
+    stage = f"stage {roles.stage[0]} of {roles.stage[1]}" if roles.stage else ""
+    if roles.slow_worker:
+        lead += f" is a slow worker{f' ({stage})' if stage else ''}: it"
+    parts: list[str] = []
+    if n and total:
+        of = (
+            f"of the {total} recent collectives of {_groups_phrase(m, judged.groups)}"
+            if judged.groups and judged.everywhere.taken > total
+            else f"of the {total} recent collectives it took part in"
+        )
+        parts.append(
+            f"arrived last at {n} {of} ({100 * n / total:.0f}%), typically {typical:.1f} ms "
+            f"after the next-latest rank (p90 {p90:.1f} ms)"
+        )
+    if roles.slow_worker and own is not None:
+        parts.append(own_phrase(own, bool(stage)).removeprefix("it " if not parts else ""))
+    if tr.waited_ns:
+        parts.append(
+            f"the other ranks waited about {tr.waited_ns / 1e9:.2f} rank-seconds for it "
+            f"({tr.delay_ns / 1e9:.2f} s of job time)"
+        )
+    if roles.held_up:
+        they = "it" if len(roles.held_up) == 1 else "they"
+        parts.append(
+            f"{ranks_phrase(roles.held_up)} arrived late because {they} waited on it, through "
+            "its collectives or down its pipeline"
+        )
+    if roles.held_by is not None and roles.held_by != r:
+        parts.append(
+            f"its time outside communication is like its stage's: it waited on rank {roles.held_by}"
+        )
+    summary = f"{lead} " + "; ".join(parts) + ". Nothing hangs"
     evidence = StragglerEvidence(
         last_arrivals=n,
         collectives=total,
-        last_share=round(n / total, 3),
+        last_share=round(n / total, 3) if total else 0.0,
         median_lateness_ms=round(typical, 3),
         p90_lateness_ms=round(p90, 3),
         others_waited_s=round(tr.waited_ns / 1e9, 3),
         job_delay_s=round(tr.delay_ns / 1e9, 3),
-        groups=dict(tr.groups),
+        groups=dict(judged.everywhere.groups),
         clock_jitter_ms=round(tr.spread_ns / 1e6, 3),
         confidence="high",
         lateness_by_rank=table,
         clock=clock,
+        late_groups=judged.groups,
+        stage=roles.stage[0] if roles.stage else None,
+        stages=roles.stage[1] if roles.stage else None,
+        own_time=own,
+        slow_worker=roles.slow_worker,
+        held_up=roles.held_up,
+        held_by=roles.held_by if roles.held_by != r else None,
     )
-    trend = straggler_trend(m, group, r) if assumption is None else None
+    trend = straggler_trend(m, group, r) if assumption is None and n else None
     if trend is not None:
         summary += f"; {trend_phrase(trend)} over its last {trend.samples} collectives"
         evidence = replace(evidence, trend=trend)
@@ -405,7 +495,7 @@ def _finding(
             clock=replace(clock, method="none: enqueue times as recorded, on one host's clock"),
             clock_assumption=assumption,
         )
-    if r == 0:
+    if r == 0 and not roles.held_up:
         # The coordinating rank logs, evaluates and writes checkpoints while the others go on:
         # lateness there is often by design, so it is reported as such, not as a fault.
         hint = _extra_work_hint(m, r)
@@ -427,4 +517,5 @@ def _finding(
         pg_ranks=info.ranks,
         op=tr.ops.most_common(1)[0][0] if tr.ops else None,
         evidence=evidence,
+        held_by=() if roles.held_by is None else (roles.held_by,),
     )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.loading.rankindex import RankGroupIndex, index_rank
+from flightrec.analysis.matching.transfers import Alignment, align
 from flightrec.analysis.model import CollectiveRecord, GroupProgress, ProcessGroupInfo, RankDump
 from flightrec.format import flightrec_pb2 as pb
 
@@ -40,6 +41,46 @@ class Matched:
     """Per rank: positions of entries that did not complete (enqueued, started, failed)."""
     signatures: dict[int, tuple[tuple[Hashable, ...], ...]] = field(default_factory=dict)
     """Per rank: signature id -> compared values, for ``RankGroupIndex.signature_ids``."""
+    transfers: Alignment = field(default_factory=lambda: Alignment({}, frozenset()))
+    """How ring-relative P2P ordinals line up (``transfers.align``): every cross-rank use of
+    an ordinal goes through ``sender_ordinal``."""
+    _p2p_at: dict[tuple[int, str, int, bool], dict[int, int]] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def sender_ordinal(self, group: str, sender: int, receiver: int, n: int) -> int:
+        """The receiver's ordinal ``n`` of a receive from ``sender``, in the sender's
+        numbering (the same number unless a ring-relative dump shifted it)."""
+        return n + self.transfers.shift.get((group, sender, receiver), 0)
+
+    def judged(self, group: str, sender: int, receiver: int) -> bool:
+        """Whether the transfers from ``sender`` to ``receiver`` can be compared (not two
+        wrapped rings whose times could not line them up)."""
+        return (group, sender, receiver) not in self.transfers.unjudged
+
+    def received(self, group: str, sender: int, receiver: int) -> int:
+        """Receives from ``sender`` that ``receiver`` issued, in the sender's numbering."""
+        recvs = self.p2p_counts.get((group, receiver, sender), (0, 0))[1]
+        return self.sender_ordinal(group, sender, receiver, recvs)
+
+    def p2p_position(self, rank: int, group: str, peer: int, sending: bool, n: int) -> int | None:
+        """Position in ``rank``'s ring of its send to (receive from) ``peer`` on ``group``
+        whose ordinal is ``n`` in the sender's numbering; None when its ring lacks it."""
+        key = (rank, group, peer, sending)
+        table = self._p2p_at.get(key)
+        if table is None:
+            table = {}
+            d = self.run.dumps.get(rank)
+            gi = self.index.get(rank, {}).get(group)
+            if d is not None and gi is not None:
+                cols = d.columns
+                flags, peers, ordinals = cols["flags"], cols["peer"], cols["p2p_seq"]
+                for pos in gi.p2p_positions:
+                    if peers[pos] == peer and bool(flags[pos] & _SEND) == sending:
+                        o = ordinals[pos]
+                        table[o if sending else self.sender_ordinal(group, peer, rank, o)] = pos
+            self._p2p_at[key] = table
+        return table.get(n)
 
     def dump(self, rank: int) -> RankDump:
         """The chosen dump of ``rank``."""
@@ -196,4 +237,10 @@ def match(run: Run) -> Matched:
         # new_group calls) as "undefined": that names nothing, so the members name it instead.
         desc = "" if desc == UNDESCRIBED else desc
         infos[key] = ProcessGroupInfo(key, desc, ranks, backend, dict(progress[key]))
-    return Matched(run, infos, index, memberships, p2p_counts, incomplete, signatures)
+    base = {
+        r: (h.wall_time_ns - h.mono_time_ns if h.wall_time_ns and h.mono_time_ns else 0)
+        for r, d in run.dumps.items()
+        for h in (d.header,)
+    }
+    transfers = align(run.dumps, index, p2p_counts, base)
+    return Matched(run, infos, index, memberships, p2p_counts, incomplete, signatures, transfers)

@@ -252,7 +252,7 @@ def lane(
 def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
     """Per member of ``group``: its newest ``recent`` collectives that completed, as a lane.
 
-    Members without a dump, or whose dump does not track completion, are left out. The work
+    Members without a dump, or whose dump records no completion times, are left out. The work
     per member is a few C-speed gathers: this runs for every member of every group, which is
     64k lanes at 16,384 ranks.
     """
@@ -265,7 +265,7 @@ def completed_lanes(m: Matched, group: str, recent: int) -> dict[int, Lane]:
     for r in m.groups[group].ranks:
         gi = m.index.get(r, {}).get(group)
         d = dumps.get(r)
-        if gi is None or d is None or not gi.seqs or not d.tracks_completion:
+        if gi is None or d is None or not gi.seqs or not d.completion_times:
             continue
         window = windows.get(id(gi))
         if window is None:
@@ -466,14 +466,14 @@ def enqueue_arrivals(m: Matched, group: str, recent: int = 256) -> list[HostArri
 
     Returns:
         One entry per host with at least two such members sharing ``MIN_LINK_SAMPLES``
-        collectives with enqueue times; members that track completion are left out (see
+        collectives with enqueue times; members whose dumps record completion times are left out (see
         ``group_arrivals``).
     """
     by_host: dict[str, list[int]] = {}
     for r in m.groups[group].ranks:
         d = m.run.dumps.get(r)
         gi = m.index.get(r, {}).get(group)
-        if d is None or gi is None or not gi.seqs or d.tracks_completion:
+        if d is None or gi is None or not gi.seqs or d.completion_times:
             continue
         by_host.setdefault(d.header.hostname, []).append(r)
     out: list[HostArrivals] = []

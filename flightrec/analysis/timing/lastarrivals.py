@@ -162,7 +162,7 @@ def tally(members: list[Member], floor_ns: float) -> GroupTally | None:
     """One group's members' lanes, aligned on the lowest member's clock, and who arrived last.
 
     Args:
-        members: the members with a dump that tracks completion and a non-empty window, in
+        members: the members with a dump that records completion times and a non-empty window, in
             rank order (the first with a lane is the anchor).
         floor_ns: the least margin behind the next-latest member that counts as late.
 
@@ -203,7 +203,7 @@ def members_of(
 ) -> tuple[list[int], list[Member]]:
     """The members ``tally`` takes for ``group``, and their ranks (increasing).
 
-    Members without a dump, or whose dump does not track completion, are left out (as
+    Members without a dump, or whose dump records no completion times, are left out (as
     ``clocks.completed_lanes``). ``windows`` (per group index) keeps what several groups'
     calls share.
     """
@@ -213,7 +213,7 @@ def members_of(
     for r in sorted(m.groups[group].ranks):
         gi = m.index.get(r, {}).get(group)
         d = dumps.get(r)
-        if gi is None or d is None or not gi.seqs or not d.tracks_completion:
+        if gi is None or d is None or not gi.seqs or not d.completion_times:
             continue
         window = windows.get(id(gi))
         if window is None:

@@ -23,6 +23,12 @@ What counts as explained (never a rule about particular ranks or sizes):
 
 The culprit's own death, when it died after it broke the collective, goes into the root
 cause's summary ("rank 1 then died of ...").
+
+Every root cause folds what it explains, not only the first: with two faults in one job,
+each one's consequences go under it. And a finding about ranks that were late because they
+waited on another rank (``Finding.held_by``, from the chains of waits of ``timing.activity``)
+goes under the finding that blames that rank, whatever the kinds: the rank at the head of a
+chain is named, the ranks it held up are not blamed.
 """
 
 from __future__ import annotations
@@ -49,14 +55,19 @@ _GONE = kinds_where("gone")
 
 
 def fold_consequences(m: Matched, findings: list[Finding]) -> list[Finding]:
-    """Fold the findings the first one explains into it; mark waits of ended processes.
+    """Fold the findings each root cause explains into it; mark waits of ended processes.
+
+    Every root cause folds what it explains, in order (most likely first), so that with two
+    faults in one job the second fault's consequences go under the second, not on their
+    own. Findings whose ranks were held up by another's (``Finding.held_by``: a chain of
+    waits leads there) go under the finding that blames that rank, whatever its kind.
 
     Args:
         m: the lined-up histories.
         findings: every finding, most likely root cause first (after ``place_crashes``).
 
     Returns:
-        The findings left standing, the first carrying what it explains.
+        The findings left standing, each root cause carrying what it explains.
     """
     gone: dict[int, bool] = {}
 
@@ -65,21 +76,55 @@ def fold_consequences(m: Matched, findings: list[Finding]) -> list[Finding]:
             gone[rank] = process_ended(m, rank)
         return gone[rank]
 
-    findings = [_mark_ended(f, ended) for f in findings]
-    if not findings or findings[0].kind not in ROOT_KINDS:
+    findings = fold_chains([_mark_ended(f, ended) for f in findings])
+    i = 0
+    while i < len(findings):
+        if findings[i].kind in ROOT_KINDS:
+            findings = _fold_into(m, findings, i)
+        i += 1
+    return findings
+
+
+def fold_chains(findings: list[Finding]) -> list[Finding]:
+    """Findings held up by a rank another finding blames (``Finding.held_by``), folded
+    under the first such finding that is held up by nobody itself."""
+    heads = [f for f in findings if not f.held_by]
+    if len(heads) == len(findings):
         return findings
-    root = findings[0]
+    folded: dict[int, list[Folded]] = {}
+    kept: list[Finding] = []
+    for f in findings:
+        if not f.held_by:
+            kept.append(f)
+            continue
+        head = next((h for h in heads if set(h.ranks) & set(f.held_by)), None)
+        if head is None:
+            kept.append(f)
+            continue
+        folded.setdefault(id(head), []).append(
+            Folded(f.kind, f.ranks, f.summary, f.process_group, f.seq)
+        )
+    return [
+        dataclasses.replace(f, explains=f.explains + tuple(folded[id(f)])) if id(f) in folded else f
+        for f in kept
+    ]
+
+
+def _fold_into(m: Matched, findings: list[Finding], at: int) -> list[Finding]:
+    """Fold the findings after ``findings[at]`` (a root cause) that it explains into it."""
+    root = findings[at]
     culprits = set(root.ranks)
     held = culprits | {r for c in root.consequences for r in c.waiting}
     scope = held | set(root.pg_ranks) | {r for c in root.consequences for r in c.pg_ranks}
+    later = findings[at + 1 :]
     # Deaths first: a rank that died as a consequence is held up too, for the counters below.
-    dead = [f for f in findings[1:] if f.kind in _GONE and _death_explained(m, root, f, scope)]
+    dead = [f for f in later if f.kind in _GONE and _death_explained(m, root, f, scope)]
     for f in dead:
         held |= set(f.ranks)
     explained_deaths = {id(f) for f in dead}
     folded: list[Folded] = []
     kept: list[Finding] = []
-    for f in findings[1:]:
+    for f in later:
         explained = id(f) in explained_deaths or (
             f.kind in _OUT_OF_STEP and _out_of_step_explained(f, culprits, held)
         )
@@ -90,15 +135,17 @@ def fold_consequences(m: Matched, findings: list[Finding]) -> list[Finding]:
     end = _culprits_end(m, root)
     if not folded and not end:
         return findings
-    summary = root.summary + end
     exception = root.exception
     for f in dead:  # what the culprit died of, where the root does not say yet
         if exception is None and f.exception is not None and f.exception.rank in culprits:
             exception = f.exception
-    return [
-        dataclasses.replace(root, summary=summary, exception=exception, explains=tuple(folded)),
-        *kept,
-    ]
+    root = dataclasses.replace(
+        root,
+        summary=root.summary + end,
+        exception=exception,
+        explains=root.explains + tuple(folded),
+    )
+    return [*findings[:at], root, *kept]
 
 
 def _culprits_end(m: Matched, root: Finding) -> str:

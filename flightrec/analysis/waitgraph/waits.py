@@ -19,7 +19,7 @@ from typing import NamedTuple
 
 from flightrec.analysis.kinds import KINDS
 from flightrec.analysis.matching.matching import Matched
-from flightrec.analysis.model import BelowTimeout, Finding, ProcessGroupInfo, op_label
+from flightrec.analysis.model import BelowTimeout, Finding, ProcessGroupInfo, RankDump, op_label
 from flightrec.analysis.waitgraph.graph import DiGraph
 from flightrec.format import flightrec_pb2 as pb
 
@@ -58,10 +58,11 @@ class Wait:
 def _current_incomplete(m: Matched, rank: int) -> list[int]:
     """Incomplete entries that still hold the rank.
 
-    In-flight entries (enqueued, started) always count. A failed entry counts only when
-    nothing completed after it: a rank whose collective raised and then went on is not blocked.
-    Without completion tracking (PyTorch's gloo recorder) every entry reads ``ENQUEUED``: only
-    the newest can hold the rank, since it issued every other one after returning from it.
+    In-flight entries (enqueued, started) count, except those queued behind an earlier one
+    (``_not_queued``). A failed entry counts only when nothing completed after it: a rank
+    whose collective raised and then went on is not blocked. Without completion tracking
+    (PyTorch's gloo recorder) every entry reads ``ENQUEUED``: only the newest can hold the
+    rank, since it issued every other one after returning from it.
     """
     d = m.dump(rank)
     states = d.columns["state"]
@@ -70,12 +71,42 @@ def _current_incomplete(m: Matched, rank: int) -> list[int]:
         return []
     if not d.tracks_completion:
         return [max(positions)]
-    if all(states[p] != pb.FAILED for p in positions):
-        return list(positions)
-    last_completed = next(
-        (i for i in range(len(states) - 1, -1, -1) if states[i] == pb.COMPLETED), -1
-    )
-    return [p for p in positions if states[p] != pb.FAILED or p > last_completed]
+    if any(states[p] == pb.FAILED for p in positions):
+        last_completed = next(
+            (i for i in range(len(states) - 1, -1, -1) if states[i] == pb.COMPLETED), -1
+        )
+        positions = tuple(p for p in positions if states[p] != pb.FAILED or p > last_completed)
+    return _not_queued(d, positions)
+
+
+def _not_queued(d: RankDump, positions: Sequence[int]) -> list[int]:
+    """``positions`` without the entries queued behind an earlier incomplete one.
+
+    On NCCL the CPU issues collectives ahead of the GPU: when one never completes, the
+    collectives issued after it wait in the queue, and every member's queue holds them. They
+    are not where the rank waits (it never got to them), and taken as waits they would read
+    as collectives every member entered and none completed. So a collective behind an
+    earlier incomplete collective of its group (one stream, in order) is left out; and where
+    the dump says which entries the GPU started (PyTorch's recorder does), an entry it never
+    started behind one it did is left out too, whatever its group.
+    """
+    cols = d.columns
+    states, flags, groups = cols["state"], cols["flags"], cols["group"]
+    started = d.records_gpu_start and any(states[p] == pb.STARTED for p in positions)
+    held: set[int] = set()
+    busy = False
+    out: list[int] = []
+    for p in sorted(positions):
+        collective = not flags[p] & pb.IS_P2P
+        if collective and groups[p] in held:
+            continue
+        if started and busy and states[p] == pb.ENQUEUED:
+            continue
+        out.append(p)
+        if collective:
+            held.add(groups[p])
+        busy = busy or states[p] == pb.STARTED
+    return out
 
 
 def _someone_missing(m: Matched, info: ProcessGroupInfo | None, seq: int) -> bool:
@@ -133,11 +164,13 @@ def build_wait_graph(m: Matched) -> WaitGraph:
                 peer, n = cols["peer"][pos], cols["p2p_seq"][pos]
                 sending = bool(cols["flags"][pos] & pb.SEND)
                 sender, receiver = (rank, peer) if sending else (peer, rank)
+                if not sending:  # (numbered as the sender numbers it)
+                    n = m.sender_ordinal(group, sender, receiver, n)
                 node: Node = ("p2p", group, sender, receiver, n)
                 if peer in present:
-                    sends, recvs = m.p2p_counts.get((group, peer, rank), (0, 0))
-                    issued = recvs if sending else sends
-                    if issued >= n:
+                    sends = m.p2p_counts.get((group, sender, receiver), (0, 0))[0]
+                    issued = m.received(group, sender, receiver) if sending else sends
+                    if issued >= n or not m.judged(group, sender, receiver):
                         # The peer issued its side: the transfer is in progress, not a wait on
                         # a person.
                         continue

@@ -49,6 +49,8 @@ from flightrec.readers.native.groups import (
 )
 from flightrec.readers.native.jsonform import load_json
 from flightrec.readers.native.model import NativeDump, normalize
+from flightrec.readers.native.torchcomms import per_group
+from flightrec.readers.native.torchft import in_global_terms
 from flightrec.readers.native.unpickle import load_plain_pickle
 
 try:  # the C reader of the common pickle (see _pickled.c); the Python path reads the rest
@@ -241,7 +243,7 @@ def load_native(path: str | Path) -> NativeDump:
             entries=entries,
         )
         del obj  # freed while the collector is off, so it never walks the tree
-    return dump
+    return in_global_terms(per_group(dump))
 
 
 def convert_paths(paths: Sequence[str | Path]) -> tuple[list[pb.Dump], list[DumpError], JobGroups]:
@@ -327,7 +329,10 @@ def job_of_file(path: Path, own: NativeDump) -> JobGroups:
     From the file alone when it lists its groups (``groups_of_one``), else rebuilt from the
     native dumps in its folder, read once per folder and cached.
     """
-    return groups_of_one(own) or _job_of_folder(path, own)
+    # A torchft replica's dump lists its own groups completely, yet its world is every
+    # replica's (``torchft``): only the quorum folder says how large.
+    alone = None if own.job_id else groups_of_one(own)
+    return alone or _job_of_folder(path, own)
 
 
 # The groups rebuilt for a folder, keyed by the folder's listing (names, mtimes, sizes) so

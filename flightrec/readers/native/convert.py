@@ -238,6 +238,7 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     h = b.header
     h.rank = d.rank
     h.world_size = job.world_size
+    h.job_id = d.job_id
     h.hostname = d.host
     h.local_rank = -1
     h.requested_by = -1

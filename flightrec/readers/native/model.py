@@ -49,6 +49,8 @@ class NativeDump:
     pg_config: tuple[PgConfig, ...]
     pg_status: Mapping[int, int]  # pg uid -> last enqueued op counter
     mtime_ns: int
+    job_id: str = ""
+    """Set where the file's place names its job (torchft's quorum folders: ``torchft``)."""
 
 
 def _parse_rank_string(value: str) -> tuple[int, ...] | None:

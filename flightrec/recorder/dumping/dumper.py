@@ -23,8 +23,9 @@ from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.schema import RECORDER_SOURCE, dump_filename
 from flightrec.format.slot import Slot, decode
 from flightrec.format.write import write_dump
+from flightrec.frames import origin_of, without_own_frames
 from flightrec.recorder.native import merge as native_merge
-from flightrec.recorder.recording.stacks import frames_of, source_line, without_own_frames
+from flightrec.recorder.recording.stacks import frames_of, source_line
 
 if TYPE_CHECKING:
     from flightrec.recorder.dumping.exceptions import RaisedException
@@ -199,7 +200,7 @@ class Dumper:
         wall, mono = time.time_ns(), time.monotonic_ns()
         rec.forget_thread_names()
 
-        b = DumpBuilder(source=source_line)
+        b = DumpBuilder(source=source_line, origin=lambda file, _line: origin_of(file))
         me = self.remember_identity()
         if me is None:  # no group yet: what the environment says
             rank, world, backend, store = _dist_info()
@@ -267,7 +268,8 @@ class Dumper:
             name = names.get(ident, f"thread-{ident}")
             # a little deeper than kept: the frames of flightrec's own handler go first
             stack = frames_of(frame, THREAD_STACK_DEPTH + 8)
-            stack = without_own_frames(stack, own_thread=name.startswith("flightrec-"))
+            own_thread = name.startswith("flightrec-")
+            stack = without_own_frames(stack, [f for f, _, _ in stack], own_thread)
             b.thread(
                 ident, name, stack[:THREAD_STACK_DEPTH],
                 is_main=ident == main, holds_recorder=ident in active,

@@ -33,7 +33,7 @@ from types import TracebackType
 from typing import Any, NamedTuple
 
 from flightrec.format.builder import FrameTuple
-from flightrec.recorder.recording.stacks import is_own_file
+from flightrec.frames import is_own_file
 
 log = logging.getLogger("flightrec")
 MAX_MESSAGE_CHARS = 2000

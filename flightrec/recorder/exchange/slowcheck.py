@@ -31,6 +31,7 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from flightrec.format.activity import WINDOW, ring_activity, signature
 from flightrec.format.digest import MAX_GROUPS, MAX_PER_GROUP, Digest, GroupDigest, encode
 from flightrec.format.slot import COMPLETED, SLOT
 from flightrec.recorder.exchange.keys import Keys
@@ -69,13 +70,17 @@ def make_digest(
 
     Returns:
         Per group with two or more members, the newest ``MAX_PER_GROUP`` completed
-        collectives; the ``MAX_GROUPS`` groups with the most recent completions.
+        collectives; the ``MAX_GROUPS`` groups with the most recent completions; and the
+        rank's own time and P2P peers (``format.activity.ring_activity``).
     """
     per: dict[int, list[tuple[int, int, int]]] = defaultdict(list)
+    slots = []
     for v in SLOT.iter_unpack(snapshot):
-        # (rid, enqueue, complete, state, seq, p2p_seq, group, ..., rid)
-        if v[0] and v[0] == v[-1] and v[3] == COMPLETED and v[4] and v[1] and v[2]:
-            per[v[6]].append((v[4], v[1] + base_ns, v[2] + base_ns))
+        # (rid, enqueue, complete, state, seq, p2p_seq, group, op, reduce_op, peer, ..., flags, rid)
+        if v[0] and v[0] == v[-1]:
+            slots.append(v)
+            if v[3] == COMPLETED and v[4] and v[1] and v[2]:
+                per[v[6]].append((v[4], v[1] + base_ns, v[2] + base_ns))
     made: list[tuple[int, GroupDigest]] = []
     for index, rows in per.items():
         if index >= len(groups) or groups[index][1] < 2:
@@ -90,7 +95,16 @@ def make_digest(
         made.append((rows[-1][2], g))
     made.sort(key=lambda x: -x[0])
     chosen = tuple(g for _, g in made[:MAX_GROUPS])
-    return Digest(rank, world_size, taken_ns, host, device, chosen)
+    slots.sort(key=lambda v: v[0])
+    newest = slots[-WINDOW:]  # (what ring_activity measures)
+    activity = ring_activity(
+        [v[1] for v in newest],
+        [v[2] if v[3] == COMPLETED else 0 for v in newest],
+        [v[15] for v in newest],
+        [signature(v[7], v[6], v[15], v[9]) for v in newest],
+        [v[9] for v in newest],
+    )
+    return Digest(rank, world_size, taken_ns, host, device, chosen, activity)
 
 
 class SlowCheck:

@@ -29,6 +29,7 @@ try:
     from flightrec.recorder.hotpath import _fast
 except ImportError:  # not built (no compiler at install, big-endian host): pure Python
     _fast = None  # type: ignore[assignment]
+from flightrec.format.builder import OBJECT_API
 from flightrec.recorder.hooks.specs import OpSpec, Param
 from flightrec.recorder.hotpath.python import split
 
@@ -59,6 +60,10 @@ class Target(Protocol):
         """The one C ``FastPath`` over the same state, shared by every Site."""
         ...
 
+    def object_call_returned(self, group: Any) -> None:
+        """An object collective on ``group`` returned (never raises)."""
+        ...
+
 
 _TEMPLATE = """\
 def {name}({params}):
@@ -72,7 +77,7 @@ def {name}({params}):
         _fail(_rid, _exc)
         raise
     _leave(_rid, _result, {is_async}, {group})
-    return _result
+{after}    return _result
 """
 """Binds the arguments the way the installed torch does, then records through the Python
 path (``hotpath.python``), the one definition of what an entry holds."""
@@ -124,6 +129,8 @@ def _site(
     """
     if not USE_FAST or _fast is None or spec.p2p or spec.always_async:
         return None
+    if spec.flags & OBJECT_API:  # slow calls anyway; the Python wrapper tells the recorder
+        return None
     params = list(sig.parameters.values())
     if any(p.name in (spec.input_splits.name, spec.output_splits.name) for p in params):
         return None  # split sizes make per-peer chunks: the Python path records them
@@ -167,6 +174,7 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Target) -> Callable[..
         "_getframe": sys._getframe,
         "_OP": rec.op_index(spec.name),
         "_split": split,
+        "_returned": rec.object_call_returned,
     }
     params, call = _signature_text(sig, env)
 
@@ -192,6 +200,9 @@ def generate(spec: OpSpec, orig: Callable[..., Any], rec: Target) -> Callable[..
         group_root=arg(spec.group_root),
         is_async=is_async,
         frame="_getframe(1)" if path.depth else "None",
+        # torch ran collectives inside an object call that no hook recorded: the recorder
+        # looks at torch's numbering right after it, at the same point on every rank.
+        after=f"    _returned({arg(spec.group)})\n" if spec.flags & OBJECT_API else "",
     )
     code = compile(source, f"<flightrec wrapper of {spec.name}>", "exec")
     exec(code, env)  # our template over the installed torch's own signature

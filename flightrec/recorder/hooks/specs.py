@@ -84,6 +84,8 @@ _TABLE: dict[str, tuple[str, str, str, str, str, int]] = {
     "broadcast_object_list": ("", "", "", "src", "group_src", OBJECT_API),
     "reduce": ("tensor", "tensor", "op", "dst", "group_dst", 0),
     "gather": ("tensor", "gather_list", "", "dst", "group_dst", 0),
+    "gather_single": ("tensor", "gather_tensor", "", "dst", "group_dst", 0),
+    "gather_into_tensor": ("tensor", "gather_tensor", "", "dst", "group_dst", 0),
     "gather_object": ("", "", "", "dst", "group_dst", OBJECT_API),
     "scatter": ("scatter_list", "tensor", "", "src", "group_src", 0),
     "scatter_object_list": ("", "", "", "src", "group_src", OBJECT_API),

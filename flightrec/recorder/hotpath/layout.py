@@ -77,6 +77,8 @@ def install_why_not(fast: Any) -> str | None:
     the reason it stays on torch's getters, in a few words (``flightrec doctor`` shows it)."""
     if not USE_LAYOUT:
         return "switched off (layout.USE_LAYOUT)"
+    if not hasattr(_torch()._C.DispatchKeySet, "raw_repr"):
+        return "this torch's DispatchKeySet has no raw_repr (its dispatch keys cannot be read)"
     try:
         probes = _probes()
         found = _calibrate(probes)

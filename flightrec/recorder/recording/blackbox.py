@@ -41,6 +41,7 @@ from flightrec.format.blackbox import (
     ring_name,
 )
 from flightrec.format.write import FILE_MODE
+from flightrec.frames import origin_of
 from flightrec.recorder.recording.stacks import line_of, source_line
 
 log = logging.getLogger("flightrec")
@@ -294,10 +295,12 @@ class BlackBox:
             self._append(records)
 
     def write_sources(self) -> None:
-        """Journal the source line of every frame seen since the last call (watchdog thread).
+        """Journal the source line and the origin (``flightrec.frames.origin_of``) of every
+        frame seen since the last call (watchdog thread): ``["c", frame id, text, origin]``.
 
         A rank that dies hard leaves the code it ran, not whatever the file says when and
-        where the black box is analyzed. Never raises.
+        where the black box is analyzed, and whose code each frame was as only this process
+        can tell. Never raises.
         """
         if not self._unsourced:
             return
@@ -305,9 +308,7 @@ class BlackBox:
             pending, self._unsourced = self._unsourced, []
         records: list[list[Any]] = []
         for fid, file, line in pending:
-            text = source_line(file, line)
-            if text:
-                records.append(["c", fid, text])
+            records.append(["c", fid, source_line(file, line), int(origin_of(file))])
         if records:
             with self._lock:
                 self._append(records)

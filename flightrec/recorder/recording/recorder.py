@@ -68,6 +68,19 @@ def _reduce_name(op: Any) -> str:
     return str(name)
 
 
+def _default_group_of(c10d: Any) -> Callable[[], Any]:
+    """How to read the default group: torch's private ``_world`` (a plain attribute read)
+    where this torch has it, else the public ``GroupMember.WORLD``."""
+    world: Any = getattr(c10d, "_world", None)
+    try:
+        world.default_pg  # noqa: B018 (a property on some releases: probe it)
+    except AttributeError:
+        return lambda: c10d.GroupMember.WORLD
+    except Exception:
+        pass  # present, not answering before init_process_group
+    return lambda: world.default_pg
+
+
 _NO_SPACE = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 RESERVE_MARGIN = 1 << 20
 """Room wanted beyond the ring itself: its header, its tables and a few dumps."""
@@ -167,7 +180,7 @@ class Recorder:
         self.depth = config.stack_depth
         self.thread_cache: dict[int, int] = {}
         """Thread ident -> string index of its name (refreshed at each dump)."""
-        self._world = c10d._world
+        self._default_group = _default_group_of(c10d)
         self._non_member = c10d.GroupMember.NON_GROUP_MEMBER
         self.tracker = completion.Tracker(self.ring.finish, self._failed, self.internal_error)
         self._fast_path: Any = None
@@ -281,7 +294,7 @@ class Recorder:
         """
         key = pg
         if pg is None:
-            pg = self._world.default_pg
+            pg = self._default_group()
             if pg is None:  # not initialized: let torch raise its own error
                 return None
         elif pg is self._non_member:
@@ -300,6 +313,16 @@ class Recorder:
         if key is None:
             self.groups.by_pg[None] = info
         return info
+
+    def object_call_returned(self, group: Any) -> None:
+        """An object collective on ``group`` returned. torch ran collectives inside it that
+        no hook recorded, and where the ProcessGroup counts them (gloo on torch 2.15) its
+        numbering parts from flightrec's now: look now, at the same point on every rank,
+        rather than at the next watchdog tick, which would come at a different call on each
+        rank and number the ranks differently. Never raises."""
+        info = self.groups.by_pg.get(group)
+        if info is not None:
+            info.follow_native()
 
     def forget_default(self) -> None:
         """The default group was created or destroyed: drop the None -> group shortcut."""

@@ -10,12 +10,12 @@ alive, so an ``id()`` in a key can never be reused by another code object.
 from __future__ import annotations
 
 import linecache
-import os
 import threading
 from collections.abc import Callable
 from types import CodeType, FrameType
 
 from flightrec.format.builder import MAX_SOURCE_CHARS, FrameTuple
+from flightrec.frames import is_own_file
 
 # (code, f_lasti) pairs, innermost first.
 RawStack = tuple[tuple[CodeType, int], ...]
@@ -51,42 +51,6 @@ def source_line(file: str, line: int) -> str:
         return linecache.getline(file, line).strip()[:MAX_SOURCE_CHARS]
     except Exception:  # a dump must never fail for a source file
         return ""
-
-
-# flightrec's own code: the package folder (this file is flightrec/recorder/recording/stacks.py),
-# and the wrappers hooks/codegen.py compiles.
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
-_THREADING_FILE = threading.__file__
-
-
-def is_own_file(file: str) -> bool:
-    """Whether ``file`` is flightrec's own code (its package, or a generated wrapper)."""
-    return file.startswith(_PACKAGE_DIR) or file.startswith("<flightrec ")
-
-
-def without_own_frames(frames: list[FrameTuple], own_thread: bool = True) -> list[FrameTuple]:
-    """Drop the innermost frames that flightrec itself put on a thread's stack.
-
-    A thread caught by a dump may be inside flightrec's signal handler (SIGTERM waits there
-    for the dump to finish) with the stdlib ``threading`` calls it made on top, or be the
-    thread writing the dump (the exit dump runs on the main thread, from ``atexit``, after
-    the program returned). Those frames say nothing about the program: the stack at dump time
-    should start where the program was. Only a leading run of flightrec and ``threading``
-    frames is dropped; torch frames inside a traced collective are never touched.
-
-    Args:
-        frames: a thread's stack, innermost first.
-        own_thread: the thread is flightrec's (the watchdog): a stack of nothing but
-            flightrec's frames is kept. Else such a stack becomes empty: the program has no
-            frame there (at exit, it returned from main).
-    """
-    cut = 0
-    for i, (file, _, _) in enumerate(frames):
-        if is_own_file(file):
-            cut = i + 1
-        elif file != _THREADING_FILE:
-            return frames[cut:]
-    return frames if own_thread or not cut else []
 
 
 class _ThreadCache:

@@ -22,13 +22,13 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import socket
 import sys
 import time
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+from forked import run_ranks
 
 
 def loop(args: argparse.Namespace, rank: int, slow_rank: int | None = None) -> None:
@@ -58,12 +58,6 @@ def job(args: argparse.Namespace) -> None:
     dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int, slow: int) -> None:
     os.environ.update(
         FLIGHTREC="1",
@@ -83,27 +77,16 @@ def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int, slow: in
 
 
 def runs(args: argparse.Namespace) -> int:
-    """Fork ``args.runs`` jobs one after the other; returns how many failed."""
+    """Fork ``args.runs`` jobs one after the other; returns how many ranks failed."""
     failed = 0
     for k in range(args.runs):
         run_dir = os.path.join(args.out, f"run-{k:03d}")
-        port = _free_port()
         slow = k % args.world if args.cycle_slow else args.slow_rank
-        pids = []
-        for rank in range(args.world):
-            pid = os.fork()
-            if pid == 0:  # the rank: run, then leave without unwinding the parent's stack
-                code = 0
-                try:
-                    _rank(args, run_dir, port, rank, slow)
-                except BaseException as e:  # reported through the exit status
-                    print(f"rank {rank} of run {k}: {e!r}", file=sys.stderr, flush=True)
-                    code = 1
-                os._exit(code)
-            pids.append(pid)
-        for pid in pids:
-            _, status = os.waitpid(pid, 0)
-            failed += int(os.waitstatus_to_exitcode(status) != 0)
+        failed += run_ranks(
+            args.world,
+            lambda rank, port, d=run_dir, s=slow: _rank(args, d, port, rank, s),
+            f"run {k}",
+        )
     return failed
 
 
