@@ -55,10 +55,7 @@ def enable(config: Config | None = None, reporter: Reporter | None = None) -> No
     _require_torch()
     from flightrec.recorder import runtime
 
-    rt = runtime.get(config)
-    if reporter is not None:
-        rt.reporter = reporter
-    rt.enable()
+    runtime.get(config).enable(reporter)
 
 
 def disable() -> None:
