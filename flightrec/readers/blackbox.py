@@ -40,18 +40,19 @@ from flightrec.format.blackbox import (
     text,
 )
 from flightrec.format.builder import DumpBuilder
+from flightrec.format.ending import is_gone, process_end
 from flightrec.format.schema import MAX_DUMP_BYTES
 from flightrec.format.slot import SLOT, SLOT_SIZE, Slot
 
 
 def died(header: pb.Header) -> bool:
     """Whether a dump is a black box whose process died hard (not exited, not still running)."""
-    return header.source == SOURCE and DIED in header.reason_detail
+    return header.source == SOURCE and process_end(header) == pb.END_DIED
 
 
 def ended(header: pb.Header) -> bool:
     """Whether a dump is a black box whose process is gone (died, or exited without a dump)."""
-    return header.source == SOURCE and RUNNING_NOW not in header.reason_detail
+    return header.source == SOURCE and is_gone(header)
 
 
 def is_blackbox(path: str | Path) -> bool:
@@ -238,11 +239,15 @@ def _heartbeat_age_s(head: dict[str, Any]) -> float:
     return (time.time_ns() - beat) / 1e9
 
 
-def _detail(head: dict[str, Any], n: int, dropped: int, died_of: str = "") -> str:
+def _ending(
+    head: dict[str, Any], n: int, dropped: int, died_of: str = ""
+) -> tuple[pb.ProcessEnd.ValueType, str]:
+    """How the process ended (``Header.process_end``), and the header's ``reason_detail``."""
     who = f"pid {head['pid']} on {head['hostname'] or 'unknown host'}"
     status = head["status"]
     remote = head["hostname"] != socket.gethostname()
     age = _heartbeat_age_s(head)
+    end = pb.END_EXITED
     if status == Status.EXITED and died_of:
         what = f"black box of {who}: the process exited of an uncaught {died_of}"
     elif status == Status.EXITED:
@@ -253,13 +258,15 @@ def _detail(head: dict[str, Any], n: int, dropped: int, died_of: str = "") -> st
     elif status == Status.CLEAN:
         what = f"black box of {who}: the process exited healthy"
     elif _alive(head["hostname"], head["pid"]):
-        what = f"black box of {who}: {RUNNING_NOW} (a live view of its ring)"
+        end, what = pb.END_RUNNING, f"black box of {who}: {RUNNING_NOW} (a live view of its ring)"
     elif remote and 0 <= age < HEARTBEAT_FRESH_S:
+        end = pb.END_RUNNING
         what = (
             f"black box of {who}: {RUNNING_NOW} as far as another host can tell "
             f"(its heartbeat is {age:.1f} s old)"
         )
     else:
+        end = pb.END_DIED
         what = (
             f"black box of {who}: {DIED} "
             "(SIGKILL, OOM killer, os._exit, or an abort inside the backend)"
@@ -269,7 +276,7 @@ def _detail(head: dict[str, Any], n: int, dropped: int, died_of: str = "") -> st
     what += f"; {n} entries recovered"
     if dropped:
         what += f", {dropped} torn or unresolvable slots dropped"
-    return what
+    return end, what
 
 
 def read_blackbox(path: str | Path) -> pb.Dump:
@@ -338,7 +345,7 @@ def _to_dump(
     h.job_id, h.backend = head["job_id"], head["backend"]
     h.torch_version, h.flightrec_version = head["torch_version"], head["flightrec_version"]
     h.reason = pb.BLACKBOX
-    h.reason_detail = _detail(head, len(entries), dropped, died_of)
+    h.process_end, h.reason_detail = _ending(head, len(entries), dropped, died_of)
     # The last sign of life: the newest heartbeat or entry time, on the monotonic clock.
     last = max(
         [head["beat_mono_ns"], head["start_mono_ns"]]

@@ -217,6 +217,7 @@ class Dumper:
         h.flightrec_version = _version()
         h.reason = reason  # type: ignore[assignment]
         h.reason_detail = detail
+        h.process_end = pb.END_EXITED if reason == pb.PROCESS_EXIT else pb.END_RUNNING
         h.wall_time_ns, h.mono_time_ns = snap.wall_ns, snap.mono_ns
         h.buffer_capacity = snap.capacity
         h.entries_recorded = max((e.record_id for e in entries), default=0)
