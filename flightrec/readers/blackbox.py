@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.format import flightrec_pb2 as pb
@@ -37,6 +37,7 @@ from flightrec.format.blackbox import (
     UNSEEN_ROWS,
     VERSION,
     Status,
+    UnseenRow,
     text,
 )
 from flightrec.format.builder import DumpBuilder
@@ -187,30 +188,17 @@ def read_slots(path: Path, data: bytes, capacity: int, t: Tables) -> tuple[list[
     return entries, dropped
 
 
-class Unseen(NamedTuple):
-    """What torch's recorder counted for one group (the header's ``UNSEEN_ROW``)."""
-
-    group: int
-    flags: int
-    issued: int
-    """The last collective the ProcessGroup issued."""
-    pending: int
-    """The one it had unfinished; 0: none."""
-    op: str
-    since_ns: int
-
-
-def read_unseen(data: bytes, t: Tables) -> list[Unseen]:
+def read_unseen(data: bytes, t: Tables) -> list[UnseenRow]:
     """The header's rows whose group the journal knows (``OFF_UNSEEN``)."""
     count, _ = UNSEEN_COUNT.unpack_from(data, OFF_UNSEEN)
     at = OFF_UNSEEN + UNSEEN_COUNT.size
-    out: list[Unseen] = []
+    out: list[UnseenRow] = []
     for i in range(min(count, UNSEEN_ROWS)):
         group, flags, issued, pending, op, since = UNSEEN_ROW.unpack_from(
             data, at + i * UNSEEN_ROW.size
         )
         if group in t.groups and pending <= issued:
-            out.append(Unseen(group, flags & pb.DDP_BUCKET, issued, pending, text(op), since))
+            out.append(UnseenRow(group, flags & pb.DDP_BUCKET, issued, pending, text(op), since))
     return out
 
 
@@ -319,7 +307,7 @@ def _to_dump(
     tables: Tables,
     entries: list[Slot],
     dropped: int,
-    unseen: Sequence[Unseen] = (),
+    unseen: Sequence[UnseenRow] = (),
 ) -> pb.Dump:
     """The dump a black box's header, journal and slots make up (raises ValueError for a
     number that does not fit its field)."""

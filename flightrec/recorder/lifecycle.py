@@ -18,18 +18,14 @@ import time
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.rawstacks import stacks_path
-from flightrec.recorder.config import Config
-from flightrec.recorder.dumping.dumper import Dumper, torch_version
+from flightrec.recorder.dumping.dumper import torch_version
 from flightrec.recorder.dumping.exceptions import error_file, from_error_file
 from flightrec.recorder.dumping.rawstacks import RawStacks
-from flightrec.recorder.dumping.upload import Uploader
 from flightrec.recorder.hooks import ddp
-from flightrec.recorder.metrics import Counts, FlightrecCollector, MetricsServer, metrics_port
+from flightrec.recorder.metrics import FlightrecCollector, MetricsServer, metrics_port
 from flightrec.recorder.native import merge as native_merge
-from flightrec.recorder.native.watch import NativeWatch
-from flightrec.recorder.peers import POLLER_STOP_WAIT_S, Peers, WarnOnce, job_world_size
-from flightrec.recorder.recording.blackbox import BlackBox
-from flightrec.recorder.recording.recorder import Recorder
+from flightrec.recorder.parts import Parts
+from flightrec.recorder.peers import POLLER_STOP_WAIT_S, WarnOnce, job_world_size
 from flightrec.recorder.recording.unseen import UnseenBook, unseen_rows
 from flightrec.recorder.signals import SignalHandlers
 from flightrec.recorder.triggers import Triggers
@@ -43,47 +39,22 @@ class Lifecycle:
     process is in a job; the black box labelled then and closed at exit; the exit dump.
 
     Args:
-        config: the settings.
-        recorder: the process's recorder.
-        dumper: writes the dumps (its identity is fixed once the default group exists).
-        peers: the link to the other ranks through the store.
+        parts: what the runtime made.
         triggers: the dump triggers (the watchdog's and the poller's callbacks).
-        native_watch: the watch on collectives only PyTorch's recorder saw (each tick).
-        counts: what the metrics report.
-        uploader: the dumps' uploader, or None (its queue is in the metrics).
-        blackbox: the recorder's black box, or None.
         warn: says once per topic that a part is left off.
     """
 
-    def __init__(
-        self,
-        config: Config,
-        recorder: Recorder,
-        dumper: Dumper,
-        peers: Peers,
-        triggers: Triggers,
-        native_watch: NativeWatch,
-        counts: Counts,
-        uploader: Uploader | None,
-        blackbox: BlackBox | None,
-        warn: WarnOnce,
-    ) -> None:
-        self._config = config
-        self._recorder = recorder
-        self._dumper = dumper
-        self._peers = peers
+    def __init__(self, parts: Parts, triggers: Triggers, warn: WarnOnce) -> None:
+        self._p = parts
         self._triggers = triggers
-        self._native_watch = native_watch
-        self._counts = counts
-        self._uploader = uploader
-        self._blackbox = blackbox
         self._warn = warn
         self._lock = threading.Lock()
         self.signals = SignalHandlers(triggers.on_signal)
         self.watchdog: Watchdog | None = None
         self.rawstacks: RawStacks | None = None
         self.metrics: MetricsServer | None = None
-        self._unseen = UnseenBook(blackbox.unseen) if blackbox is not None else None
+        bb = parts.blackbox
+        self._unseen = UnseenBook(bb.unseen) if bb is not None else None
         self._identified = False
         self._started_ns = time.time_ns()
 
@@ -98,12 +69,12 @@ class Lifecycle:
             try:
                 if self.watchdog is None:
                     self.watchdog = Watchdog(
-                        self._recorder, self._triggers.on_hang, on_tick=self.tick
+                        self._p.recorder, self._triggers.on_hang, on_tick=self.tick
                     )
             except Exception as exc:
                 self._warn("watchdog", "no hang detection (watchdog not started)", exc)
-            bb = self._blackbox
-            self._peers.start(
+            bb = self._p.blackbox
+            self._p.peers.start(
                 self._triggers.on_request,
                 self._triggers.on_covered,
                 str(bb.directory) if bb is not None else "",
@@ -117,16 +88,16 @@ class Lifecycle:
     def in_job(self) -> None:
         """Once the default group exists: fix the identity, label the black box, arm the raw
         stacks, serve the metrics and announce tracing (each once)."""
-        self._dumper.remember_identity()
+        self._p.dumper.remember_identity()
         self._identify_blackbox()
         self._arm_rawstacks()
         self._start_metrics()
-        self._peers.announce()
+        self._p.peers.announce()
 
     def _identify_blackbox(self) -> None:
         """Write rank, world and job into the black box."""
-        bb = self._blackbox
-        ident = self._dumper.identity
+        bb = self._p.blackbox
+        ident = self._p.dumper.identity
         if bb is None or self._identified or ident is None:
             return
         self._identified = True
@@ -137,33 +108,33 @@ class Lifecycle:
 
     def _arm_rawstacks(self) -> None:
         """Beside the black box (named by rank by now), once the default group exists."""
-        bb = self._blackbox
-        if not self._config.raw_stacks or bb is None or not self._identified:
+        bb = self._p.blackbox
+        if not self._p.config.raw_stacks or bb is None or not self._identified:
             return
         with self._lock:
             if self.rawstacks is not None or self.watchdog is None:
                 return
             try:
                 main = threading.main_thread().ident or 0
-                self.rawstacks = RawStacks(stacks_path(bb.path), self._config.timeout_s, main)
+                self.rawstacks = RawStacks(stacks_path(bb.path), self._p.config.timeout_s, main)
             except Exception as exc:
                 log.warning("flightrec: no raw stacks if Python stops running: %s", exc)
 
     def _start_metrics(self) -> None:
         """FLIGHTREC_METRICS_PORT: serve Prometheus metrics once the process is in a job
         (not in a launcher that merely imports torch.distributed)."""
-        if not self._config.metrics_port:
+        if not self._p.config.metrics_port:
             return
         with self._lock:
             if self.metrics is not None:
                 return
-            watch = self._native_watch
+            watch = self._p.native_watch
             collector = FlightrecCollector(
-                self._recorder, self._counts, self._uploader, self._identity,
+                self._p.recorder, self._p.counts, self._p.uploader, self._identity,
                 native=lambda: list(watch.pending.values()),
             )  # fmt: skip
-            port = metrics_port(self._config.metrics_port)
-            self.metrics = server = MetricsServer(collector, port, self._config.metrics_addr)
+            port = metrics_port(self._p.config.metrics_port)
+            self.metrics = server = MetricsServer(collector, port, self._p.config.metrics_addr)
             try:
                 server.start()
             except Exception as exc:  # metrics are a bonus: never a reason to fail the job
@@ -172,9 +143,9 @@ class Lifecycle:
         atexit.register(server.close)
 
     def _identity(self) -> tuple[int, int, str]:
-        ident = self._dumper.identity
+        ident = self._p.dumper.identity
         if ident is None:
-            return self._triggers.rank(), job_world_size(), self._config.job_id
+            return self._triggers.rank(), job_world_size(), self._p.config.job_id
         return ident.rank, ident.world_size, ident.job_id
 
     # -- every watchdog tick ------------------------------------------------------------------
@@ -182,20 +153,20 @@ class Lifecycle:
         """The watchdog's ``on_tick``: before its scan, on its thread."""
         # Before anything else: the sooner a group follows torch's numbers, the fewer of its
         # entries carry numbers its peers' dumps do not (see ``hotpath.groups``).
-        self._recorder.groups.follow_native()
-        hung = self._native_watch.poll(now_ns)
+        self._p.recorder.groups.follow_native()
+        hung = self._p.native_watch.poll(now_ns)
         if hung is not None:  # a collective flightrec's hooks never saw (funcol, C++)
             self._triggers.on_native_hang(hung, now_ns)
         self._write_unseen()
         raw = self.rawstacks
         if raw is not None:
             raw.rearm(now_ns)
-        bb = self._blackbox
+        bb = self._p.blackbox
         if bb is not None:
             bb.write_sources()
-        exchange = self._peers.exchange
+        exchange = self._p.peers.exchange
         if exchange is not None:
-            exchange.tick(now_ns, self._recorder.ring, self._config.timeout_s)
+            exchange.tick(now_ns, self._p.recorder.ring, self._p.config.timeout_s)
 
     def _write_unseen(self) -> None:
         """Copy what torch counted into the black box's header (``recording.unseen``), when it
@@ -204,14 +175,14 @@ class Lifecycle:
         if book is None:
             return
         try:
-            watch, groups = self._native_watch, self._recorder.groups
+            watch, groups = self._p.native_watch, self._p.recorder.groups
             pending = {p.group: p for p in list(watch.pending.values())}
             for name in book.unnamed(watch.groups | set(pending)):
                 # a group only torch's recorder saw: registered by its name
                 native_merge.group_named(groups, name, unresolved=False)
             book.write(unseen_rows(list(groups.groups), pending, ddp.bucket_groups()))
         except Exception as exc:  # flightrec's own fault: one warning per process, in all
-            self._recorder.internal_error("the black box's table of torch's counts", exc)
+            self._p.recorder.internal_error("the black box's table of torch's counts", exc)
 
     # -- stop, fork and exit ------------------------------------------------------------------
     def pause(self) -> None:
@@ -223,7 +194,7 @@ class Lifecycle:
                 self.watchdog.stop()
                 self.watchdog = None
             self.close_rawstacks()
-        self._peers.pause()
+        self._p.peers.pause()
 
     def stop_threads(self) -> None:
         """At exit, before the interpreter finalizes: end the watchdog and the peers' threads.
@@ -238,14 +209,14 @@ class Lifecycle:
             watchdog, self.watchdog = self.watchdog, None
         if watchdog is not None:
             watchdog.stop(wait_s=POLLER_STOP_WAIT_S)
-        self._peers.close()
+        self._p.peers.close()
 
     def close_rawstacks(self) -> None:
         """Disarm; keep a file faulthandler wrote into only while its black box stays."""
         raw, self.rawstacks = self.rawstacks, None
         if raw is None:
             return
-        bb = self._blackbox
+        bb = self._p.blackbox
         try:
             raw.close(keep=bb is not None and bb.path.exists())
         except Exception as exc:
@@ -253,12 +224,12 @@ class Lifecycle:
 
     def close_blackbox(self) -> None:
         """At normal exit: a healthy ring (or one a dump just superseded) is deleted."""
-        bb = self._blackbox
+        bb = self._p.blackbox
         if bb is None:
             return
-        ring = self._recorder.ring
-        died = self._triggers.died_of is not None and self._dumper.identity is not None
-        healthy = self._dumper.exit_dumped or not (
+        ring = self._p.recorder.ring
+        died = self._triggers.died_of is not None and self._p.dumper.identity is not None
+        healthy = self._p.dumper.exit_dumped or not (
             ring.pending_slots() or ring.failed_any() or died
         )
         try:
@@ -269,7 +240,7 @@ class Lifecycle:
     def at_exit(self) -> None:
         """Dump at exit when FLIGHTREC_DUMP_ON_EXIT asks, or when the process that took part
         in a job is dying of an exception (it says what it died of, with or without the flag)."""
-        rec, triggers = self._recorder, self._triggers
+        rec, triggers = self._p.recorder, self._triggers
         if not rec.enabled:
             return
         if triggers.died_of is None and error_file():
@@ -291,11 +262,11 @@ class Lifecycle:
             or rec.groups.groups
         )
         x = triggers.died_of
-        died = x is not None and self._dumper.identity is not None
-        exchange = self._peers.exchange
+        died = x is not None and self._p.dumper.identity is not None
+        exchange = self._p.peers.exchange
         if needed and not died and exchange is not None:
             exchange.after_exit()  # a hang among the ranks still running names this one exited
-        if not ((self._config.dump_on_exit and needed) or died):
+        if not ((self._p.config.dump_on_exit and needed) or died):
             return
         detail = "process exit" + (f": {x.type}: {x.message}"[:4000] if x is not None else "")
         triggers.dump(pb.PROCESS_EXIT, detail)

@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable
+from typing import Any
 
 from flightrec.recorder.config import Config
 from flightrec.recorder.dumping.dumper import Dumper, device_identity
@@ -216,23 +217,23 @@ class Peers:
 
 def job_rank() -> int:
     """This process's global rank: torch's, else ``RANK`` (-1: unknown)."""
-    try:
-        import torch.distributed as dist
-
-        if dist.is_initialized():
-            return int(dist.get_rank())
-    except Exception:
-        pass
-    return int(os.environ.get("RANK", "-1") or -1)
+    rank = _ask_torch(lambda dist: dist.get_rank())
+    return rank if rank is not None else int(os.environ.get("RANK", "-1") or -1)
 
 
 def job_world_size() -> int:
     """The job's world size from torch (0: no default group)."""
+    world = _ask_torch(lambda dist: dist.get_world_size())
+    return world if world is not None else 0
+
+
+def _ask_torch(ask: Callable[[Any], Any]) -> int | None:
+    """``ask(torch.distributed)`` while a default group exists; None without one (or torch)."""
     try:
         import torch.distributed as dist
 
         if dist.is_initialized():
-            return int(dist.get_world_size())
+            return int(ask(dist))
     except Exception:
         pass
-    return 0
+    return None

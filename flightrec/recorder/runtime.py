@@ -33,6 +33,7 @@ from flightrec.recorder.hotpath import layout
 from flightrec.recorder.lifecycle import Lifecycle
 from flightrec.recorder.metrics import Counts, WarningCounter
 from flightrec.recorder.native.watch import NativeWatch
+from flightrec.recorder.parts import Parts
 from flightrec.recorder.peers import Peers, WarnOnce
 from flightrec.recorder.recording.recorder import Recorder
 from flightrec.recorder.triggers import Triggers
@@ -80,14 +81,12 @@ class Runtime:
         self.peers = Peers(config, self.recorder, self.dumper, namespace, reporter, warn)
         native_watch = NativeWatch(config.timeout_s, config.native)
         bb = self.recorder.blackbox
-        self.triggers = Triggers(
+        parts = Parts(
             config, self.recorder, self.dumper, self.peers, native_watch, self.counts,
             uploader, bb,
         )  # fmt: skip
-        self.lifecycle = Lifecycle(
-            config, self.recorder, self.dumper, self.peers, self.triggers, native_watch,
-            self.counts, uploader, bb, warn,
-        )  # fmt: skip
+        self.triggers = Triggers(parts)
+        self.lifecycle = Lifecycle(parts, self.triggers, warn)
         self.exception_hooks = ExceptionHooks(self.triggers.on_exception)
         # atexit runs handlers last-registered first: the exit dump (if any) is written before
         # the black box decides whether it is still needed, and a dump another thread is

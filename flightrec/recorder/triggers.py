@@ -16,17 +16,11 @@ from pathlib import Path
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.slot import Slot
-from flightrec.recorder.config import Config
-from flightrec.recorder.dumping.dumper import Dumper, describe_entry, in_thread
+from flightrec.recorder.dumping.dumper import describe_entry, in_thread
 from flightrec.recorder.dumping.exceptions import RaisedException
-from flightrec.recorder.dumping.upload import Uploader
 from flightrec.recorder.exchange.store import Poller
 from flightrec.recorder.exchange.verdict import Exchange
-from flightrec.recorder.metrics import Counts
-from flightrec.recorder.native.watch import NativeWatch
-from flightrec.recorder.peers import Peers
-from flightrec.recorder.recording.blackbox import BlackBox
-from flightrec.recorder.recording.recorder import Recorder
+from flightrec.recorder.parts import Parts
 
 log = logging.getLogger("flightrec")
 ERROR_DUMP_INTERVAL_NS = 5_000_000_000
@@ -34,38 +28,13 @@ ERROR_DUMP_INTERVAL_NS = 5_000_000_000
 
 
 class Triggers:
-    """The process's dump triggers and what each dump is handed to.
+    """The process's dump triggers and what each dump is handed to (``parts``: what the
+    runtime made)."""
 
-    Args:
-        config: the settings.
-        recorder: the process's recorder (entries named in ``reason_detail``).
-        dumper: writes the dumps.
-        peers: the poller and the exchange, when running.
-        native_watch: the watch on collectives only PyTorch's recorder saw.
-        counts: dumps written and failed, for the metrics.
-        uploader: sends written dumps to object storage (FLIGHTREC_DIR as a URL), or None.
-        blackbox: the recorder's black box, or None.
-    """
-
-    def __init__(
-        self,
-        config: Config,
-        recorder: Recorder,
-        dumper: Dumper,
-        peers: Peers,
-        native_watch: NativeWatch,
-        counts: Counts,
-        uploader: Uploader | None,
-        blackbox: BlackBox | None,
-    ) -> None:
-        self._config = config
-        self._recorder = recorder
-        self._dumper = dumper
-        self._peers = peers
-        self._native_watch = native_watch
-        self._counts = counts
-        self.uploader = uploader
-        self._blackbox = blackbox
+    def __init__(self, parts: Parts) -> None:
+        self._p = parts
+        self.uploader = parts.uploader
+        """None once forked: the child uploads nothing."""
         self._hang_dumped_ns = 0
         self._last_error_dump = 0
         self.died_of: RaisedException | None = None
@@ -73,17 +42,17 @@ class Triggers:
 
     def dump(self, reason: int, detail: str = "", requested_by: int = -1) -> Path | None:
         """Write one dump now (``Dumper.dump``)."""
-        return self._dumper.dump(reason, detail, requested_by)
+        return self._p.dumper.dump(reason, detail, requested_by)
 
     def rank(self) -> int:
         """The identity fixed at the first group, as in the dumps (else ``RANK``)."""
-        ident = self._dumper.identity
+        ident = self._p.dumper.identity
         return ident.rank if ident is not None else int(os.environ.get("RANK", "-1") or -1)
 
     # -- hangs --------------------------------------------------------------------------------
     def on_hang(self, slot: Slot) -> None:
         """The watchdog saw ``slot`` outlive the timeout: dump, and ask every rank to."""
-        poller = self._peers.poller
+        poller = self._p.peers.poller
         if poller is not None and poller.last_round_ns > slot.enqueue_ns:
             # Another rank saw this hang first; we already dumped, with this entry pending.
             # (A trigger's request is no such round: a hang pending through one is declared.)
@@ -91,18 +60,18 @@ class Triggers:
         seen = poller.seen if poller is not None else 0
         if poller is not None:
             poller.hang_ns = time.monotonic_ns()
-        what = describe_entry(self._recorder, slot)
+        what = describe_entry(self._p.recorder, slot)
         self._hang_dumped_ns = time.monotonic_ns()
-        self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self._config.timeout_s:g}s: {what}")
+        self.dump(pb.WATCHDOG_TIMEOUT, f"incomplete for over {self._p.config.timeout_s:g}s: {what}")
         if poller is not None:
             self._post(poller, seen)
 
     def on_native_hang(self, what: str, now_ns: int) -> None:
         """A collective only PyTorch's recorder saw (funcol, C++) outlived the timeout."""
-        poller, since = self._peers.poller, now_ns - self._native_watch.timeout_ns
+        poller, since = self._p.peers.poller, now_ns - self._p.native_watch.timeout_ns
         if self._hang_dumped_ns > since or (poller is not None and poller.last_round_ns > since):
             return  # this hang was dumped already: our watchdog's, or another rank's request
-        ring = self._recorder.ring
+        ring = self._p.recorder.ring
         if any(ring.read(i).enqueue_ns < since + 10**9 for i in ring.pending_slots()):
             return  # one of our own entries is as overdue: our watchdog reports it, better
         self._hang_dumped_ns = now_ns
@@ -118,7 +87,7 @@ class Triggers:
     def _post(self, poller: Poller, seen: int) -> None:
         # Posting may block on a slow store: never on the watchdog thread.
         threading.Thread(
-            target=_post, args=(poller, self.rank(), seen, self._peers.exchange),
+            target=_post, args=(poller, self.rank(), seen, self._p.peers.exchange),
             name="flightrec-post", daemon=True,
         ).start()  # fmt: skip
 
@@ -130,14 +99,14 @@ class Triggers:
         who = f"rank {requester}" if requester >= 0 else "another process"
         detail = f"request {n} from {who} ({reason or 'unknown'})"
         path = self.dump(pb.PEER_REQUEST, detail, requester)
-        exchange = self._peers.exchange
+        exchange = self._p.peers.exchange
         if exchange is not None:
             exchange.after_request(n, reason)
         return path is not None
 
     def on_covered(self, n: int, reason: str) -> None:
         """Another rank's request ``n`` is for the hang this rank dumped moments ago."""
-        exchange = self._peers.exchange
+        exchange = self._p.peers.exchange
         if exchange is not None:
             exchange.rejoin(n, reason)
 
@@ -147,14 +116,14 @@ class Triggers:
         if self._last_error_dump and now - self._last_error_dump < ERROR_DUMP_INTERVAL_NS:
             return
         self._last_error_dump = now
-        ring = self._recorder.ring
+        ring = self._p.recorder.ring
         slot = ring.read((rid - 1) % ring.capacity)
-        what = describe_entry(self._recorder, slot) if slot.record_id == rid else f"record {rid}"
+        what = describe_entry(self._p.recorder, slot) if slot.record_id == rid else f"record {rid}"
         detail = f"{what} raised {type(exc).__name__}: {exc}"[:4000]
         if threading.current_thread().name == "flightrec-dump":
             self.dump(pb.COLLECTIVE_ERROR, detail)
         elif _on_torch_thread():
-            in_thread(self._dumper, pb.COLLECTIVE_ERROR, detail)
+            in_thread(self._p.dumper, pb.COLLECTIVE_ERROR, detail)
         else:
             self.dump(pb.COLLECTIVE_ERROR, detail)
 
@@ -162,7 +131,7 @@ class Triggers:
         """SIGUSR1 or SIGTERM arrived (on the signal watcher's thread)."""
         reason = pb.SIGNAL_TERM if signum == signal.SIGTERM else pb.SIGNAL_USR1
         self.dump(reason, f"signal {signal.Signals(signum).name}")
-        exchange, poller = self._peers.exchange, self._peers.poller
+        exchange, poller = self._p.peers.exchange, self._p.peers.poller
         if reason == pb.SIGNAL_TERM and exchange is not None and poller is not None:
             exchange.after_term()  # the verdict, if this rank reports, before dying
         uploader = self.uploader
@@ -171,12 +140,12 @@ class Triggers:
 
     def on_exception(self, x: RaisedException) -> None:
         """An exception ended a thread: keep it for every later dump and in the black box."""
-        if not self._recorder.enabled:
+        if not self._p.recorder.enabled:
             return
         if x.is_main and self.died_of is None:
             self.died_of = x
-        if self._dumper.add_exception(x):
-            bb = self._blackbox
+        if self._p.dumper.add_exception(x):
+            bb = self._p.blackbox
             if bb is not None:  # on disk now: the exit that follows may never finish
                 bb.on_exception(x)
 
@@ -184,12 +153,12 @@ class Triggers:
     def on_dump(self, dump: pb.Dump, path: Path | None) -> None:
         """The dumper built ``dump`` and wrote it to ``path`` (None: it could not)."""
         if path is None:
-            self._counts.dumps_failed += 1
+            self._p.counts.dumps_failed += 1
         else:
-            self._counts.dumps_written += 1
+            self._p.counts.dumps_written += 1
             if self.uploader is not None:
                 self.uploader.submit(path)  # a queue put: the network is the upload thread's
-        exchange = self._peers.exchange
+        exchange = self._p.peers.exchange
         if exchange is not None:
             exchange.on_dump(dump, path)
 

@@ -14,7 +14,7 @@ from flightrec.analysis import analyze
 from flightrec.analysis.loading.loader import load_dir
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.blackbox import BEAT, HEADER_SIZE, OFF_BEAT, Status, fixed
+from flightrec.format.blackbox import BEAT, HEADER_SIZE, OFF_BEAT, Status, UnseenRow, fixed
 from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.members import members_of
 from flightrec.format.schema import dump_filename
@@ -27,7 +27,6 @@ from flightrec.recorder.hotpath.ring import Ring
 from flightrec.recorder.recording.blackbox import BlackBox
 from flightrec.recorder.recording.stacks import StackTable
 from flightrec.recorder.recording.tables import StringTable, TensorTable
-from flightrec.recorder.recording.unseen import UnseenRow
 
 
 class Recording:

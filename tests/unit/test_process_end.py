@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.blackbox import DIED, RUNNING_NOW, SOURCE, Status
+from flightrec.format.blackbox import DIED, RUNNING_NOW, SOURCE, Status, UnseenRow
 from flightrec.format.ending import is_gone, process_end
 from flightrec.format.slot import SLOT_SIZE
 from flightrec.readers.blackbox import died, ended, read_blackbox
 from flightrec.recorder.recording.blackbox import BlackBox
-from flightrec.recorder.recording.unseen import UnseenBook, UnseenRow
+from flightrec.recorder.recording.unseen import UnseenBook
 
 
 def header(**fields: object) -> pb.Header:

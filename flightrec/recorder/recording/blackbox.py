@@ -37,13 +37,13 @@ from flightrec.format.blackbox import (
     UNSEEN_ROWS,
     VERSION,
     Status,
+    UnseenRow,
     fixed,
     ring_name,
 )
 from flightrec.format.write import FILE_MODE
 from flightrec.frames import origin_of
 from flightrec.recorder.recording.stacks import line_of, source_line
-from flightrec.recorder.recording.unseen import UnseenRow
 
 log = logging.getLogger("flightrec")
 

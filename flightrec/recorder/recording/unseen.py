@@ -10,30 +10,14 @@ all-reduce then still shows where it waits, and a rank that never issued it, tha
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Set
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.blackbox import UnseenRow
 
 if TYPE_CHECKING:
     from flightrec.recorder.hotpath.groups import GroupInfo
     from flightrec.recorder.native.watch import PendingNative
-
-
-class UnseenRow(NamedTuple):
-    """One row of the table (``UNSEEN_ROW``), as the black box writes it."""
-
-    group: int
-    """The group's index in the registry (the journal's)."""
-    flags: int
-    """Entry flags for the pending collective (``DDP_BUCKET`` on a DDP model's group)."""
-    issued: int
-    """The last collective the ProcessGroup issued (its own counter)."""
-    pending: int
-    """The collective torch's recorder shows unfinished; 0: none."""
-    op: str
-    """That collective's operation ("": none)."""
-    since_ns: int
-    """Monotonic time it was first seen unfinished (0: none)."""
 
 
 def unseen_rows(
