@@ -325,7 +325,65 @@ def _to_dump(
         source=lambda file, line: by_site.get((file, line), ""),
         origin=lambda file, line: origins.get((file, line), 0),
     )
-    h = b.header
+    _fill_header(b.header, head, entries, dropped, died_of)
+
+    # Unfinished collectives the ring never held, past everything it holds of their group:
+    # where the rank waits when only torch's recorder saw the call (a DDP bucket all-reduce).
+    newest = {i: max((e.seq for e in entries if e.group == i), default=0) for i in tables.groups}
+    issued = {u.group: u.issued for u in unseen}
+    waits = [u for u in unseen if u.pending > newest[u.group]]
+    g_map: dict[int, int] = {}
+    for index, (name, desc, ranks, backend) in sorted(tables.groups.items()):
+        mine = [e for e in entries if e.group == index]
+        g_map[index] = b.group(
+            name, ranks, desc=desc, backend=backend,
+            last_seq=max(newest[index], issued.get(index, 0)),
+            p2p=_p2p_counters(mine), members_known=bool(ranks),
+        )  # fmt: skip
+    _add_entries(b, tables, entries, g_map)
+    device = "cpu" if "nccl" not in head["backend"] else ""
+    for u in waits:
+        b.entry_raw(
+            record_id=0, group=g_map[u.group], seq=u.pending, p2p_seq=0, op=b.string(u.op),
+            reduce_op=0, peer=-1, state=pb.ENQUEUED, enqueue_ns=u.since_ns, start_ns=0,
+            complete_ns=0, thread=0, stack=0, inputs=0, outputs=0,
+            flags=u.flags | pb.UNSEEN, device=b.string(device),
+        )  # fmt: skip
+    for kind, message, thread, is_main, wall_ns, via, traceback in tables.exceptions:
+        b.exception(
+            kind, message, [(f, n, line) for f, n, line, _ in traceback], thread=thread, is_main=is_main,
+            wall_time_ns=wall_ns, via=via,
+        )  # fmt: skip
+    return b.build()
+
+
+def _add_entries(
+    b: DumpBuilder, tables: Tables, entries: list[Slot], g_map: dict[int, int]
+) -> None:
+    """The ring's entries, with their strings, stacks and tensor signatures interned."""
+    s_map = {i: b.string(s) for i, s in tables.strings.items()}
+    k_map = {0: 0}
+    t_map = {0: 0}
+    for e in entries:
+        if e.stack not in k_map:
+            frames = [tables.frames[f] for f in tables.stacks[e.stack] if f in tables.frames]
+            k_map[e.stack] = b.stack(frames)
+        for ti in (e.inputs, e.outputs):
+            if ti not in t_map:
+                t_map[ti] = b.tensors((tuple(shape), dtype) for shape, dtype in tables.tensors[ti])
+        b.entry_raw(
+            record_id=e.record_id, group=g_map[e.group], seq=e.seq, p2p_seq=e.p2p_seq,
+            op=s_map[e.op], reduce_op=s_map[e.reduce_op], peer=e.peer, state=e.state,
+            enqueue_ns=e.enqueue_ns, start_ns=0, complete_ns=e.complete_ns,
+            thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
+            outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
+        )  # fmt: skip
+
+
+def _fill_header(
+    h: pb.Header, head: dict[str, Any], entries: list[Slot], dropped: int, died_of: str
+) -> None:
+    """The dump's header from the black box's (``HEAD_FIELDS``) and its entries."""
     h.rank, h.world_size = head["rank"], head["world_size"]
     h.hostname, h.pid = head["hostname"], head["pid"]
     h.local_rank = -1
@@ -347,51 +405,6 @@ def _to_dump(
     h.dump_index = 0
     h.requested_by = -1
     h.source = SOURCE
-
-    # Unfinished collectives the ring never held, past everything it holds of their group:
-    # where the rank waits when only torch's recorder saw the call (a DDP bucket all-reduce).
-    newest = {i: max((e.seq for e in entries if e.group == i), default=0) for i in tables.groups}
-    issued = {u.group: u.issued for u in unseen}
-    waits = [u for u in unseen if u.pending > newest[u.group]]
-    g_map: dict[int, int] = {}
-    for index, (name, desc, ranks, backend) in sorted(tables.groups.items()):
-        mine = [e for e in entries if e.group == index]
-        g_map[index] = b.group(
-            name, ranks, desc=desc, backend=backend,
-            last_seq=max(newest[index], issued.get(index, 0)),
-            p2p=_p2p_counters(mine), members_known=bool(ranks),
-        )  # fmt: skip
-    s_map = {i: b.string(s) for i, s in tables.strings.items()}
-    k_map = {0: 0}
-    t_map = {0: 0}
-    for e in entries:
-        if e.stack not in k_map:
-            frames = [tables.frames[f] for f in tables.stacks[e.stack] if f in tables.frames]
-            k_map[e.stack] = b.stack(frames)
-        for ti in (e.inputs, e.outputs):
-            if ti not in t_map:
-                t_map[ti] = b.tensors((tuple(shape), dtype) for shape, dtype in tables.tensors[ti])
-        b.entry_raw(
-            record_id=e.record_id, group=g_map[e.group], seq=e.seq, p2p_seq=e.p2p_seq,
-            op=s_map[e.op], reduce_op=s_map[e.reduce_op], peer=e.peer, state=e.state,
-            enqueue_ns=e.enqueue_ns, start_ns=0, complete_ns=e.complete_ns,
-            thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
-            outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
-        )  # fmt: skip
-    device = "cpu" if "nccl" not in head["backend"] else ""
-    for u in waits:
-        b.entry_raw(
-            record_id=0, group=g_map[u.group], seq=u.pending, p2p_seq=0, op=b.string(u.op),
-            reduce_op=0, peer=-1, state=pb.ENQUEUED, enqueue_ns=u.since_ns, start_ns=0,
-            complete_ns=0, thread=0, stack=0, inputs=0, outputs=0,
-            flags=u.flags | pb.UNSEEN, device=b.string(device),
-        )  # fmt: skip
-    for kind, message, thread, is_main, wall_ns, via, traceback in tables.exceptions:
-        b.exception(
-            kind, message, [(f, n, line) for f, n, line, _ in traceback], thread=thread, is_main=is_main,
-            wall_time_ns=wall_ns, via=via,
-        )  # fmt: skip
-    return b.build()
 
 
 def _p2p_counters(entries: list[Slot]) -> list[tuple[int, int, int]]:
