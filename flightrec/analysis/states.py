@@ -10,8 +10,8 @@ from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import FrameInfo, Status, op_label, user_frame
 from flightrec.analysis.waitgraph.transfers import stuck_transfer
 from flightrec.analysis.waitgraph.waits import Wait
-from flightrec.format import flightrec_pb2 as pb
-from flightrec.readers.blackbox import died, ended
+from flightrec.format.ending import is_gone
+from flightrec.readers.blackbox import died
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +91,7 @@ def rank_states(m: Matched, waits: list[Wait]) -> dict[int, RankState]:
                 how=gone,
             )
             continue
-        exited = d.header.reason == pb.PROCESS_EXIT or ended(d.header)
+        exited = is_gone(d.header)
         transfer = None if exited else stuck_transfer(m, rank)
         if transfer is not None:  # both ends entered: no wait edge, but it waits all the same
             rec = transfer.mine

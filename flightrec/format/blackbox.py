@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import struct
+from typing import NamedTuple
 
 MAGIC = b"FRBLKBOX"
 VERSION = 1
@@ -61,6 +62,23 @@ reducer, FSDP2 and funcol issue collectives flightrec's hooks never see): the gr
 group), the last collective the ProcessGroup issued, the one it has unfinished (0: none),
 that one's op (NUL-padded), and the monotonic time it was first seen unfinished."""
 UNSEEN_ROWS = 32
+
+
+class UnseenRow(NamedTuple):
+    """One row of ``UNSEEN_ROW``, as the recorder writes it and the reader reads it back."""
+
+    group: int
+    """The group's index in the registry (the journal's)."""
+    flags: int
+    """Entry flags for the pending collective (``DDP_BUCKET`` on a DDP model's group)."""
+    issued: int
+    """The last collective the ProcessGroup issued (its own counter)."""
+    pending: int
+    """The collective torch's recorder shows unfinished; 0: none."""
+    op: str
+    """That collective's operation ("": none)."""
+    since_ns: int
+    """Monotonic time it was first seen unfinished (0: none)."""
 
 
 class Status(enum.IntEnum):

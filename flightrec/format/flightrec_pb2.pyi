@@ -4,7 +4,7 @@ isort:skip_file
 flightrec dump format, schema 1.x (1.2: group members as a RankGrid; 1.3: a tail readable
 on its own; 1.4: the Summary and Progress messages of the verdict in the job's log; 1.5:
 snapshots taken from outside a process by `flightrec attach`; 1.6: each frame's origin, as
-the recording process judged it).
+the recording process judged it; 1.7: how the process had ended, as a field).
 
 One file per rank per dump event. The file is a single serialized `Dump` message. Field 1
 is a constant magic string and protobuf writes fields in number order, so every dump file
@@ -107,6 +107,45 @@ BLACKBOX: DumpReason.ValueType  # 10
 ATTACHED: DumpReason.ValueType  # 11
 """a snapshot taken from outside the process by `flightrec attach` (1.5): its threads' stacks, and torch's ring where one could be read"""
 global___DumpReason = DumpReason
+
+class _ProcessEnd:
+    ValueType = typing.NewType("ValueType", builtins.int)
+    V: typing_extensions.TypeAlias = ValueType
+
+class _ProcessEndEnumTypeWrapper(google.protobuf.internal.enum_type_wrapper._EnumTypeWrapper[_ProcessEnd.ValueType], builtins.type):
+    DESCRIPTOR: google.protobuf.descriptor.EnumDescriptor
+    END_UNKNOWN: _ProcessEnd.ValueType  # 0
+    """not recorded: judge from `reason` and `reason_detail`"""
+    END_RUNNING: _ProcessEnd.ValueType  # 1
+    """still running: a dump the live process wrote (all but its exit"""
+    END_EXITED: _ProcessEnd.ValueType  # 2
+    """dump), or a black box read while its process runs
+    through Python's exit path: the exit dump (PROCESS_EXIT), or a
+    """
+    END_DIED: _ProcessEnd.ValueType  # 3
+    """black box its process closed at exit
+    without running any Python exit code (SIGKILL, the OOM killer,
+    """
+
+class ProcessEnd(_ProcessEnd, metaclass=_ProcessEndEnumTypeWrapper):
+    """How the process a dump describes had ended, as far as its writer could tell (1.7). Before
+    1.7 (and in dumps converted or made by other writers) it is not recorded: readers then tell
+    it from `reason` (PROCESS_EXIT: exited) and, for a black box, from its `reason_detail`.
+    """
+
+END_UNKNOWN: ProcessEnd.ValueType  # 0
+"""not recorded: judge from `reason` and `reason_detail`"""
+END_RUNNING: ProcessEnd.ValueType  # 1
+"""still running: a dump the live process wrote (all but its exit"""
+END_EXITED: ProcessEnd.ValueType  # 2
+"""dump), or a black box read while its process runs
+through Python's exit path: the exit dump (PROCESS_EXIT), or a
+"""
+END_DIED: ProcessEnd.ValueType  # 3
+"""black box its process closed at exit
+without running any Python exit code (SIGKILL, the OOM killer,
+"""
+global___ProcessEnd = ProcessEnd
 
 class _FrameOrigin:
     ValueType = typing.NewType("ValueType", builtins.int)
@@ -343,6 +382,7 @@ class Header(google.protobuf.message.Message):
     DUMP_INDEX_FIELD_NUMBER: builtins.int
     REQUESTED_BY_FIELD_NUMBER: builtins.int
     SOURCE_FIELD_NUMBER: builtins.int
+    PROCESS_END_FIELD_NUMBER: builtins.int
     rank: builtins.int
     """global rank"""
     world_size: builtins.int
@@ -383,6 +423,8 @@ class Header(google.protobuf.message.Message):
     """rank whose hang triggered this dump; -1 when none"""
     source: builtins.str
     """"flightrec", or "torch-native-pickle" / "torch-native-json" when converted"""
+    process_end: global___ProcessEnd.ValueType
+    """how the process had ended when the dump was written or read (1.7)"""
     def __init__(
         self,
         *,
@@ -409,8 +451,9 @@ class Header(google.protobuf.message.Message):
         dump_index: builtins.int = ...,
         requested_by: builtins.int = ...,
         source: builtins.str = ...,
+        process_end: global___ProcessEnd.ValueType = ...,
     ) -> None: ...
-    def ClearField(self, field_name: typing.Literal["backend", b"backend", "buffer_capacity", b"buffer_capacity", "device", b"device", "device_name", b"device_name", "device_uuid", b"device_uuid", "dump_index", b"dump_index", "entries_recorded", b"entries_recorded", "flightrec_version", b"flightrec_version", "hostname", b"hostname", "job_id", b"job_id", "local_rank", b"local_rank", "mono_time_ns", b"mono_time_ns", "pid", b"pid", "rank", b"rank", "reason", b"reason", "reason_detail", b"reason_detail", "requested_by", b"requested_by", "source", b"source", "stack_depth", b"stack_depth", "timeout_s", b"timeout_s", "torch_version", b"torch_version", "wall_time_ns", b"wall_time_ns", "world_size", b"world_size"]) -> None: ...
+    def ClearField(self, field_name: typing.Literal["backend", b"backend", "buffer_capacity", b"buffer_capacity", "device", b"device", "device_name", b"device_name", "device_uuid", b"device_uuid", "dump_index", b"dump_index", "entries_recorded", b"entries_recorded", "flightrec_version", b"flightrec_version", "hostname", b"hostname", "job_id", b"job_id", "local_rank", b"local_rank", "mono_time_ns", b"mono_time_ns", "pid", b"pid", "process_end", b"process_end", "rank", b"rank", "reason", b"reason", "reason_detail", b"reason_detail", "requested_by", b"requested_by", "source", b"source", "stack_depth", b"stack_depth", "timeout_s", b"timeout_s", "torch_version", b"torch_version", "wall_time_ns", b"wall_time_ns", "world_size", b"world_size"]) -> None: ...
 
 global___Header = Header
 

@@ -127,43 +127,65 @@ def validate(dump: pb.Dump, path: str | Path = "<dump>", tables: bool = True) ->
         raise CorruptDumpError(path, "string table lacks its empty first entry")
     if not dump.stacks or not dump.tensor_specs:
         raise CorruptDumpError(path, "stack or tensor tables lack their empty first entry")
-    ns = len(dump.strings)
     e = dump.entries
     # (No entries at all, one C call: the rest of a dump whose columns are read apart.)
     if not isinstance(e, pb.Entries) or e.ByteSize():
-        n = len(e.record_id)
-        for name in ENTRY_COLUMNS:
-            if len(getattr(e, name)) != n:
-                raise CorruptDumpError(
-                    path, f"entry column {name} has {len(getattr(e, name))} values, expected {n}"
-                )
-        for col in ("op", "reduce_op", "thread", "device"):
-            _check_index(path, f"entry column {col}", getattr(e, col), ns)
-        _check_index(path, "entry column group", e.group, len(dump.groups))
-        _check_index(path, "entry column stack", e.stack, len(dump.stacks))
-        _check_index(path, "entry column inputs", e.inputs, len(dump.tensor_specs))
-        _check_index(path, "entry column outputs", e.outputs, len(dump.tensor_specs))
-    nf = len(dump.frames)
-    for frame in dump.frames if tables else ():
-        if frame.file >= ns or frame.name >= ns or frame.code >= ns:
-            raise CorruptDumpError(path, "a stack frame names a string outside the table")
-    for stack in dump.stacks if tables else ():
-        _check_index(path, "a stack", stack.frames, nf)
-    for spec in dump.tensor_specs if tables else ():
-        if len(spec.ndim) != len(spec.dtype) or sum(spec.ndim) != len(spec.dims):
-            raise CorruptDumpError(path, "a tensor signature's dims do not add up")
-        _check_index(path, "a tensor dtype", spec.dtype, ns)
+        _check_entries(dump, path)
+    if tables:
+        _check_tables(dump, path)
     for group in dump.groups:
         # (A DumpView's groups, which the native reader validates, hold members, not grids.)
         if isinstance(group, pb.ProcessGroup):
             check_group(group, dump.header.world_size, path)
-    for thread in dump.threads if tables else ():
+    if tables:
+        _check_stack_owners(dump, path)
+    _check_header(dump.header, path)
+
+
+def _check_entries(dump: pb.Dump, path: str | Path) -> None:
+    """Equal column lengths, and every index column within its table."""
+    e = dump.entries
+    n = len(e.record_id)
+    for name in ENTRY_COLUMNS:
+        if len(getattr(e, name)) != n:
+            raise CorruptDumpError(
+                path, f"entry column {name} has {len(getattr(e, name))} values, expected {n}"
+            )
+    ns = len(dump.strings)
+    for col in ("op", "reduce_op", "thread", "device"):
+        _check_index(path, f"entry column {col}", getattr(e, col), ns)
+    _check_index(path, "entry column group", e.group, len(dump.groups))
+    _check_index(path, "entry column stack", e.stack, len(dump.stacks))
+    _check_index(path, "entry column inputs", e.inputs, len(dump.tensor_specs))
+    _check_index(path, "entry column outputs", e.outputs, len(dump.tensor_specs))
+
+
+def _check_tables(dump: pb.Dump, path: str | Path) -> None:
+    """The interned tables point within each other: frames, stacks, tensor signatures."""
+    ns, nf = len(dump.strings), len(dump.frames)
+    for frame in dump.frames:
+        if frame.file >= ns or frame.name >= ns or frame.code >= ns:
+            raise CorruptDumpError(path, "a stack frame names a string outside the table")
+    for stack in dump.stacks:
+        _check_index(path, "a stack", stack.frames, nf)
+    for spec in dump.tensor_specs:
+        if len(spec.ndim) != len(spec.dtype) or sum(spec.ndim) != len(spec.dims):
+            raise CorruptDumpError(path, "a tensor signature's dims do not add up")
+        _check_index(path, "a tensor dtype", spec.dtype, ns)
+
+
+def _check_stack_owners(dump: pb.Dump, path: str | Path) -> None:
+    """Threads and exceptions point at stacks that exist."""
+    for thread in dump.threads:
         if thread.stack >= len(dump.stacks):
             raise CorruptDumpError(path, f"thread {thread.name!r} points at a missing stack")
-    for exc in getattr(dump, "exceptions", ()) if tables else ():  # (none in a DumpView)
+    for exc in getattr(dump, "exceptions", ()):  # (none in a DumpView)
         if exc.stack >= len(dump.stacks):
             raise CorruptDumpError(path, "an exception's traceback points at a missing stack")
-    h = dump.header
+
+
+def _check_header(h: pb.Header, path: str | Path) -> None:
+    """A rank within a world size no job reaches."""
     if h.world_size > MAX_WORLD_SIZE or h.rank >= MAX_WORLD_SIZE:
         raise CorruptDumpError(
             path,

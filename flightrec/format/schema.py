@@ -16,7 +16,7 @@ from flightrec.format import flightrec_pb2 as pb
 MAGIC = "flightrec.dump"
 MAGIC_PREFIX = b"\x0a" + bytes([len(MAGIC)]) + MAGIC.encode()
 SCHEMA_MAJOR = 1
-SCHEMA_MINOR = 6
+SCHEMA_MINOR = 7
 TAIL_ENTRIES = 256
 """Newest entries a 1.3 writer puts after the tables, readable without the rest of the file:
 a few steps of training (the frontier where ranks diverge and every group's recent past);

@@ -18,7 +18,7 @@ import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.format import flightrec_pb2 as pb
@@ -37,21 +37,23 @@ from flightrec.format.blackbox import (
     UNSEEN_ROWS,
     VERSION,
     Status,
+    UnseenRow,
     text,
 )
 from flightrec.format.builder import DumpBuilder
+from flightrec.format.ending import is_gone, process_end
 from flightrec.format.schema import MAX_DUMP_BYTES
 from flightrec.format.slot import SLOT, SLOT_SIZE, Slot
 
 
 def died(header: pb.Header) -> bool:
     """Whether a dump is a black box whose process died hard (not exited, not still running)."""
-    return header.source == SOURCE and DIED in header.reason_detail
+    return header.source == SOURCE and process_end(header) == pb.END_DIED
 
 
 def ended(header: pb.Header) -> bool:
     """Whether a dump is a black box whose process is gone (died, or exited without a dump)."""
-    return header.source == SOURCE and RUNNING_NOW not in header.reason_detail
+    return header.source == SOURCE and is_gone(header)
 
 
 def is_blackbox(path: str | Path) -> bool:
@@ -186,30 +188,17 @@ def read_slots(path: Path, data: bytes, capacity: int, t: Tables) -> tuple[list[
     return entries, dropped
 
 
-class Unseen(NamedTuple):
-    """What torch's recorder counted for one group (the header's ``UNSEEN_ROW``)."""
-
-    group: int
-    flags: int
-    issued: int
-    """The last collective the ProcessGroup issued."""
-    pending: int
-    """The one it had unfinished; 0: none."""
-    op: str
-    since_ns: int
-
-
-def read_unseen(data: bytes, t: Tables) -> list[Unseen]:
+def read_unseen(data: bytes, t: Tables) -> list[UnseenRow]:
     """The header's rows whose group the journal knows (``OFF_UNSEEN``)."""
     count, _ = UNSEEN_COUNT.unpack_from(data, OFF_UNSEEN)
     at = OFF_UNSEEN + UNSEEN_COUNT.size
-    out: list[Unseen] = []
+    out: list[UnseenRow] = []
     for i in range(min(count, UNSEEN_ROWS)):
         group, flags, issued, pending, op, since = UNSEEN_ROW.unpack_from(
             data, at + i * UNSEEN_ROW.size
         )
         if group in t.groups and pending <= issued:
-            out.append(Unseen(group, flags & pb.DDP_BUCKET, issued, pending, text(op), since))
+            out.append(UnseenRow(group, flags & pb.DDP_BUCKET, issued, pending, text(op), since))
     return out
 
 
@@ -238,11 +227,15 @@ def _heartbeat_age_s(head: dict[str, Any]) -> float:
     return (time.time_ns() - beat) / 1e9
 
 
-def _detail(head: dict[str, Any], n: int, dropped: int, died_of: str = "") -> str:
+def _ending(
+    head: dict[str, Any], n: int, dropped: int, died_of: str = ""
+) -> tuple[pb.ProcessEnd.ValueType, str]:
+    """How the process ended (``Header.process_end``), and the header's ``reason_detail``."""
     who = f"pid {head['pid']} on {head['hostname'] or 'unknown host'}"
     status = head["status"]
     remote = head["hostname"] != socket.gethostname()
     age = _heartbeat_age_s(head)
+    end = pb.END_EXITED
     if status == Status.EXITED and died_of:
         what = f"black box of {who}: the process exited of an uncaught {died_of}"
     elif status == Status.EXITED:
@@ -253,13 +246,15 @@ def _detail(head: dict[str, Any], n: int, dropped: int, died_of: str = "") -> st
     elif status == Status.CLEAN:
         what = f"black box of {who}: the process exited healthy"
     elif _alive(head["hostname"], head["pid"]):
-        what = f"black box of {who}: {RUNNING_NOW} (a live view of its ring)"
+        end, what = pb.END_RUNNING, f"black box of {who}: {RUNNING_NOW} (a live view of its ring)"
     elif remote and 0 <= age < HEARTBEAT_FRESH_S:
+        end = pb.END_RUNNING
         what = (
             f"black box of {who}: {RUNNING_NOW} as far as another host can tell "
             f"(its heartbeat is {age:.1f} s old)"
         )
     else:
+        end = pb.END_DIED
         what = (
             f"black box of {who}: {DIED} "
             "(SIGKILL, OOM killer, os._exit, or an abort inside the backend)"
@@ -269,7 +264,7 @@ def _detail(head: dict[str, Any], n: int, dropped: int, died_of: str = "") -> st
     what += f"; {n} entries recovered"
     if dropped:
         what += f", {dropped} torn or unresolvable slots dropped"
-    return what
+    return end, what
 
 
 def read_blackbox(path: str | Path) -> pb.Dump:
@@ -312,7 +307,7 @@ def _to_dump(
     tables: Tables,
     entries: list[Slot],
     dropped: int,
-    unseen: Sequence[Unseen] = (),
+    unseen: Sequence[UnseenRow] = (),
 ) -> pb.Dump:
     """The dump a black box's header, journal and slots make up (raises ValueError for a
     number that does not fit its field)."""
@@ -330,28 +325,7 @@ def _to_dump(
         source=lambda file, line: by_site.get((file, line), ""),
         origin=lambda file, line: origins.get((file, line), 0),
     )
-    h = b.header
-    h.rank, h.world_size = head["rank"], head["world_size"]
-    h.hostname, h.pid = head["hostname"], head["pid"]
-    h.local_rank = -1
-    h.device = "cpu" if "nccl" not in head["backend"] else ""
-    h.job_id, h.backend = head["job_id"], head["backend"]
-    h.torch_version, h.flightrec_version = head["torch_version"], head["flightrec_version"]
-    h.reason = pb.BLACKBOX
-    h.reason_detail = _detail(head, len(entries), dropped, died_of)
-    # The last sign of life: the newest heartbeat or entry time, on the monotonic clock.
-    last = max(
-        [head["beat_mono_ns"], head["start_mono_ns"]]
-        + [max(e.enqueue_ns, e.complete_ns) for e in entries]
-    )
-    h.mono_time_ns = last
-    h.wall_time_ns = head["start_wall_ns"] + (last - head["start_mono_ns"])
-    h.buffer_capacity = head["capacity"]
-    h.entries_recorded = entries[-1].record_id if entries else 0
-    h.stack_depth, h.timeout_s = head["stack_depth"], head["timeout_s"]
-    h.dump_index = 0
-    h.requested_by = -1
-    h.source = SOURCE
+    _fill_header(b.header, head, entries, dropped, died_of)
 
     # Unfinished collectives the ring never held, past everything it holds of their group:
     # where the rank waits when only torch's recorder saw the call (a DDP bucket all-reduce).
@@ -366,6 +340,27 @@ def _to_dump(
             last_seq=max(newest[index], issued.get(index, 0)),
             p2p=_p2p_counters(mine), members_known=bool(ranks),
         )  # fmt: skip
+    _add_entries(b, tables, entries, g_map)
+    device = "cpu" if "nccl" not in head["backend"] else ""
+    for u in waits:
+        b.entry_raw(
+            record_id=0, group=g_map[u.group], seq=u.pending, p2p_seq=0, op=b.string(u.op),
+            reduce_op=0, peer=-1, state=pb.ENQUEUED, enqueue_ns=u.since_ns, start_ns=0,
+            complete_ns=0, thread=0, stack=0, inputs=0, outputs=0,
+            flags=u.flags | pb.UNSEEN, device=b.string(device),
+        )  # fmt: skip
+    for kind, message, thread, is_main, wall_ns, via, traceback in tables.exceptions:
+        b.exception(
+            kind, message, [(f, n, line) for f, n, line, _ in traceback], thread=thread, is_main=is_main,
+            wall_time_ns=wall_ns, via=via,
+        )  # fmt: skip
+    return b.build()
+
+
+def _add_entries(
+    b: DumpBuilder, tables: Tables, entries: list[Slot], g_map: dict[int, int]
+) -> None:
+    """The ring's entries, with their strings, stacks and tensor signatures interned."""
     s_map = {i: b.string(s) for i, s in tables.strings.items()}
     k_map = {0: 0}
     t_map = {0: 0}
@@ -383,20 +378,33 @@ def _to_dump(
             thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
             outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
         )  # fmt: skip
-    device = "cpu" if "nccl" not in head["backend"] else ""
-    for u in waits:
-        b.entry_raw(
-            record_id=0, group=g_map[u.group], seq=u.pending, p2p_seq=0, op=b.string(u.op),
-            reduce_op=0, peer=-1, state=pb.ENQUEUED, enqueue_ns=u.since_ns, start_ns=0,
-            complete_ns=0, thread=0, stack=0, inputs=0, outputs=0,
-            flags=u.flags | pb.UNSEEN, device=b.string(device),
-        )  # fmt: skip
-    for kind, message, thread, is_main, wall_ns, via, traceback in tables.exceptions:
-        b.exception(
-            kind, message, [(f, n, line) for f, n, line, _ in traceback], thread=thread, is_main=is_main,
-            wall_time_ns=wall_ns, via=via,
-        )  # fmt: skip
-    return b.build()
+
+
+def _fill_header(
+    h: pb.Header, head: dict[str, Any], entries: list[Slot], dropped: int, died_of: str
+) -> None:
+    """The dump's header from the black box's (``HEAD_FIELDS``) and its entries."""
+    h.rank, h.world_size = head["rank"], head["world_size"]
+    h.hostname, h.pid = head["hostname"], head["pid"]
+    h.local_rank = -1
+    h.device = "cpu" if "nccl" not in head["backend"] else ""
+    h.job_id, h.backend = head["job_id"], head["backend"]
+    h.torch_version, h.flightrec_version = head["torch_version"], head["flightrec_version"]
+    h.reason = pb.BLACKBOX
+    h.process_end, h.reason_detail = _ending(head, len(entries), dropped, died_of)
+    # The last sign of life: the newest heartbeat or entry time, on the monotonic clock.
+    last = max(
+        [head["beat_mono_ns"], head["start_mono_ns"]]
+        + [max(e.enqueue_ns, e.complete_ns) for e in entries]
+    )
+    h.mono_time_ns = last
+    h.wall_time_ns = head["start_wall_ns"] + (last - head["start_mono_ns"])
+    h.buffer_capacity = head["capacity"]
+    h.entries_recorded = entries[-1].record_id if entries else 0
+    h.stack_depth, h.timeout_s = head["stack_depth"], head["timeout_s"]
+    h.dump_index = 0
+    h.requested_by = -1
+    h.source = SOURCE
 
 
 def _p2p_counters(entries: list[Slot]) -> list[tuple[int, int, int]]:

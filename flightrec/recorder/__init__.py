@@ -13,9 +13,10 @@ Subpackages, by idea:
   the verdict's summaries, the slow check);
 - ``native``: PyTorch's own Flight Recorder, harvested and merged into dumps.
 
-Beside them: ``config`` (environment), ``runtime`` (one recorder per process, wiring the
-triggers), ``watchdog``, ``signals``, ``metrics`` (Prometheus), ``startup`` and ``diagnose``
-(``flightrec doctor``).
+Beside them: ``config`` (environment); ``runtime``, the composition root (one per process)
+that wires the parts and ``peers`` (the link to the other ranks through the store),
+``triggers`` (what makes a dump) and ``lifecycle`` (threads, fork, exit); ``watchdog``,
+``signals``, ``metrics`` (Prometheus), ``startup`` and ``diagnose`` (``flightrec doctor``).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def enable(config: Config | None = None, reporter: Reporter | None = None) -> No
     Idempotent. Settings come from the FLIGHTREC_* environment variables unless ``config``
     is given (it only takes effect on the first call that creates the recorder).
     ``reporter`` prints the verdict into the job's log when a hang is declared (the layers
-    above the recorder hand in ``flightrec.live.report``; without one, no verdict is printed).
+    above the recorder hand in ``flightrec.live.REPORTER``; without one, no verdict is printed).
 
     Raises:
         TorchMissingError: torch (with torch.distributed) is not installed.
@@ -55,10 +56,7 @@ def enable(config: Config | None = None, reporter: Reporter | None = None) -> No
     _require_torch()
     from flightrec.recorder import runtime
 
-    rt = runtime.get(config)
-    if reporter is not None:
-        rt.reporter = reporter
-    rt.enable()
+    runtime.get(config).enable(reporter)
 
 
 def disable() -> None:

@@ -61,6 +61,8 @@ def test_healthy_job_records_every_kind_of_call(tmp_path: Path) -> None:
         # flightrec.dump() from code, then FLIGHTREC_DUMP_ON_EXIT at exit; nothing overwritten.
         assert [d.header.reason for _, d in items] == [pb.API_CALL, pb.PROCESS_EXIT]
         assert [d.header.dump_index for _, d in items] == [0, 1]
+        # How the process had ended when each was written: running, then exited (schema 1.7).
+        assert [d.header.process_end for _, d in items] == [pb.END_RUNNING, pb.END_EXITED]
         h = items[0][1].header
         assert (h.rank, h.world_size, h.backend, h.local_rank) == (rank, WORLD, "gloo", rank)
         assert h.reason_detail == "end of healthy run" and h.job_id and h.pid

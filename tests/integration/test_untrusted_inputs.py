@@ -89,12 +89,10 @@ def all_files(root: Path) -> list[Path]:
 
 def listening(rt: Runtime, namespace: str) -> None:
     """Poll the store under ``namespace`` (FLIGHTREC_JOB_ID) instead of the default one."""
-    if rt.poller is not None:  # started by enable(): the group already existed
-        rt.poller.stop()
-        rt.poller = None
-    rt.namespace = namespace
+    rt.peers.stop()  # started by enable() where the group already existed
+    rt.peers.namespace = namespace
     rt.start_background()
-    assert rt.poller is not None
+    assert rt.peers.poller is not None
 
 
 def test_hostile_store_values_never_leave_the_dump_folder(

@@ -14,7 +14,7 @@ from flightrec.analysis import analyze
 from flightrec.analysis.loading.loader import load_dir
 from flightrec.errors import CorruptDumpError, NotADumpError, UnsupportedVersionError
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.blackbox import BEAT, HEADER_SIZE, OFF_BEAT, Status, fixed
+from flightrec.format.blackbox import BEAT, HEADER_SIZE, OFF_BEAT, Status, UnseenRow, fixed
 from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.members import members_of
 from flightrec.format.schema import dump_filename
@@ -35,9 +35,9 @@ class Recording:
     def __init__(self, directory: Path, capacity: int = 8) -> None:
         self.bb = BlackBox(str(directory), capacity, SLOT_SIZE, 4, 2.0, nameless=False)
         self.ring = Ring(capacity, self.bb.slots)
-        self.strings, self.tensors, self.stacks = StringTable(), TensorTable(), StackTable(4)
-        self.strings.on_new, self.tensors.on_new = self.bb.on_string, self.bb.on_tensors
-        self.stacks.on_new = self.bb.on_stack
+        self.strings = StringTable(self.bb.on_string)
+        self.tensors = TensorTable(self.bb.on_tensors)
+        self.stacks = StackTable(4, self.bb.on_stack)
         self.group = GroupInfo(0, "0", "default_pg", (0, 1, 2, 3), "gloo")
         self.bb.on_group(self.group)
 
@@ -311,8 +311,8 @@ def test_a_wait_only_torchs_recorder_saw_is_read_back_from_the_header(tmp_path: 
         train_step(rec, 2)  # numbered alike: 1, 2
         recs.append(rec)
     # Rank 0 then ran buckets #3..#5 from C++ and waits in #5; rank 1 stopped after #4.
-    recs[0].bb.unseen([(0, pb.DDP_BUCKET, 5, 5, "all_reduce", 12_345)])
-    recs[1].bb.unseen([(0, 0, 4, 0, "", 0)])
+    recs[0].bb.unseen([UnseenRow(0, pb.DDP_BUCKET, 5, 5, "all_reduce", 12_345)])
+    recs[1].bb.unseen([UnseenRow(0, 0, 4, 0, "", 0)])
     d0 = read_blackbox(recs[0].bb.path)
     assert d0.groups[0].last_seq == 5
     e = d0.entries
@@ -331,7 +331,7 @@ def test_an_unseen_row_at_or_below_what_the_ring_holds_adds_nothing(tmp_path: Pa
     rec = Recording(tmp_path)
     rec.bb.identify(0, 4, "job-7", "gloo", "2.x")
     train_step(rec, 3)
-    rec.bb.unseen([(0, 0, 3, 3, "all_reduce", 1)])  # the ring's own #3: nothing new
+    rec.bb.unseen([UnseenRow(0, 0, 3, 3, "all_reduce", 1)])  # the ring's own #3: nothing new
     d = read_blackbox(rec.bb.path)
     assert list(d.entries.seq) == [1, 2, 3] and d.groups[0].last_seq == 3
 
@@ -342,7 +342,13 @@ def test_an_unseen_row_torch_gave_no_number_is_left_out(tmp_path: Path) -> None:
     rec = Recording(tmp_path)
     rec.bb.identify(0, 4, "job-7", "gloo", "2.x")
     train_step(rec, 2)
-    rec.bb.unseen([(1, 0, -1, 0, "", 0), (0, 0, 4, 0, "", 0), (2, 0, 3, -1, "send", 5)])
+    rec.bb.unseen(
+        [
+            UnseenRow(1, 0, -1, 0, "", 0),
+            UnseenRow(0, 0, 4, 0, "", 0),
+            UnseenRow(2, 0, 3, -1, "send", 5),
+        ]
+    )
     d = read_blackbox(rec.bb.path)
     assert d.groups[0].last_seq == 4
 

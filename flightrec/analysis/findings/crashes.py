@@ -39,6 +39,7 @@ from flightrec.analysis.model import (
 )
 from flightrec.analysis.waitgraph.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.format.ending import is_gone
 from flightrec.readers.blackbox import died as blackbox_died
 from flightrec.readers.blackbox import ended as blackbox_ended
 from flightrec.text import ranks_phrase
@@ -160,7 +161,7 @@ def process_ended(m: Matched, rank: int) -> bool:
     if chosen is None:
         return False
     for d in (chosen, *m.run.later.get(rank, ())):
-        if d.header.reason == pb.PROCESS_EXIT or blackbox_ended(d.header):
+        if is_gone(d.header):
             return True
     return died_of(m, rank) is not None
 

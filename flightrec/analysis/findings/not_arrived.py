@@ -35,6 +35,7 @@ from flightrec.analysis.waitgraph.transfers import (
 from flightrec.analysis.waitgraph.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
+from flightrec.format.ending import is_gone
 from flightrec.format.schema import RECORDER_SOURCE, SUMMARY_SOURCE
 from flightrec.readers.blackbox import died, ended
 from flightrec.text import compress, ranks_phrase
@@ -110,7 +111,7 @@ def culprit_state(m: Matched, rank: int) -> Status:
     d = m.run.dumps.get(rank)
     if d is None:
         return Status.NO_DUMP
-    if d.header.reason == pb.PROCESS_EXIT or ended(d.header):
+    if is_gone(d.header):
         return Status.EXITED
     return Status.OUTSIDE
 

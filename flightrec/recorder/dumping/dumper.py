@@ -11,9 +11,7 @@ import itertools
 import logging
 import os
 import socket
-import sys
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -21,14 +19,14 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder, EntryValues
 from flightrec.format.schema import RECORDER_SOURCE, dump_filename
-from flightrec.format.slot import Slot, decode
+from flightrec.format.slot import Slot
 from flightrec.format.write import write_dump
 from flightrec.frames import origin_of, without_own_frames
+from flightrec.recorder.dumping.exceptions import MAX_EXCEPTIONS, RaisedException
 from flightrec.recorder.native import merge as native_merge
 from flightrec.recorder.recording.stacks import frames_of, source_line
 
 if TYPE_CHECKING:
-    from flightrec.recorder.dumping.exceptions import RaisedException
     from flightrec.recorder.recording.recorder import Recorder
 
 log = logging.getLogger("flightrec")
@@ -92,7 +90,7 @@ def _dist_info() -> tuple[int, int, str, str]:
     return rank, world, backend, store
 
 
-def _device_identity(backend: str) -> tuple[str, str, str]:
+def device_identity(backend: str) -> tuple[str, str, str]:
     """(device, name, uuid) of this rank's accelerator; ("cpu", "", "") without one.
 
     Only asks CUDA when the process already initialized it: a dump must not create a context.
@@ -116,23 +114,35 @@ def _device_identity(backend: str) -> tuple[str, str, str]:
 class Dumper:
     """Writes this process's dumps; safe to call from any thread, including signal watchers."""
 
-    def __init__(self, recorder: Recorder, job_id: str = "") -> None:
+    def __init__(
+        self,
+        recorder: Recorder,
+        job_id: str = "",
+        on_dump: Callable[[pb.Dump, Path | None], None] | None = None,
+    ) -> None:
+        """``on_dump(dump, path)`` is told of each dump built and where it went (None: not
+        written); it must not raise."""
         self.recorder = recorder
         self.job_id = job_id
         self._index = itertools.count()
         self._lock = threading.Lock()  # one dump at a time; never held by the hot path
         self._warned = False
-        self.last_path: Path | None = None
         self.exit_dumped = False
         """An exit dump was written: the black box is superseded and can go."""
         self._pid = os.getpid()
         self._closed = False
-        self.exceptions: list[RaisedException] = []
+        self._exceptions: list[RaisedException] = []
         """Exceptions that ended a thread of this process, oldest first (in every later dump)."""
         self.identity: Identity | None = None
-        """Set once, when the process's first group exists (``Runtime.start_background``)."""
-        self.on_dump: Callable[[pb.Dump, Path | None], None] | None = None
-        """Called with each dump built and where it went (None: not written); must not raise."""
+        """Set once, when the process's first group exists (``Lifecycle.start``)."""
+        self._on_dump = on_dump
+
+    def add_exception(self, x: RaisedException) -> bool:
+        """Keep ``x`` for every later dump; False once ``MAX_EXCEPTIONS`` are kept."""
+        if len(self._exceptions) >= MAX_EXCEPTIONS:
+            return False
+        self._exceptions.append(x)
+        return True
 
     def remember_identity(self) -> Identity | None:
         """Fix the process's identity the first time a default group exists; keep it after."""
@@ -185,20 +195,8 @@ class Dumper:
 
     def _dump(self, reason: int, detail: str, requested_by: int) -> Path:
         rec = self.recorder
-        rec.tracker.poll()  # settle finished async work first (is_completed never blocks)
-        # The only moment that must be consistent: ring, tables and counters, taken together.
-        frames = sys._current_frames()
-        active = dict(rec.active)
-        snap = rec.ring.snapshot()
-        entries = decode(snap)
-        # PyTorch's own ring, read after ours: it registers the groups only it saw.
-        merged = native_merge.harvest_and_merge(rec, entries)
-        strings = list(rec.strings.values)
-        specs = list(rec.tensors.values)
-        groups = list(rec.groups.groups)
-        counters = [(g.seq, g.recorded, g.p2p_counters()) for g in groups]
-        wall, mono = time.time_ns(), time.monotonic_ns()
-        rec.forget_thread_names()
+        snap = rec.snapshot(lambda entries: native_merge.harvest_and_merge(rec, entries))
+        entries, merged = snap.entries, snap.merged
 
         b = DumpBuilder(source=source_line, origin=lambda file, _line: origin_of(file))
         me = self.remember_identity()
@@ -206,7 +204,7 @@ class Dumper:
             rank, world, backend, store = _dist_info()
             me = Identity(rank, world, self.job_id or store, backend)
         rank, backend = me.rank, me.backend
-        device, device_name, device_uuid = _device_identity(backend)
+        device, device_name, device_uuid = device_identity(backend)
         h = b.header
         h.rank, h.world_size = rank, me.world_size
         h.hostname = socket.gethostname()
@@ -215,12 +213,13 @@ class Dumper:
         h.device, h.device_name, h.device_uuid = device, device_name, device_uuid
         h.job_id = me.job_id
         h.backend = backend
-        h.torch_version = _torch_version()
+        h.torch_version = torch_version()
         h.flightrec_version = _version()
         h.reason = reason  # type: ignore[assignment]
         h.reason_detail = detail
-        h.wall_time_ns, h.mono_time_ns = wall, mono
-        h.buffer_capacity = rec.ring.capacity
+        h.process_end = pb.END_EXITED if reason == pb.PROCESS_EXIT else pb.END_RUNNING
+        h.wall_time_ns, h.mono_time_ns = snap.wall_ns, snap.mono_ns
+        h.buffer_capacity = snap.capacity
         h.entries_recorded = max((e.record_id for e in entries), default=0)
         h.stack_depth = rec.config.stack_depth
         h.timeout_s = rec.config.timeout_s
@@ -231,8 +230,9 @@ class Dumper:
         present: dict[int, int] = {}
         for slot in entries:
             present[slot.group] = present.get(slot.group, 0) + 1
-        for g, (seq, recorded, p2p) in zip(groups, counters, strict=True):
-            dropped = max(0, recorded - present.get(g.index, 0))
+        for c in snap.groups:
+            g, seq, p2p = c.info, c.seq, c.p2p
+            dropped = max(0, c.recorded - present.get(g.index, 0))
             if merged is not None and g.index in merged.last_seq:  # torch's numbering
                 seq, dropped = merged.last_seq[g.index], merged.dropped.get(g.index, 0)
             # No members: a group torch no longer resolves (destroyed before this dump).
@@ -241,7 +241,7 @@ class Dumper:
                 dropped=dropped, p2p=p2p, members_known=bool(g.ranks),
             )  # fmt: skip
 
-        s_map = [b.string(s) for s in strings]
+        s_map = [b.string(s) for s in snap.strings]
         t_map: dict[int, int] = {0: 0}
         k_map: dict[int, int] = {0: 0}
         rows: list[Slot | EntryValues] = list(entries) if merged is None else merged.rows
@@ -250,10 +250,10 @@ class Dumper:
                 b.entry(e)
                 continue
             if e.stack not in k_map:
-                k_map[e.stack] = b.stack(rec.stacks.symbolize(e.stack))
+                k_map[e.stack] = b.stack(snap.symbolize(e.stack))
             for t in (e.inputs, e.outputs):
                 if t not in t_map:
-                    t_map[t] = b.tensors(specs[t])
+                    t_map[t] = b.tensors(snap.specs[t])
             b.entry_raw(
                 record_id=e.record_id, group=e.group, seq=e.seq, p2p_seq=e.p2p_seq,
                 op=s_map[e.op], reduce_op=s_map[e.reduce_op], peer=e.peer, state=e.state,
@@ -264,7 +264,7 @@ class Dumper:
 
         names = {t.ident: t.name for t in threading.enumerate()}
         main = threading.main_thread().ident
-        for ident, frame in frames.items():
+        for ident, frame in snap.frames.items():
             name = names.get(ident, f"thread-{ident}")
             # a little deeper than kept: the frames of flightrec's own handler go first
             stack = frames_of(frame, THREAD_STACK_DEPTH + 8)
@@ -272,10 +272,10 @@ class Dumper:
             stack = without_own_frames(stack, [f for f, _, _ in stack], own_thread)
             b.thread(
                 ident, name, stack[:THREAD_STACK_DEPTH],
-                is_main=ident == main, holds_recorder=ident in active,
+                is_main=ident == main, holds_recorder=ident in snap.active,
             )  # fmt: skip
-        del frames
-        for x in list(self.exceptions):
+        del snap  # the threads' frames: not kept past the dump
+        for x in list(self._exceptions):
             b.exception(
                 x.type, x.message, x.frames, thread=x.thread, is_main=x.is_main,
                 wall_time_ns=x.wall_time_ns, via=x.via,
@@ -289,12 +289,13 @@ class Dumper:
             self._built(dump, None)  # the summary in the job's log needs no file
             raise
         self._built(dump, path)
-        self.last_path = path
+        if reason == pb.PROCESS_EXIT:
+            self.exit_dumped = True
         log.info("flightrec: wrote %s", path)
         return path
 
     def _built(self, dump: pb.Dump, path: Path | None) -> None:
-        hook = self.on_dump
+        hook = self._on_dump
         if hook is not None:
             try:
                 hook(dump, path)
@@ -302,7 +303,8 @@ class Dumper:
                 log.warning("flightrec: dump hook failed: %s", exc)
 
 
-def _torch_version() -> str:
+def torch_version() -> str:
+    """The installed torch's version ("" when it cannot be told)."""
     try:
         import torch
 

@@ -50,7 +50,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from flightrec.format.progress import MAX_BYTES as MAX_PROGRESS_BYTES
 from flightrec.format.progress import encode_progress, progress
@@ -62,6 +62,7 @@ from flightrec.recorder.exchange.wire import WireStore, encode_append, encode_se
 
 if TYPE_CHECKING:
     from flightrec.format import flightrec_pb2 as pb
+    from flightrec.recorder.exchange.slowcheck import Judge
     from flightrec.recorder.exchange.store import Poller
     from flightrec.recorder.hotpath.ring import Ring
 
@@ -330,11 +331,20 @@ class Listing:
         return new
 
 
-Reporter = Callable[[Round], None]
-"""Gathers, analyses and prints (``flightrec.live.REPORTER``); must not raise. It may have a
-``prepare()`` method, called on a thread of its own once an operation has been pending for
-half the timeout, that loads what reporting needs (the analysis takes seconds to import on a
-busy machine: not after the hang is declared)."""
+class Reporter(Protocol):
+    """What prints the verdict into the job's log (``flightrec.live.REPORTER``, handed in by
+    ``flightrec.enable``); none of its methods may raise."""
+
+    def __call__(self, rnd: Round) -> None:
+        """Gather round ``rnd``'s answers, analyse them and print the verdict."""
+
+    def prepare(self) -> None:
+        """Load what reporting needs, on a thread of its own, once an operation has been
+        pending for half the timeout (the analysis takes seconds to import on a busy machine:
+        not after the hang is declared)."""
+
+    def slow_judge(self) -> Judge:
+        """What judges the slow check's digests on the reporting rank (docs/slow-ranks.md)."""
 
 
 class Exchange:
@@ -505,9 +515,10 @@ class Exchange:
 
     def _prepare(self) -> None:
         self.connect()
-        prepare = getattr(self._reporter, "prepare", None)
-        if prepare is not None:
-            prepare()
+        try:
+            self._reporter.prepare()
+        except Exception as exc:  # its own failure: the verdict itself may still come
+            log.warning("flightrec: could not prepare the verdict: %s", exc)
 
     # -----------------------------------------------------------------------------------------
     def _answer(self, n: int, reason: str, wait: bool) -> None:

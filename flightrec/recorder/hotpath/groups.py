@@ -180,11 +180,11 @@ class GroupRegistry:
     group's counters are still wanted in dumps.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, on_new: Callable[[GroupInfo], None] | None = None) -> None:
         self.by_pg: dict[Any, GroupInfo] = {}
         self.groups: list[GroupInfo] = []
         self._lock = threading.Lock()
-        self.on_new: Callable[[GroupInfo], None] | None = None
+        self.on_new = on_new
         """Told of each new group under the lock (the black box's journal)."""
 
     def get(self, pg: Any) -> GroupInfo:

@@ -122,31 +122,68 @@ def merge(
             their native-only all-reduces issued during a backward pass get ``DDP_BUCKET``.
     """
     ops = harvested.ops
-
-    def group_of(s: Slot) -> str:
-        return group_names[s.group] if s.group < len(group_names) else ""
-
-    def text(index: int) -> str:
-        return strings[index] if index < len(strings) else ""
-
-    def thread_of(s: Slot) -> str:
-        return text(s.thread)
-
-    matched = match(slots, ops, group_of, thread_of)
+    names = _Names(group_names, strings)
+    matched = match(slots, ops, names.group_of, names.thread_of)
+    timed, dropped = _ours(slots, ops, matched, names, symbolize)
     used = {j for js in matched.values() for j in js}
+    timed += _native_only(ops, used, group_index, bucket_groups)
+    timed.sort(key=lambda t: (t[0], t[1]))
+    merged = Merged(rows=[row for _, _, row in timed])
+    numbered = {group_index(op) for op in ops if not op.is_p2p}  # torch's numbering
+    firsts: dict[int, int] = {}
+    for r in merged.rows:
+        if r.seq and not r.flags & pb.IS_P2P and r.group in numbered:
+            firsts.setdefault(r.group, r.seq)
+            merged.last_seq[r.group] = max(merged.last_seq.get(r.group, 0), r.seq)
+    for g, first in firsts.items():
+        merged.dropped[g] = first - 1 if harvested.wrapped else dropped.get(g, 0)
+    return merged
+
+
+Timed = tuple[int, int, Slot | EntryValues]
+"""(time, 0 for flightrec's entries or 1 for native-only ones, the row): sorted, the dump's
+order."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Names:
+    """A slot's group, thread and other strings, by the recorder's tables."""
+
+    group_names: Sequence[str]
+    strings: Sequence[str]
+
+    def group_of(self, s: Slot) -> str:
+        return self.group_names[s.group] if s.group < len(self.group_names) else ""
+
+    def text(self, index: int) -> str:
+        return self.strings[index] if index < len(self.strings) else ""
+
+    def thread_of(self, s: Slot) -> str:
+        return self.text(s.thread)
+
+
+def _ours(
+    slots: Sequence[Slot],
+    ops: Sequence[NativeOp],
+    matched: dict[int, list[int]],
+    names: _Names,
+    symbolize: Callable[[int], Sequence[FrameTuple]],
+) -> tuple[list[Timed], dict[int, int]]:
+    """flightrec's entries, renumbered by the native entries they caused; and per group, the
+    entries older than torch's ring (they cannot be numbered)."""
     covered = {op.group for op in ops if not op.is_p2p}
     oldest: dict[str, int] = {}  # per group, when torch's oldest entry of it was created
     for op in ops:
         if not op.is_p2p:
             oldest[op.group] = min(oldest.get(op.group, op.created_ns), op.created_ns)
-    timed: list[tuple[int, int, Slot | EntryValues]] = []
+    timed: list[Timed] = []
     dropped: dict[int, int] = defaultdict(int)
     for i, s in enumerate(slots):
         js = matched.get(i)
         if s.flags & pb.IS_P2P:
             timed.append((s.enqueue_ns, 0, s))  # flightrec's per-peer numbering stays
         elif js is None:
-            name = group_of(s)
+            name = names.group_of(s)
             if name not in covered:
                 timed.append((s.enqueue_ns, 0, s))
             elif s.enqueue_ns >= oldest.get(name, 0):
@@ -160,18 +197,42 @@ def merge(
         elif len(js) == 1:
             timed.append((s.enqueue_ns, 0, s._replace(seq=ops[js[0]].seq)))
         else:  # an object collective: the collectives torch ran for it, with its context
-            stack = tuple(symbolize(s.stack))
-            for k, j in enumerate(js):
-                op, last = ops[j], k == len(js) - 1
-                row = EntryValues(
-                    record_id=s.record_id, group=s.group, op=op.op, seq=op.seq,
-                    reduce_op=text(s.reduce_op), peer=s.peer,
-                    state=s.state if last else pb.COMPLETED,
-                    enqueue_ns=op.created_ns, complete_ns=s.complete_ns if last else 0,
-                    thread=thread_of(s), stack=stack, inputs=op.inputs, outputs=op.outputs,
-                    flags=s.flags, device=text(s.device),
-                )  # fmt: skip
-                timed.append((op.created_ns, 0, row))
+            timed += _object_rows(s, [ops[j] for j in js], names, symbolize)
+    return timed, dropped
+
+
+def _object_rows(
+    s: Slot,
+    inner: Sequence[NativeOp],
+    names: _Names,
+    symbolize: Callable[[int], Sequence[FrameTuple]],
+) -> list[Timed]:
+    """An object collective's entry as the collectives torch ran for it (all done but the
+    last, which carries the entry's state)."""
+    stack = tuple(symbolize(s.stack))
+    rows: list[Timed] = []
+    for k, op in enumerate(inner):
+        last = k == len(inner) - 1
+        row = EntryValues(
+            record_id=s.record_id, group=s.group, op=op.op, seq=op.seq,
+            reduce_op=names.text(s.reduce_op), peer=s.peer,
+            state=s.state if last else pb.COMPLETED,
+            enqueue_ns=op.created_ns, complete_ns=s.complete_ns if last else 0,
+            thread=names.thread_of(s), stack=stack, inputs=op.inputs, outputs=op.outputs,
+            flags=s.flags, device=names.text(s.device),
+        )  # fmt: skip
+        rows.append((op.created_ns, 0, row))
+    return rows
+
+
+def _native_only(
+    ops: Sequence[NativeOp],
+    used: set[int],
+    group_index: Callable[[NativeOp], int],
+    bucket_groups: frozenset[str],
+) -> list[Timed]:
+    """The native collectives no flightrec entry caused (funcol, C++, DDP's buckets)."""
+    rows: list[Timed] = []
     for j, op in enumerate(ops):
         if j in used or op.is_p2p:
             continue
@@ -182,18 +243,8 @@ def merge(
             stack=op.stack, inputs=op.inputs, outputs=op.outputs,
             device="cpu" if op.backend == "gloo" else "", flags=pb.DDP_BUCKET if bucket else 0,
         )  # fmt: skip
-        timed.append((op.created_ns, 1, row))
-    timed.sort(key=lambda t: (t[0], t[1]))
-    merged = Merged(rows=[row for _, _, row in timed])
-    numbered = {group_index(op) for op in ops if not op.is_p2p}  # torch's numbering
-    firsts: dict[int, int] = {}
-    for r in merged.rows:
-        if r.seq and not r.flags & pb.IS_P2P and r.group in numbered:
-            firsts.setdefault(r.group, r.seq)
-            merged.last_seq[r.group] = max(merged.last_seq.get(r.group, 0), r.seq)
-    for g, first in firsts.items():
-        merged.dropped[g] = first - 1 if harvested.wrapped else dropped.get(g, 0)
-    return merged
+        rows.append((op.created_ns, 1, row))
+    return rows
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from flightrec.format.blackbox import (
     UNSEEN_ROWS,
     VERSION,
     Status,
+    UnseenRow,
     fixed,
     ring_name,
 )
@@ -201,7 +202,7 @@ class BlackBox:
             return
         BEAT.pack_into(self.head, OFF_BEAT, time.time_ns(), time.monotonic_ns())
 
-    def unseen(self, rows: list[tuple[int, int, int, int, str, int]]) -> None:
+    def unseen(self, rows: list[UnseenRow]) -> None:
         """Write what torch's recorder counted per group (``UNSEEN_ROW``): (group index,
         flags, last issued, unfinished (0: none), its op, monotonic ns since it stands). The
         watchdog's thread only, when they change; at most ``UNSEEN_ROWS``."""
@@ -212,10 +213,10 @@ class BlackBox:
         rows = [r for r in rows if _fits_unseen(r)][:UNSEEN_ROWS]
         _, generation = UNSEEN_COUNT.unpack_from(self.head, OFF_UNSEEN)
         at = OFF_UNSEEN + UNSEEN_COUNT.size
-        for i, (group, flags, issued, pending, op, since_ns) in enumerate(rows):
+        for i, r in enumerate(rows):
             UNSEEN_ROW.pack_into(
-                self.head, at + i * UNSEEN_ROW.size, group, flags, issued, pending,
-                fixed(op, 24), since_ns,
+                self.head, at + i * UNSEEN_ROW.size, r.group, r.flags, r.issued, r.pending,
+                fixed(r.op, 24), r.since_ns,
             )  # fmt: skip
         UNSEEN_COUNT.pack_into(self.head, OFF_UNSEEN, len(rows), (generation + 1) & 0xFFFFFFFF)
 
@@ -335,14 +336,13 @@ _U32 = 0xFFFFFFFF
 _U64 = 0xFFFFFFFFFFFFFFFF
 
 
-def _fits_unseen(row: tuple[int, int, int, int, str, int]) -> bool:
+def _fits_unseen(row: UnseenRow) -> bool:
     """Whether ``row`` fits ``UNSEEN_ROW`` (group and flags 32-bit, sequence numbers 64-bit,
     all unsigned; the time signed 64-bit)."""
-    group, flags, issued, pending, _, since_ns = row
     return (
-        0 <= group <= _U32
-        and 0 <= flags <= _U32
-        and 0 <= issued <= _U64
-        and 0 <= pending <= _U64
-        and -(1 << 63) <= since_ns < (1 << 63)
+        0 <= row.group <= _U32
+        and 0 <= row.flags <= _U32
+        and 0 <= row.issued <= _U64
+        and 0 <= row.pending <= _U64
+        and -(1 << 63) <= row.since_ns < (1 << 63)
     )

@@ -21,10 +21,10 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flightrec.format.builder import COALESCED, IS_P2P, SEND
-from flightrec.format.slot import COMPLETED, FAILED, SLOT_SIZE
+from flightrec.format.slot import COMPLETED, FAILED, SLOT_SIZE, Slot, decode
 from flightrec.recorder.config import Config
 from flightrec.recorder.hotpath import layout
 from flightrec.recorder.hotpath.counters import new_active
@@ -34,8 +34,12 @@ from flightrec.recorder.hotpath.ring import Ring
 from flightrec.recorder.hotpath.state import HotState, c_path
 from flightrec.recorder.recording import completion
 from flightrec.recorder.recording.blackbox import BlackBox
+from flightrec.recorder.recording.snapshot import GroupCounts, Snapshot
 from flightrec.recorder.recording.stacks import StackTable
 from flightrec.recorder.recording.tables import StringTable, TensorTable
+
+if TYPE_CHECKING:
+    from flightrec.recorder.native.merge import Merged
 
 log = logging.getLogger("flightrec")
 UNTRACKED = 0
@@ -156,9 +160,21 @@ def _open_blackbox(config: Config) -> tuple[BlackBox | None, OSError | None]:
 
 
 class Recorder:
-    """Everything one process records: the ring, the intern tables, the group counters."""
+    """Everything one process records: the ring, the intern tables, the group counters.
 
-    def __init__(self, config: Config) -> None:
+    Args:
+        config: the settings (FLIGHTREC_*).
+        on_first_use: started once, at the first recorded call (the watchdog, the poller).
+        on_error: told (never raising) of a recorded call that failed, with its record id.
+    """
+
+    def __init__(
+        self,
+        config: Config,
+        *,
+        on_first_use: Callable[[], None] = lambda: None,
+        on_error: Callable[[int, BaseException], None] = lambda rid, exc: None,
+    ) -> None:
         import torch
         import torch.distributed.distributed_c10d as c10d
 
@@ -166,14 +182,11 @@ class Recorder:
         self.blackbox, self.dir_error = _open_blackbox(config)
         """``dir_error``: why FLIGHTREC_DIR could not be written at start (already warned)."""
         self.ring = Ring(config.buffer, self.blackbox.slots if self.blackbox else None)
-        self.strings = StringTable()
-        self.tensors = TensorTable()
-        self.stacks = StackTable(config.stack_depth)
-        self.groups = GroupRegistry()
-        if self.blackbox is not None:
-            bb = self.blackbox
-            self.strings.on_new, self.tensors.on_new = bb.on_string, bb.on_tensors
-            self.stacks.on_new, self.groups.on_new = bb.on_stack, bb.on_group
+        bb = self.blackbox  # its journal takes every new table entry
+        self.strings = StringTable(bb.on_string if bb else None)
+        self.tensors = TensorTable(bb.on_tensors if bb else None)
+        self.stacks = StackTable(config.stack_depth, bb.on_stack if bb else None)
+        self.groups = GroupRegistry(bb.on_group if bb else None)
         self.active: Any = new_active()
         """Thread ident -> record id of the call it is inside (reentrancy guard + holds_recorder);
         a dict, or the C path's ``Active``, which behaves as one."""
@@ -185,11 +198,9 @@ class Recorder:
         self.tracker = completion.Tracker(self.ring.finish, self._failed, self.internal_error)
         self._fast_path: Any = None
         """The C hot path (``fast_path``), shared by every Site; None until a Site needs it."""
-        self.on_first_use: Callable[[], None] = lambda: None
-        """Started once, at the first recorded call: the watchdog and the dump-request poller."""
+        self._on_first_use = on_first_use
         self._used = False
-        self.on_error: Callable[[int, BaseException], None] = lambda rid, exc: None
-        """Called (never raising) when a recorded call fails: the dumper hooks in here."""
+        self._on_error = on_error
         self._internal_warned = False
         self.hot = HotState(
             ring=self.ring,
@@ -271,6 +282,29 @@ class Recorder:
         if self._fast_path is not None:
             self._fast_path.forget_threads()
 
+    def snapshot(self, merge: Callable[[list[Slot]], Merged | None]) -> Snapshot:
+        """What a dump needs, taken together (the one moment that must be consistent).
+
+        Args:
+            merge: merges the ring's entries with PyTorch's own ring (``native.merge``); run
+                after ours is read, it registers the groups only torch saw, so the group list
+                is copied after it.
+        """
+        self.tracker.poll()  # settle finished async work first (is_completed never blocks)
+        frames = sys._current_frames()
+        active = dict(self.active)
+        entries = decode(self.ring.snapshot())
+        merged = merge(entries)
+        strings = list(self.strings.values)
+        specs = list(self.tensors.values)
+        groups = [GroupCounts(g, g.seq, g.recorded, g.p2p_counters()) for g in self.groups.groups]
+        wall, mono = time.time_ns(), time.monotonic_ns()
+        self.forget_thread_names()
+        return Snapshot(
+            frames, active, entries, merged, strings, specs, groups, wall, mono,
+            self.ring.capacity, self.stacks.symbolize,
+        )  # fmt: skip
+
     @property
     def used(self) -> bool:
         """Whether a call was recorded (the watchdog and the poller started)."""
@@ -279,7 +313,7 @@ class Recorder:
     def _start(self) -> None:
         self._used = True
         try:
-            self.on_first_use()
+            self._on_first_use()
         except Exception as exc:  # never into the job
             log.warning("flightrec: could not start the watchdog: %s", exc)
         if self._fast_path is not None:
@@ -323,6 +357,17 @@ class Recorder:
         info = self.groups.by_pg.get(group)
         if info is not None:
             info.follow_native()
+
+    def forget_groups(self) -> None:
+        """Every group is destroyed: let go of the ProcessGroup objects (their records stay
+        for dumps)."""
+        self.groups.by_pg.clear()  # in place: the generated wrappers share this dict
+        self.groups.forget_native()
+
+    def after_fork_in_child(self) -> None:
+        """In a forked child: record nothing; the parent's async work is not the child's."""
+        self.enabled = False
+        self.tracker.after_fork_in_child()
 
     def forget_default(self) -> None:
         """The default group was created or destroyed: drop the None -> group shortcut."""
@@ -386,8 +431,8 @@ class Recorder:
             self._untracked((rid,))
 
     def _failed(self, rid: int, exc: BaseException) -> None:
-        """Completion tracking saw tracked work fail (``on_error`` may be set after init)."""
-        self.on_error(rid, exc)
+        """Completion tracking saw tracked work fail."""
+        self._on_error(rid, exc)
 
     def _untracked(self, rids: tuple[int, ...] | list[int]) -> None:
         """Entries whose completion can no longer be followed: neither pending (the watchdog
@@ -407,7 +452,7 @@ class Recorder:
         try:
             self.ring.finish(rid, FAILED, _now())
             if isinstance(exc, Exception):
-                self.on_error(rid, exc)
+                self._on_error(rid, exc)
         except Exception as err:
             self.internal_error("failure recording", err)
 
@@ -440,7 +485,7 @@ class Recorder:
                 for rid in rids:
                     self.ring.finish(rid, FAILED, now)
                 if isinstance(exc, Exception):
-                    self.on_error(rids[0], exc)
+                    self._on_error(rids[0], exc)
             except Exception as err:
                 self.internal_error("failure recording", err)
             raise

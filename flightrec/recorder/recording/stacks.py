@@ -84,12 +84,12 @@ class StackTable:
     the cached rest (odd length), so the two kinds of key never collide.
     """
 
-    def __init__(self, depth: int) -> None:
+    def __init__(self, depth: int, on_new: Callable[[int, RawStack], None] | None = None) -> None:
         self.depth = depth
         self._index: dict[tuple[int, ...], int] = {(): 0}
         self._stacks: list[RawStack] = [()]
         self._symbols: dict[tuple[int, int], FrameTuple] = {}
-        self.on_new: Callable[[int, RawStack], None] | None = None
+        self.on_new = on_new
         """Told of each new stack under the lock (the black box's journal)."""
         self.threads: dict[int, _ThreadCache] = {}
         """Per-thread caches; the generated wrappers read ``top``/``top_index`` directly."""

@@ -19,11 +19,11 @@ TensorSig = tuple[TensorTuple, ...]
 class Interner:
     """Maps hashable keys to dense ints; ``values[i]`` holds what index ``i`` stands for."""
 
-    def __init__(self, empty: Any) -> None:
+    def __init__(self, empty: Any, on_new: Callable[[int, Any], None] | None = None) -> None:
         self.index: dict[Hashable, int] = {}
         self.values: list[Any] = [empty]
         self._lock = threading.Lock()
-        self.on_new: Callable[[int, Any], None] | None = None
+        self.on_new = on_new
         """Told of each new value under the lock, in index order (the black box's journal)."""
 
     def add(self, key: Hashable, make: Callable[[], Any]) -> int:
@@ -68,8 +68,8 @@ def tensor_key(tensors: Any) -> Hashable:
 class TensorTable(Interner):
     """Tensor signatures; index 0 means "no tensors"."""
 
-    def __init__(self) -> None:
-        super().__init__(())
+    def __init__(self, on_new: Callable[[int, Any], None] | None = None) -> None:
+        super().__init__((), on_new)
         self.index[None] = 0
 
     def of(self, tensors: Any) -> int:
@@ -84,8 +84,8 @@ class TensorTable(Interner):
 class StringTable(Interner):
     """Strings stored in ring columns: op names, reduce ops, thread names, devices."""
 
-    def __init__(self) -> None:
-        super().__init__("")
+    def __init__(self, on_new: Callable[[int, Any], None] | None = None) -> None:
+        super().__init__("", on_new)
         self.index[""] = 0
 
     def of(self, key: Hashable, make: Callable[[], str]) -> int:

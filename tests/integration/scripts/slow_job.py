@@ -147,7 +147,7 @@ def _rank(args: argparse.Namespace, run_dir: str, port: int, rank: int, slow: in
     from flightrec.recorder import runtime
 
     rt = runtime.current()
-    check = rt.slowcheck if rt is not None else None
+    check = rt.peers.slowcheck if rt is not None else None
     if check is not None:  # what the checks cost this rank's flightrec thread
         print(f"SLOWCHECK {rank} {check.checks} {check.cost_s * 1e3:.3f}", flush=True)
     dist.destroy_process_group()
