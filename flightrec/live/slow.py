@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from statistics import median
 
-from flightrec.analysis.findings.straggler import OwnTime, chance_of_as_many, own_phrase, percentile
+from flightrec.analysis.facts.lateness import OwnTime, chance_of_as_many, own_phrase, percentile
 from flightrec.analysis.timing.activity import RankTime, excess_of
 from flightrec.analysis.timing.clocks import Lane, align_lanes
 from flightrec.analysis.timing.lastarrivals import tally_arrivals

@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from flightrec.analysis.findings.not_arrived import RankEvidence
-from flightrec.analysis.findings.straggler import StragglerEvidence
+from flightrec.analysis.facts.culprits import RankEvidence
+from flightrec.analysis.facts.lateness import StragglerEvidence
 from flightrec.analysis.findings.stuck import FailedAloneEvidence
 from flightrec.analysis.kinds import KINDS
 from flightrec.analysis.matching.matching import Matched

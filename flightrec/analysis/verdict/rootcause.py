@@ -15,11 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
+from flightrec.analysis.facts.culprits import RankEvidence, culprit_state
 from flightrec.analysis.findings.crashes import exited_finding
 from flightrec.analysis.findings.mismatch import exchange_mismatch, relation_mismatch
 from flightrec.analysis.findings.not_arrived import (
-    RankEvidence,
-    culprit_state,
+    late_arrival_finding,
     missing_dump_finding,
     not_arrived_finding,
 )
@@ -199,7 +199,7 @@ def root_causes(m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]
             used_mismatches.add(id(mismatch))
             scored.append((weight, Tie.MISMATCH, _with_consequences(mismatch, consequences)))
         else:
-            scored.append((weight, Tie.STUCK, stuck_finding(m, graph, node, consequences)))
+            scored.append((weight, Tie.STUCK, _stuck(m, graph, node, consequences)))
 
     for (state, _, primary), ranks in rank_roots.items():
         nodes = [n for r in ranks for n in ancestors(_component(cond, ("rank", r)))]
@@ -325,3 +325,18 @@ def _component(cond: DiGraph, node: Node) -> int:
 
 def _with_consequences(f: Finding, consequences: list[Consequence]) -> Finding:
     return replace(f, consequences=tuple(consequences))
+
+
+def _stuck(m: Matched, graph: DiGraph, node: Node, consequences: list[Consequence]) -> Finding:
+    """The finding for a collective every member entered and none completed: ``stuck``, or
+    ``not_arrived`` for members that entered it far too late (``stuck.stuck_finding``)."""
+    attrs = graph.nodes[node]
+    late = late_arrival_finding(
+        m,
+        str(attrs["group"]),
+        int(attrs["seq"]),
+        str(attrs["op"]),
+        tuple(attrs["pg_ranks"]),
+        consequences,
+    )
+    return stuck_finding(m, graph, node, consequences, late)
