@@ -15,6 +15,30 @@ from flightrec.analysis.timing.trend import Trend
 
 
 @dataclass(frozen=True, slots=True)
+class StragglerOptions:
+    """Thresholds of the straggler pass.
+
+    Attributes:
+        recent: completed collectives per group looked at (the newest ones).
+        min_samples: collectives a rank must have taken part in to be judged.
+        min_fraction: share of them at which it must have arrived last, late.
+        min_margin_ms: how much after the next-latest member an arrival must be to count as
+            late (raised to three times the clock alignment's jitter where that is larger).
+        max_chance: the most probability allowed that a rank with nothing wrong, arriving
+            in random order among each group's members, would be last this often. A member
+            of a 2-rank group is last half the time by chance alone: five late arrivals out
+            of five (1 in 32) are no evidence there, but out of five in an 8-rank group
+            (1 in 32,768) they are.
+    """
+
+    recent: int = 64
+    min_samples: int = 5
+    min_fraction: float = 0.5
+    min_margin_ms: float = 5.0
+    max_chance: float = 0.01
+
+
+@dataclass(frozen=True, slots=True)
 class LatenessRow:
     """One rank's arrival lateness over the collectives looked at, on aligned clocks."""
 

@@ -19,6 +19,7 @@ from collections import defaultdict
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
+from flightrec.analysis.candidates import Stages, blamed_by
 from flightrec.analysis.facts.culprits import chain_end, named, whereabouts
 from flightrec.analysis.facts.deaths import (
     HANG_SLACK_NS,
@@ -59,6 +60,22 @@ class CrashEvidence(Evidence):
     """Raised after the hang event: what happened next, not why the job hung."""
     exceptions: Mapping[int, ExceptionEvidence] | None = None
     """Per rank, when several ranks died of the same exception at the same line."""
+
+
+def find_deaths(s: Stages, above: Sequence[Finding]) -> list[Finding]:
+    """Ranks that died: those whose black box says so though nobody waited on them and
+    nothing above blames them (``find_quiet_deaths``), then every exception ranks died of
+    (``find_crashes``), which ``place_crashes`` puts where each explains most once every
+    finder has run.
+
+    Args:
+        s: the stages before (every blocked entry: ``Stages.wait_graph``).
+        above: the findings listed before these.
+
+    Returns:
+        The ``dead_rank`` findings, in that order.
+    """
+    return find_quiet_deaths(s.m, blamed_by(above)) + find_crashes(s.m, s.wait_graph.waits)
 
 
 def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
@@ -160,7 +177,7 @@ def find_quiet_deaths(m: Matched, blamed: Set[int]) -> list[Finding]:
 
     Args:
         m: the lined-up histories.
-        blamed: ranks the findings of higher priority blame (``pipeline.blamed_by``).
+        blamed: ranks the findings listed above blame (``candidates.blamed_by``).
 
     Returns:
         One ``dead_rank`` finding per such rank, in rank order.

@@ -12,36 +12,31 @@ How it is measured: ``facts.spread``.
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Sequence
 
+from flightrec.analysis.candidates import Histories, blamed_by
 from flightrec.analysis.facts.spread import imbalance_phrase, spread_imbalance
-from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Finding, FindingKind
-from flightrec.analysis.timing.activity import Activity
-from flightrec.analysis.timing.tallies import Tallied
 
 KINDS = (FindingKind.IMBALANCE,)
 """The kinds this module makes (``kinds.KINDS`` names it for each)."""
 
 
-def find_imbalance(
-    m: Matched, tallied: Tallied, activity: Activity, blamed: Set[int]
-) -> list[Finding]:
+def find_imbalance(h: Histories, above: Sequence[Finding]) -> list[Finding]:
     """Spread imbalance, where no rank or stage explains the time lost.
 
     Args:
-        m: the lined-up histories.
-        tallied: every group's recent arrivals (``tallies.tally_groups``).
-        activity: the stages (groups within one stage compare ranks doing the same work).
-        blamed: ranks the findings above blame (a straggler, a slow stage): then the time
-            lost is theirs, and nothing is reported here.
+        h: the lined-up histories, with every group's recent arrivals (``Histories.tallied``)
+            and the stages (groups within one stage compare ranks doing the same work).
+        above: the slowness findings listed before (a straggler, a slow stage): where they
+            blame a rank, the time lost is theirs, and nothing is reported here.
 
     Returns:
         One ``imbalance`` finding, or none.
     """
-    if blamed or m.run.missing_ranks:
+    if blamed_by(above) or h.m.run.missing_ranks:
         return []
-    ev = spread_imbalance(tallied.pending, activity.stages.stage_of)
+    ev = spread_imbalance(h.tallied.pending, h.activity.stages.stage_of)
     if ev is None:
         return []
     summary = (

@@ -10,9 +10,10 @@ share with ``dead_rank`` (a culprit whose process ended, ``crashes``) is in
 
 from __future__ import annotations
 
-from collections.abc import Sequence, Set
+from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flightrec.analysis.candidates import Stages, blamed_by
 from flightrec.analysis.facts.culprits import chain_end, named, whereabouts
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
@@ -120,18 +121,19 @@ def missing_dump_finding(
     return Finding(kind=FindingKind.MISSING_DUMP, summary=summary, **end.blame(None))
 
 
-def find_quiet_missing(m: Matched, blamed: Set[int]) -> list[Finding]:
-    """Ranks without a dump that no earlier finding blames (nobody waited on them).
+def find_quiet_missing(s: Stages, above: Sequence[Finding]) -> list[Finding]:
+    """Ranks without a dump that no finding above blames (nobody waited on them).
 
     Args:
-        m: the lined-up histories.
-        blamed: ranks the findings of higher priority blame (``pipeline.blamed_by``).
+        s: the stages before (of them, the lined-up histories).
+        above: the findings listed before these.
 
     Returns:
         One ``missing_dump`` finding for all of them, or none.
     """
-    quiet = [r for r in m.run.missing_ranks if r not in blamed]
-    return [missing_dump_finding(m, quiet, None, ())] if quiet else []
+    blamed = blamed_by(above)
+    quiet = [r for r in s.m.run.missing_ranks if r not in blamed]
+    return [missing_dump_finding(s.m, quiet, None, ())] if quiet else []
 
 
 def _late_arrivals(m: Matched, group: str, seq: int) -> tuple[list[int], float] | None:

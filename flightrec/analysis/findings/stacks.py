@@ -17,6 +17,7 @@ from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from flightrec.analysis.candidates import Stages
 from flightrec.analysis.facts.places import (
     Place,
     is_stack_snapshot,
@@ -122,11 +123,13 @@ def _group(seen: Sequence[_Seen], moving: frozenset[int]) -> list[RanksAt]:
     return [RanksAt(tuple(rs), c, loc, fn, mv) for (c, loc, fn, mv), rs in by.items()]
 
 
-def find_stack_hangs(m: Matched) -> list[Finding]:
+def find_stack_hangs(s: Stages, above: Sequence[Finding]) -> list[Finding]:
     """The stack hang of a folder of stack-only snapshots (``is_stack_snapshot``), if any.
 
     Args:
-        m: the lined-up histories (here: no entries, only the ranks' threads).
+        s: the stages before; of them, the lined-up histories (here: no entries, only the
+            ranks' threads).
+        above: the findings listed before these (not read).
 
     Returns:
         One finding, or none: where every rank's stack moved (the job runs); where no rank
@@ -134,6 +137,7 @@ def find_stack_hangs(m: Matched) -> list[Finding]:
         still (a job caught at one line each time); or where some rank's dump is not such a
         snapshot (the ring's analysis speaks then).
     """
+    m = s.m
     dumps = m.run.dumps
     if not dumps or not all(is_stack_snapshot(d.header, len(d)) for d in dumps.values()):
         return []

@@ -11,14 +11,15 @@ show: where each member's GPU got to, and each member's last progress.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from flightrec.analysis.candidates import Stages, blamed_by
 from flightrec.analysis.facts.culprits import named
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
 from flightrec.analysis.waitgraph.graph import DiGraph
-from flightrec.analysis.waitgraph.waits import Node, WaitGraph
+from flightrec.analysis.waitgraph.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
 
@@ -176,7 +177,7 @@ def stuck_finding(
     )
 
 
-def find_unstarted(m: Matched, wait_graph: WaitGraph, blamed: Set[int]) -> list[Finding]:
+def find_unstarted(s: Stages, above: Sequence[Finding]) -> list[Finding]:
     """Members whose GPU never started a collective other members' GPUs are inside, where
     not every member entered it (the arbitration names who did not; ``stuck_finding`` takes
     the collectives every member entered): a second fault in the same collective.
@@ -186,14 +187,14 @@ def find_unstarted(m: Matched, wait_graph: WaitGraph, blamed: Set[int]) -> list[
     is still incomplete (then it waits there, and its queue is behind that).
 
     Args:
-        m: the lined-up histories.
-        wait_graph: who waits on whom (``waits.build_wait_graph``).
-        blamed: ranks the findings above blame.
+        s: the stages before (the wait graph: who waits on whom).
+        above: the findings listed before these (their ranks are not blamed again).
 
     Returns:
         One ``stuck`` finding per such collective.
     """
-    graph, waits = wait_graph
+    m, blamed = s.m, blamed_by(above)
+    graph, waits = s.wait_graph
     waiting: dict[Node, list[int]] = {}
     longest: dict[Node, float] = {}
     for w in waits:
