@@ -1,6 +1,7 @@
-"""Arrival lateness: the evidence of a ``straggler`` finding (what the renderers and the
-in-job slow check read), and the statistics that judge it (``chance_of_as_many``,
-``percentile``).
+"""Arrival lateness: the straggler thresholds (``StragglerOptions``, whose window and margin
+the shared arrivals tally uses too), the evidence of a ``straggler`` finding (what the
+renderers and the in-job slow check read), and the statistics that judge it
+(``chance_of_as_many``, ``percentile``).
 """
 
 from __future__ import annotations
