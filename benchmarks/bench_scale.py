@@ -344,14 +344,14 @@ def phases(folder: Path, cpus: int) -> tuple[str, int]:
     """
     sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
     from flightrec.analysis import gc_paused, pipeline
-    from flightrec.analysis.loading.loader import load_dir
+    from flightrec.analysis.loading.loader import AnalysisOptions, load_dir
     from flightrec.analysis.matching.matching import match
     from flightrec.analysis.timing.clocks import Clocks
 
     spent: list[tuple[str, float]] = []
     with gc_paused():
         start = time.perf_counter()
-        run = load_dir(folder, workers=cpus)
+        run = load_dir(folder, AnalysisOptions(workers=cpus))
         spent.append((f"load ({cpus} processes)", time.perf_counter() - start))
         start = time.perf_counter()
         matched = match(run)

@@ -42,6 +42,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
 
 from flightrec.analysis import analyze_dir  # noqa: E402 - after the source tree is on the path
+from flightrec.analysis.candidates import Histories  # noqa: E402
 from flightrec.analysis.findings.straggler import find_stragglers  # noqa: E402
 from flightrec.analysis.timing.clocks import Clocks  # noqa: E402
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate  # noqa: E402
@@ -111,7 +112,7 @@ def bench_sim(healthy: int, slow: int, ranks: int, entries: int, work: Path) -> 
         report = analyze_dir(str(out))
         times.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
-        find_stragglers(report.matched, Clocks(report.matched))
+        find_stragglers(Histories(report.matched, Clocks(report.matched)), ())
         pass_times.append(time.perf_counter() - t0)
         blamed = tuple(
             (f.kind.value, r)

@@ -14,7 +14,14 @@ import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from flightrec.analysis.loading.loader import Progress, Run, View, default_workers, load_dir
+from flightrec.analysis.loading.loader import (
+    AnalysisOptions,
+    Progress,
+    Run,
+    View,
+    default_workers,
+    load_dir,
+)
 from flightrec.analysis.matching.matching import Matched, match
 from flightrec.analysis.model import (
     Consequence,
@@ -48,29 +55,6 @@ __all__ = [
     "analyze_dir",
     "gc_paused",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class AnalysisOptions:
-    """How to analyse.
-
-    Attributes:
-        view: which dump to use for ranks that dumped more than once.
-        workers: processes that read dump files and run candidates beside each other (None:
-            the usable CPUs; 1: this process only).
-        progress: called as ``progress(files_done, files_total)`` while files are read.
-        tail: read only the newest entries of dumps that allow it, deeper where needed
-            (``loader.load_dir``); False reads every file whole (a timeline of everything);
-            None (the default) reads tails only in folders of more than
-            ``loader.TAIL_FROM_FILES`` files.
-    """
-
-    view: View = View.HANG
-    workers: int | None = None
-    progress: Progress | None = None
-    tail: bool | None = None
-    job: str | None = None
-    """The job id to analyse in a folder of several jobs (None: the newest)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,23 +137,9 @@ def analyze_dir(path: str | os.PathLike[str], options: AnalysisOptions | None = 
         if isinstance(path, str) and is_url(path):  # s3://bucket/prefix: downloaded, then loaded
             from flightrec.analysis.loading.remote import load_url
 
-            run = load_url(
-                path,
-                options.view,
-                workers=options.workers,
-                progress=options.progress,
-                tail=options.tail,
-                job=options.job,
-            )
+            run = load_url(path, options)
         else:
-            run = load_dir(
-                os.fspath(path),
-                options.view,
-                workers=options.workers,
-                progress=options.progress,
-                tail=options.tail,
-                job=options.job,
-            )
+            run = load_dir(os.fspath(path), options)
         return analyze(run, options.workers or default_workers())
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from flightrec.analysis.findings.crashes import died_of, process_ended
-from flightrec.analysis.findings.stacks import attached_line, stack_place
+from flightrec.analysis.facts.deaths import died_of, process_ended
+from flightrec.analysis.facts.places import attached_line, stack_place
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import FrameInfo, Status, op_label, user_frame
 from flightrec.analysis.waitgraph.transfers import stuck_transfer

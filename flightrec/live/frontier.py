@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import ranks_phrase
@@ -68,70 +68,108 @@ def find_frontier(
     Returns:
         The ranks to read in detail, the roots, and where every rank is.
     """
-    # Columns per group name: its members and what each issued (one pass, two appends per
-    # rank and group: the cost that grows with the job).
-    members: dict[str, tuple[list[int], list[int]]] = {}
-    size: dict[str, int] = {}
+    cols = _columns(progress)
+    edges = _edges(cols)
+    roots = {m for m in edges.blocking if m not in edges.waits_on and m not in edges.stuck}
+    if not roots and not edges.stuck and not edges.silent and edges.waits_on:
+        roots = _loop(edges.waits_on)
+    detail = _detail(progress, cols, edges, sorted(roots))
+    return Frontier(tuple(sorted(detail)), tuple(sorted(roots)), tuple(_where(progress)))
+
+
+@dataclass(slots=True)
+class _Columns:
+    """Per group name, what every answering rank says (``_columns``)."""
+
+    members: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+    """group -> its members that answered, and what each issued"""
+    size: dict[str, int] = field(default_factory=dict)
     """group -> its members as a waiting rank says (for members that never answered)"""
-    coll_waits: dict[tuple[str, int], list[int]] = defaultdict(list)
+    coll_waits: dict[tuple[str, int], list[int]] = field(default_factory=lambda: defaultdict(list))
     """(group, seq) -> the ranks waiting in that collective"""
-    p2p_wait: dict[int, tuple[str, int, bool, int]] = {}
+    p2p_wait: dict[int, tuple[str, int, bool, int]] = field(default_factory=dict)
     """rank -> (group, peer, sends, p2p_seq)"""
-    flagged: list[int] = []
+    flagged: list[int] = field(default_factory=list)
+    """ranks whose process died or whose operation failed"""
+
+
+def _columns(progress: Mapping[int, pb.Progress]) -> _Columns:
+    """Columns per group name: its members and what each issued (one pass, two appends per
+    rank and group: the cost that grows with the job), and who waits where."""
+    out = _Columns()
     for rank, p in progress.items():
         names = p.group
         for name, n in zip(names, p.issued, strict=True):
-            col = members.get(name)
+            col = out.members.get(name)
             if col is None:
-                col = members[name] = ([], [])
+                col = out.members[name] = ([], [])
             col[0].append(rank)
             col[1].append(n)
         if p.flags & (pb.DIED | pb.OP_FAILED):
-            flagged.append(rank)
+            out.flagged.append(rank)
         w = p.wait_group
         if not w:
             continue
         name = names[w - 1]
         if p.wait_flags & pb.IS_P2P:
-            p2p_wait[rank] = (name, p.wait_peer, bool(p.wait_flags & pb.SEND), p.wait_seq)
+            out.p2p_wait[rank] = (name, p.wait_peer, bool(p.wait_flags & pb.SEND), p.wait_seq)
         elif p.wait_seq:
-            coll_waits[(name, p.wait_seq)].append(rank)
-            size[name] = max(size.get(name, 0), p.size[w - 1])
+            out.coll_waits[(name, p.wait_seq)].append(rank)
+            out.size[name] = max(out.size.get(name, 0), p.size[w - 1])
+    return out
 
-    # Edges through operation nodes (linear in the ranks even when thousands wait on
-    # thousands): a waiting rank -> its operation -> the ranks that have not entered it.
-    waits_on: dict[int, list[int]] = {}
+
+@dataclass(slots=True)
+class _Edges:
+    """Edges through operation nodes (``_edges``)."""
+
+    waits_on: dict[int, list[int]] = field(default_factory=dict)
     """waiting rank -> the ranks it waits on (one shared list per collective)"""
-    blocking: dict[int, list[tuple[str, int]]] = defaultdict(list)
+    blocking: dict[int, list[tuple[str, int]]] = field(default_factory=lambda: defaultdict(list))
     """rank waited on -> the collectives it holds up, (group, seq); ("", waiter) for P2P"""
-    stuck: list[int] = []  # ranks of operations every party entered and none finished
-    silent: list[tuple[str, int]] = []  # collectives whose missing parties never answered
-    for (g, seq), waiters in coll_waits.items():
-        ranks, counts = members[g]
+    stuck: list[int] = field(default_factory=list)
+    """ranks of operations every party entered and none finished"""
+    silent: list[tuple[str, int]] = field(default_factory=list)
+    """collectives whose missing parties never answered"""
+
+
+def _edges(cols: _Columns) -> _Edges:
+    """Edges through operation nodes (linear in the ranks even when thousands wait on
+    thousands): a waiting rank -> its operation -> the ranks that have not entered it."""
+    out = _Edges()
+    for (g, seq), waiters in cols.coll_waits.items():
+        ranks, counts = cols.members[g]
         behind = [m for m, n in zip(ranks, counts, strict=True) if n < seq]
         if not behind:
-            if len(ranks) < size[g]:
-                silent.append((g, seq))
+            if len(ranks) < cols.size[g]:
+                out.silent.append((g, seq))
                 for r in waiters:
-                    waits_on[r] = []
+                    out.waits_on[r] = []
             else:
-                stuck.extend(waiters)
+                out.stuck.extend(waiters)
             continue
         for r in waiters:
-            waits_on[r] = behind
+            out.waits_on[r] = behind
         for m in behind[:MAX_DETAIL]:
-            blocking[m].append((g, seq))
-    for rank, (g, peer, sends, n) in p2p_wait.items():
-        other = p2p_wait.get(peer)
+            out.blocking[m].append((g, seq))
+    for rank, (g, peer, sends, n) in cols.p2p_wait.items():
+        other = cols.p2p_wait.get(peer)
         if other is not None and other[:3] == (g, rank, not sends) and other[3] == n:
-            stuck.append(rank)  # both ends entered: the transfer itself is stuck
+            out.stuck.append(rank)  # both ends entered: the transfer itself is stuck
         else:
-            waits_on[rank] = [peer]
-            blocking[peer].append(("", rank))
+            out.waits_on[rank] = [peer]
+            out.blocking[peer].append(("", rank))
+    return out
 
-    roots = {m for m in blocking if m not in waits_on and m not in stuck}
-    if not roots and not stuck and not silent and waits_on:
-        roots = _loop(waits_on)
+
+def _detail(
+    progress: Mapping[int, pb.Progress],
+    cols: _Columns,
+    edges: _Edges,
+    ordered_roots: list[int],
+) -> list[int]:
+    """The ranks to read in detail: the flagged ones, the roots, and evidence of each."""
+    members, coll_waits = cols.members, cols.coll_waits
     detail: list[int] = []
     chosen: set[int] = set()
 
@@ -143,14 +181,15 @@ def find_frontier(
                 chosen.add(r)
                 detail.append(r)
 
-    ordered_roots = sorted(roots)
-    take(flagged[:16])
+    take(cols.flagged[:16])
     take(ordered_roots[:32])
     # Evidence: the collectives each root holds up, smallest group first: a small group
     # whole, a few waiters of a large one (the analysis sees each group restricted to the
     # ranks read); the ranks waiting on it in a send or receive.
     for root in ordered_roots[:32]:
-        held = sorted(blocking.get(root, []), key=lambda k: len(members[k[0]][0]) if k[0] else 2)
+        held = sorted(
+            edges.blocking.get(root, []), key=lambda k: len(members[k[0]][0]) if k[0] else 2
+        )
         for g, seq in held[:8]:
             if not g:
                 take([seq])  # (the waiting rank of a transfer)
@@ -160,14 +199,14 @@ def find_frontier(
                 take(sorted(coll_waits[(g, seq)])[:2])
     # Ranks that never answered are named by the analysis from the groups of the ranks that
     # wait on them: a few waiters of each such collective, its group whole when small.
-    for g, seq in sorted(silent, key=lambda k: len(members[k[0]][0]))[:8]:
+    for g, seq in sorted(edges.silent, key=lambda k: len(members[k[0]][0]))[:8]:
         ranks = members[g][0]
         take(sorted(ranks) if len(ranks) <= WHOLE_GROUP else coll_waits[(g, seq)][:2])
-    take(sorted(stuck)[:MAX_DETAIL])
+    take(sorted(edges.stuck)[:MAX_DETAIL])
     if not detail:  # nothing waits: the lowest ranks and the longest waits speak for the job
         take(sorted(progress, key=lambda r: -progress[r].waited_ms)[:8])
         take(sorted(progress)[:8])
-    return Frontier(tuple(sorted(detail)), tuple(sorted(roots)), tuple(_where(progress)))
+    return detail
 
 
 def _loop(waits_on: Mapping[int, list[int]]) -> set[int]:

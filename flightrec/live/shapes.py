@@ -22,11 +22,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from flightrec.analysis.findings.imbalance import (
-    ImbalanceEvidence,
-    imbalance_phrase,
-    spread_imbalance,
-)
+from flightrec.analysis.facts.spread import ImbalanceEvidence, imbalance_phrase, spread_imbalance
 from flightrec.analysis.timing.activity import (
     RankTime,
     SlowStage,

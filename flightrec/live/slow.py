@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from statistics import median
 
-from flightrec.analysis.findings.straggler import OwnTime, chance_of_as_many, own_phrase, percentile
+from flightrec.analysis.facts.lateness import OwnTime, chance_of_as_many, own_phrase, percentile
 from flightrec.analysis.timing.activity import RankTime, excess_of
 from flightrec.analysis.timing.clocks import Lane, align_lanes
 from flightrec.analysis.timing.lastarrivals import tally_arrivals
@@ -143,8 +143,26 @@ class SlowJudge:
 
     def find(self, digests: Mapping[int, Digest]) -> list[Slowness]:
         """Ranks late in this check's window, the costliest first (history updated)."""
-        opt = self.options
-        floor_ns = opt.floor_ms * 1e6
+        lanes, members = self._lanes(digests)
+        found: list[Slowness] = []
+        self._pendings = []
+        for key, group_lanes in sorted(lanes.items()):
+            found += self._late_in(key, group_lanes, members[key], digests)
+        found = _first_causes(found, {k: set(v) for k, v in lanes.items()})
+        found = self._slow_workers(found, digests)
+        found.sort(key=lambda s: (-s.cost, s.rank))
+        flagged = {(s.rank, s.group) for s in found}
+        now = max((d.taken_ns for d in digests.values()), default=0)
+        self._streak = {
+            k: (self._streak[k][0] + 1, self._streak[k][1]) if k in self._streak else (1, now)
+            for k in flagged
+        }
+        return found
+
+    def _lanes(
+        self, digests: Mapping[int, Digest]
+    ) -> tuple[dict[str, dict[int, Lane]], dict[str, int]]:
+        """Per group, each rank's lane of the window's collectives; and per group, its size."""
         lanes: dict[str, dict[int, Lane]] = {}
         members: dict[str, int] = {}
         for r, d in digests.items():
@@ -165,71 +183,71 @@ class SlowJudge:
                     tuple(g.complete_ns[i] for i in keep),
                 )
                 members[g.key] = g.members
+        return lanes, members
+
+    def _late_in(
+        self,
+        key: str,
+        group_lanes: dict[int, Lane],
+        size: int,
+        digests: Mapping[int, Digest],
+    ) -> list[Slowness]:
+        """The members late in one group's window (its history and pending tally kept)."""
+        opt = self.options
+        ga = align_lanes(key, group_lanes)
+        if ga is None:
+            return []
+        rows = lateness_rows(ga)
+        seen = self._groups.setdefault(key, _Seen())
+        fresh = [i for i, s in enumerate(ga.seqs) if s > seen.last_seq]
+        is_fresh = set(fresh)
+        for r in ga.ranks:
+            hist = seen.lateness.setdefault(r, deque(maxlen=opt.history))
+            hist.extend((ga.arrivals[r][i], rows[r][i]) for i in fresh)
+        seen.last_seq = max(seen.last_seq, ga.seqs[-1])
+        gt = tally_arrivals(ga, opt.floor_ms * 1e6)
+        self._pendings.append(Pending(key, ga.ranks, gt))
+        n, taken, total = len(ga.ranks), len(ga.seqs), len(gt.late)
+        span = max(max(c) for c in ga.completions.values()) - min(
+            min(a) for a in ga.arrivals.values()
+        )
+        by_member: dict[int, list[int]] = {}
+        for i, j, _ in gt.late:
+            by_member.setdefault(j, []).append(i)
         found: list[Slowness] = []
-        self._pendings = []
-        for key, group_lanes in sorted(lanes.items()):
-            ga = align_lanes(key, group_lanes)
-            if ga is None:
+        for j, late in by_member.items():
+            if len(late) < opt.min_late:
                 continue
-            rows = lateness_rows(ga)
-            seen = self._groups.setdefault(key, _Seen())
-            fresh = [i for i, s in enumerate(ga.seqs) if s > seen.last_seq]
-            is_fresh = set(fresh)
-            for r in ga.ranks:
-                hist = seen.lateness.setdefault(r, deque(maxlen=opt.history))
-                hist.extend((ga.arrivals[r][i], rows[r][i]) for i in fresh)
-            seen.last_seq = max(seen.last_seq, ga.seqs[-1])
-            gt = tally_arrivals(ga, floor_ns)
-            self._pendings.append(Pending(key, ga.ranks, gt))
-            n, taken, total = len(ga.ranks), len(ga.seqs), len(gt.late)
-            span = max(max(c) for c in ga.completions.values()) - min(
-                min(a) for a in ga.arrivals.values()
-            )
-            by_member: dict[int, list[int]] = {}
-            for i, j, _ in gt.late:
-                by_member.setdefault(j, []).append(i)
-            for j, late in by_member.items():
-                if len(late) < opt.min_late:
-                    continue
-                # Late in what is new since the last check, too: windows overlap when checks
-                # are frequent, and a burst that is over must not count twice.
-                new = sum(1 for i in late if i in is_fresh)
-                if not new or new / len(fresh) < 0.5 * len(late) / taken:
-                    continue
-                often = chance_of_as_many({n: taken}, len(late)) <= opt.max_chance
-                alone = _binomial_tail(total, len(late), 1.0 / n) <= opt.max_chance
-                if not (often or alone):
-                    continue
-                r = ga.ranks[j]
-                behind = [rows[r][i] for i in late]
-                cost = sum(behind) / (span / 1e6) if span > 0 else 0.0
-                if cost < opt.min_cost:
-                    continue
-                d = digests[r]
-                found.append(
-                    Slowness(
-                        rank=r,
-                        group=key,
-                        members=members[key],
-                        late=len(late),
-                        collectives=taken,
-                        median_ms=round(median(behind), 1),
-                        p90_ms=round(percentile(behind, 0.9), 1),
-                        cost=round(cost, 3),
-                        host=d.host,
-                        device=d.device,
-                        trend=describe_trend(list(seen.lateness[r]), opt.floor_ms),
-                    )
+            # Late in what is new since the last check, too: windows overlap when checks
+            # are frequent, and a burst that is over must not count twice.
+            new = sum(1 for i in late if i in is_fresh)
+            if not new or new / len(fresh) < 0.5 * len(late) / taken:
+                continue
+            often = chance_of_as_many({n: taken}, len(late)) <= opt.max_chance
+            alone = _binomial_tail(total, len(late), 1.0 / n) <= opt.max_chance
+            if not (often or alone):
+                continue
+            r = ga.ranks[j]
+            behind = [rows[r][i] for i in late]
+            cost = sum(behind) / (span / 1e6) if span > 0 else 0.0
+            if cost < opt.min_cost:
+                continue
+            d = digests[r]
+            found.append(
+                Slowness(
+                    rank=r,
+                    group=key,
+                    members=size,
+                    late=len(late),
+                    collectives=taken,
+                    median_ms=round(median(behind), 1),
+                    p90_ms=round(percentile(behind, 0.9), 1),
+                    cost=round(cost, 3),
+                    host=d.host,
+                    device=d.device,
+                    trend=describe_trend(list(seen.lateness[r]), opt.floor_ms),
                 )
-        found = _first_causes(found, {k: set(v) for k, v in lanes.items()})
-        found = self._slow_workers(found, digests)
-        found.sort(key=lambda s: (-s.cost, s.rank))
-        flagged = {(s.rank, s.group) for s in found}
-        now = max((d.taken_ns for d in digests.values()), default=0)
-        self._streak = {
-            k: (self._streak[k][0] + 1, self._streak[k][1]) if k in self._streak else (1, now)
-            for k in flagged
-        }
+            )
         return found
 
     def _slow_workers(self, found: list[Slowness], digests: Mapping[int, Digest]) -> list[Slowness]:

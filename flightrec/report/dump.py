@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.console import Console
 from rich.text import Text
 
-from flightrec.analysis.findings.crashes import exceptions_of
+from flightrec.analysis.facts.deaths import exceptions_of
 from flightrec.analysis.model import RankDump, TensorInfo, op_label, user_frame
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE

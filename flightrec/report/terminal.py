@@ -16,7 +16,7 @@ from rich.segment import Segment, Segments
 from rich.table import Table
 from rich.text import Text
 
-from flightrec.analysis.findings.straggler import LatenessRow, StragglerEvidence
+from flightrec.analysis.facts.lateness import LatenessRow, StragglerEvidence
 from flightrec.analysis.model import (
     Consequence,
     Finding,

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from flightrec.analysis import analyze_dir
+from flightrec.analysis.facts.lateness import StragglerEvidence
 from flightrec.analysis.findings.slow_stage import SlowStageEvidence
-from flightrec.analysis.findings.straggler import StragglerEvidence
 from flightrec.analysis.model import Action, FindingKind
 from tests.integration.jobs import SCRIPTS, child_env
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from flightrec.analysis import analyze_dir
-from flightrec.analysis.findings.straggler import StragglerEvidence
+from flightrec.analysis.facts.lateness import StragglerEvidence
 from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from tests.integration.jobs import SCRIPTS, child_env, start_job

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.analysis.loading.loader import load_dir
+from flightrec.analysis.loading.loader import AnalysisOptions, load_dir
 from flightrec.errors import NoDumpsError, UsageError
 from flightrec.format.read import read_dump
 from flightrec.format.write import write_dump
@@ -35,7 +35,7 @@ def test_the_newest_job_is_analysed_and_the_others_named(tmp_path: Path) -> None
 
 def test_job_picks_one(tmp_path: Path) -> None:
     two_jobs(tmp_path)
-    run = load_dir(tmp_path, job="old-job")
+    run = load_dir(tmp_path, AnalysisOptions(job="old-job"))
     assert {d.header.job_id for d in run.dumps.values()} == {"old-job"}
     assert sorted(run.dumps) == [0, 1]
     assert not any("jobs" in n for n in run.notes)
@@ -44,7 +44,7 @@ def test_job_picks_one(tmp_path: Path) -> None:
 def test_an_unknown_job_is_a_usage_error_naming_the_jobs(tmp_path: Path) -> None:
     two_jobs(tmp_path)
     with pytest.raises(UsageError, match=r"no dump of job 'nope'; its jobs: 'job-1' \(4 ranks"):
-        load_dir(tmp_path, job="nope")
+        load_dir(tmp_path, AnalysisOptions(job="nope"))
 
 
 def test_no_dump_says_what_the_folder_holds(tmp_path: Path) -> None:

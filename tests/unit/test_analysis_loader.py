@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze_dir
-from flightrec.analysis.loading.loader import View, load_dir
+from flightrec.analysis.loading.loader import AnalysisOptions, View, load_dir
 from flightrec.errors import NoDumpsError, UsageError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.members import members_of
@@ -79,11 +79,11 @@ def test_several_dumps_per_rank_hang_by_default_latest_and_earliest_on_request(
     assert {d.header.dump_index for d in hang.dumps.values()} == {0}
     assert hang.hang_wall_ns and set(hang.later) == {0, 1, 2, 3}
     assert any("analysing the hang" in n and "WATCHDOG_TIMEOUT" in n for n in hang.notes)
-    latest = load_dir(tmp_path, View.LATEST)
+    latest = load_dir(tmp_path, AnalysisOptions(View.LATEST))
     assert {d.header.dump_index for d in latest.dumps.values()} == {1}
     assert any("dumped more than once; using the latest" in n for n in latest.notes)
     assert any("SIGNAL_TERM" in n for n in latest.notes)
-    first = load_dir(tmp_path, View.EARLIEST)
+    first = load_dir(tmp_path, AnalysisOptions(View.EARLIEST))
     assert {d.header.dump_index for d in first.dumps.values()} == {0}
 
 
@@ -119,7 +119,7 @@ def test_dumps_of_one_process_are_one_rank_of_one_job(tmp_path: Path) -> None:
             g.ClearField("rank_grid")
             g.ranks[:] = members
         write_dump(late, tmp_path, f"flightrec-rank00000-{1000 + rank}-001-process_exit.frdump")
-    run = load_dir(tmp_path, View.LATEST)
+    run = load_dir(tmp_path, AnalysisOptions(View.LATEST))
     assert run.ranks_with_dump == (0, 1, 2, 3) and run.world_size == 4
     assert run.problems == ()
     assert all(d.header.reason == pb.PROCESS_EXIT for d in run.dumps.values())

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from flightrec.analysis import analyze
-from flightrec.analysis.findings.not_arrived import RankEvidence
+from flightrec.analysis.facts.culprits import RankEvidence
 from flightrec.analysis.model import RankDump
 from flightrec.analysis.waitgraph.routine import MIN_REPEATS, routine
 from tests.unit.factories import Job

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze
-from flightrec.analysis.findings.stacks import BACKWARD, place_of
+from flightrec.analysis.facts.places import BACKWARD, place_of
 from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.model import FindingKind, FrameInfo, RankDump
 from flightrec.attach.processes import RankProcess, find_ranks

@@ -266,7 +266,7 @@ def _raise_in_compute_loss() -> None:
 
 
 def test_the_exception_a_process_died_of_is_in_its_black_box(tmp_path: Path) -> None:
-    from flightrec.analysis.findings.crashes import exceptions_of
+    from flightrec.analysis.facts.deaths import exceptions_of
     from flightrec.analysis.model import RankDump
     from flightrec.recorder.dumping.exceptions import describe
 

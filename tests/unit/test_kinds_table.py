@@ -1,23 +1,31 @@
-"""The kinds table: every finding kind has a row, the one candidate module that makes it and
-a scenario test, and the simulator's faults say which kind they end in, so that adding a kind
-without one of them fails here."""
+"""The kinds table: every finding kind has a row, the one candidate module that makes it, the
+finder the pipeline runs for it in the row's order, and a scenario test; the simulator's
+faults say which kind they end in, and docs/analysis.md lists the kinds in the table's order,
+so that adding a kind without one of them fails here."""
 
 from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import pkgutil
 import re
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
 import flightrec.analysis.findings as findings_pkg
-from flightrec.analysis.kinds import KINDS, kind_of_fault, kinds_where
-from flightrec.analysis.model import FindingKind
+from flightrec.analysis import pipeline
+from flightrec.analysis.candidates import Histories
+from flightrec.analysis.kinds import KINDS, KindSpec, by_order, kind_of_fault, kinds_where
+from flightrec.analysis.matching.matching import match
+from flightrec.analysis.model import Finding, FindingKind
+from flightrec.analysis.timing.clocks import Clocks
 from flightrec.simulate.faults import Fault
 from flightrec.simulate.job import expected_kind
+from tests.unit.factories import Job, healthy
 
 TESTS = Path(__file__).resolve().parents[1]
 ROOT = TESTS.parent
@@ -193,3 +201,79 @@ def test_traits_read_by_the_refinements() -> None:
     # A rank that is gone is why its peers wait: the kinds that say so are root causes.
     assert kinds_where("gone") == {FindingKind.DEAD_RANK, FindingKind.MISSING_DUMP}
     assert kinds_where("gone") <= kinds_where("root_cause")
+
+
+def test_every_finder_is_a_function_of_its_module_taking_the_stages_and_the_findings_above() -> (
+    None
+):
+    for kind, spec in KINDS.items():
+        if not spec.finder:
+            assert spec.order == 0 and spec.root_cause, (
+                f"{kind}: no finder, yet not the arbitration's"
+            )
+            continue
+        find = pipeline.finder_of(spec)
+        assert find.__module__ == f"{findings_pkg.__name__}.{spec.made_by}"
+        params = list(inspect.signature(find).parameters.values())
+        # (annotations are strings: ``from __future__ import annotations``)
+        want = "Histories" if spec.beside else "Stages"
+        assert [p.annotation for p in params[:2]] == [want, "Sequence[Finding]"], (
+            f"{kind}: {spec.finder} must take ({want}, Sequence[Finding])"
+        )
+        assert all(p.default is not inspect.Parameter.empty for p in params[2:])
+
+
+def test_the_rows_are_in_the_order_the_pipeline_runs_them() -> None:
+    orders = [spec.order for spec in by_order()]
+    assert orders == sorted(set(orders)) and orders[0] >= 1, "two finders share an order"
+    # The table reads in run order: the arbitration's kinds, then each finder's.
+    assert [s.order for s in KINDS.values()] == sorted(s.order for s in KINDS.values())
+    # The beside kinds run as one lane: nothing runs between them.
+    beside = [i for i, spec in enumerate(by_order()) if spec.beside]
+    assert beside == list(range(beside[0], beside[-1] + 1))
+
+
+def _documented_kinds() -> list[tuple[str, str]]:
+    """(kind, finder) per row of docs/analysis.md's table of finding kinds."""
+    text = (ROOT / "docs" / "analysis.md").read_text()
+    section = text.split("## Finding kinds", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([a-z_0-9]+)` \| ([^|]+?) \|", section, re.M)
+
+
+def test_the_docs_list_the_kinds_and_their_finders_in_the_tables_order() -> None:
+    assert _documented_kinds() == [
+        (kind.value, f"`{s.made_by}.{s.finder}`" if s.finder else "(the arbitration alone)")
+        for kind, s in KINDS.items()
+    ], "docs/analysis.md's 'Finding kinds' table must list every kind as kinds.KINDS does"
+
+
+def _stalled() -> Job:
+    job = healthy(Job(world_size=4))
+    job.collective(ranks=[0, 1, 3], complete=False)
+    job.stall(2, "load_batch", 18)
+    return job
+
+
+def test_diagnose_runs_each_finder_in_the_tables_order_with_the_findings_above(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[FindingKind, tuple[FindingKind, ...]]] = []
+
+    def recording(spec: KindSpec) -> Callable[..., list[Finding]]:
+        def find(stages: Histories, above: Sequence[Finding]) -> list[Finding]:
+            calls.append((spec.kind, tuple(f.kind for f in above)))
+            return [Finding(kind=spec.kind, ranks=(), summary=spec.kind.value)]
+
+        return find
+
+    monkeypatch.setattr(pipeline, "finder_of", recording)
+    m = match(_stalled().run())
+    pipeline.diagnose(m, Clocks(m))
+    rows = by_order()
+    assert [kind for kind, _ in calls] == [spec.kind for spec in rows]
+    roots = (FindingKind.NOT_ARRIVED,)
+    for (kind, above), spec in zip(calls, rows, strict=True):
+        # A beside finder sees the beside findings above it alone, however it runs.
+        lane = [s.kind for s in rows if s.beside == spec.beside and s.order < spec.order]
+        before = [s.kind for s in rows if s.order < spec.order]
+        assert list(above) == (lane if spec.beside else [*roots, *before]), kind

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from flightrec.analysis.loading.loader import load_dir
+from flightrec.analysis.loading.loader import AnalysisOptions, load_dir
 from flightrec.analysis.loading.rankindex import RankIndex, index_rank
 from flightrec.analysis.matching.matching import _progress, match
 from flightrec.analysis.matching.signature import signature
@@ -117,7 +117,7 @@ def test_progress_is_worked_out_once_per_shared_index_and_right_for_every_rank(
 ) -> None:
     # A stalled rank: its group's peers wait in a collective it never entered; all else alike.
     simulate(SimConfig(parse_layout("tp=4,pp=2", 32), 120, Fault.STALL, 4), tmp_path)
-    m = match(load_dir(str(tmp_path), workers=1))
+    m = match(load_dir(str(tmp_path), AnalysisOptions(workers=1)))
     shared = 0
     objects = set()
     for key, info in m.groups.items():

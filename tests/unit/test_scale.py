@@ -105,7 +105,7 @@ def test_a_pass_run_beside_the_others_gives_the_same_findings(tmp_path: Path, fa
     """From 256 ranks with two CPUs, the straggler pass runs in a forked process."""
     config = SimConfig(parse_layout("tp=8,pp=4", 256), 300, fault, 77)
     simulate(config, tmp_path, processes=1)
-    run = load_dir(tmp_path, workers=1)
+    run = load_dir(tmp_path, AnalysisOptions(workers=1))
     serial, beside = analyze(run, workers=1), analyze(run, workers=2)
     assert serial.findings == beside.findings
     assert serial.findings and (

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze, analyze_dir
-from flightrec.analysis.findings.imbalance import ImbalanceEvidence
+from flightrec.analysis.facts.lateness import StragglerEvidence
+from flightrec.analysis.facts.spread import ImbalanceEvidence
 from flightrec.analysis.findings.slow_stage import SlowStageEvidence
-from flightrec.analysis.findings.straggler import StragglerEvidence
 from flightrec.analysis.matching.matching import match
 from flightrec.analysis.model import Action, FindingKind
 from flightrec.analysis.timing.stages import find_stages

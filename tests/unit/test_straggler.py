@@ -10,7 +10,7 @@ import pytest
 from rich.console import Console
 
 from flightrec.analysis import analyze, analyze_dir
-from flightrec.analysis.findings.straggler import StragglerEvidence, chance_of_as_many, percentile
+from flightrec.analysis.facts.lateness import StragglerEvidence, chance_of_as_many, percentile
 from flightrec.analysis.model import FindingKind
 from flightrec.analysis.timing import lastarrivals
 from flightrec.report.json import JsonRenderer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from flightrec.analysis import analyze
-from flightrec.analysis.loading.loader import load_dir
+from flightrec.analysis.loading.loader import AnalysisOptions, load_dir
 from flightrec.errors import CorruptDumpError
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import DumpBuilder, EntryValues
@@ -114,12 +114,12 @@ def far_behind() -> Job:
 
 def test_ranks_whose_tail_misses_where_a_peer_is_are_read_whole(tmp_path: Path) -> None:
     far_behind().write(tmp_path)
-    run = load_dir(tmp_path, workers=1, tail=True)
+    run = load_dir(tmp_path, AnalysisOptions(workers=1, tail=True))
     assert all(d.dump.older == 0 for d in run.dumps.values())
     assert len(run.dumps[2]) == 20 + TAIL_ENTRIES + 300
     assert any("read the whole ring of ranks 2-3" in n for n in run.notes)
     tail_first = analyze(run)
-    whole = analyze(load_dir(tmp_path, workers=1, tail=False))
+    whole = analyze(load_dir(tmp_path, AnalysisOptions(workers=1, tail=False)))
     assert [f.summary for f in tail_first.findings] == [f.summary for f in whole.findings]
     first = tail_first.findings[0]
     assert (first.kind, first.ranks, first.process_group, first.seq) == (
@@ -137,7 +137,7 @@ def test_ranks_in_step_are_read_from_their_tail_only(tmp_path: Path) -> None:
     job.collective(ranks=[0, 1, 3], complete=False)
     job.stall(2)
     job.write(tmp_path)
-    run = load_dir(tmp_path, workers=1, tail=True)
+    run = load_dir(tmp_path, AnalysisOptions(workers=1, tail=True))
     assert {r: d.dump.older for r, d in run.dumps.items()} == {
         0: 101,
         1: 101,
@@ -173,6 +173,8 @@ def test_a_folder_of_a_few_thousand_dumps_or_fewer_is_read_whole(tmp_path: Path)
         job.collective()
     job.write(tmp_path)
     assert len(list(tmp_path.glob("*.frdump"))) <= loader.TAIL_FROM_FILES
-    assert all(d.dump.older == 0 for d in load_dir(tmp_path, workers=1).dumps.values())
-    tails = load_dir(tmp_path, workers=1, tail=True).dumps.values()
+    assert all(
+        d.dump.older == 0 for d in load_dir(tmp_path, AnalysisOptions(workers=1)).dumps.values()
+    )
+    tails = load_dir(tmp_path, AnalysisOptions(workers=1, tail=True)).dumps.values()
     assert any(d.dump.older > 0 for d in tails)

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 
 from flightrec.analysis import analyze
-from flightrec.analysis.findings.straggler import StragglerEvidence
+from flightrec.analysis.facts.lateness import StragglerEvidence
 from flightrec.analysis.timing.trend import (
     GROWING,
     INTERMITTENT,

@@ -1,3 +1,4 @@
-"""The candidates: one module per family of finding kinds, each with a ``find_*`` that returns
-its findings and the ``Evidence`` subclass they carry (``kinds.KINDS`` names which module
-makes which kind)."""
+"""The candidates: one module per family of finding kinds, each with the finders its kinds'
+rows name (``kinds.KINDS``: which module makes which kind, with which finder, in which order)
+and the ``Evidence`` subclasses they carry. Only ``pipeline`` and ``verdict/`` import these;
+what others share is in ``analysis/facts``."""

@@ -1,10 +1,7 @@
 """Ranks that died: of an exception (the exception, where it was raised, and what it
 explains), or whose process ended without one while others waited for them.
 
-A dump (or black box) carries every exception that ended one of its process's threads. An
-exception that ended the main thread is what the rank died of. Read from the rank's chosen
-dump and from the dumps its process wrote after it (``Run.later``): a rank that raised after
-the hang snapshot still says what it died of.
+What a rank died of, and whether its process is gone, is ``facts.deaths``'.
 
 Which crashes explain the job:
 * the earliest, raised before the hang (or in a job without a hang) in the program's own
@@ -18,12 +15,18 @@ Which crashes explain the job:
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
-from flightrec.analysis.findings.not_arrived import chain_end, whereabouts
+from flightrec.analysis.candidates import Stages, blamed_by
+from flightrec.analysis.facts.culprits import chain_end, named, whereabouts
+from flightrec.analysis.facts.deaths import (
+    HANG_SLACK_NS,
+    RecordedException,
+    died_of,
+    thread_deaths,
+)
 from flightrec.analysis.kinds import kinds_where
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import (
@@ -32,79 +35,17 @@ from flightrec.analysis.model import (
     ExceptionEvidence,
     Finding,
     FindingKind,
-    FrameInfo,
     RankDump,
     is_library_frame,
     user_frame,
 )
 from flightrec.analysis.waitgraph.waits import Wait
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.ending import is_gone
 from flightrec.readers.blackbox import died as blackbox_died
 from flightrec.readers.blackbox import ended as blackbox_ended
-from flightrec.text import ranks_phrase
 
 KINDS = (FindingKind.DEAD_RANK,)
 """The kinds this module makes (``kinds.KINDS`` names it for each)."""
-
-SUMMARY_MESSAGE_CHARS = 160
-"""An exception's message in a verdict line is cut here; the evidence has it whole."""
-_COLLECTIVE_FRAME = re.compile(r"(/|^)torch/distributed/|^<flightrec ")
-# Not a crash of the program: an interrupt (Ctrl-C, or the SIGINT torch.multiprocessing's
-# children get when their parent goes) is how a stuck rank is ended, not why it was stuck.
-_NOT_A_CRASH = frozenset({"KeyboardInterrupt", "SystemExit", "GeneratorExit"})
-HANG_SLACK_NS = 2_000_000_000
-"""Clocks of ranks on other hosts disagree by this much at most (as in the loader)."""
-
-
-@dataclass(frozen=True, slots=True)
-class RecordedException:
-    """An exception that ended a thread of a rank's process, as a dump of it records it
-    (``exceptions_of``)."""
-
-    rank: int
-    type: str
-    message: str
-    thread: str
-    is_main: bool
-    traceback: tuple[FrameInfo, ...]
-    """Raising frame first."""
-    wall_time_ns: int
-    via: str
-    dump: str
-
-    @property
-    def location(self) -> FrameInfo | None:
-        """The innermost frame of the program's own code (else the raising frame)."""
-        return user_frame(self.traceback)
-
-    @property
-    def in_collective(self) -> bool:
-        """Raised from inside torch.distributed (a collective that failed or timed out)."""
-        return any(_COLLECTIVE_FRAME.search(f.file.replace("\\", "/")) for f in self.traceback)
-
-    def headline(self) -> str:
-        """``ValueError: loss is NaN at train.py:57 in compute_loss``."""
-        message = self.message.strip()
-        if len(message) > SUMMARY_MESSAGE_CHARS:
-            message = message[: SUMMARY_MESSAGE_CHARS - 1] + "…"
-        text = f"{self.type}: {message}" if message else self.type
-        loc = self.location
-        return text + (f" at {loc.where()} in {loc.function}" if loc else "")
-
-    def to_evidence(self) -> ExceptionEvidence:
-        """The exception and its traceback, as a finding carries them."""
-        return ExceptionEvidence(
-            rank=self.rank,
-            type=self.type,
-            message=self.message,
-            thread=self.thread,
-            main_thread=self.is_main,
-            seen_by=self.via,
-            dump=self.dump,
-            traceback=self.traceback,
-            location=self.location,
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,56 +62,20 @@ class CrashEvidence(Evidence):
     """Per rank, when several ranks died of the same exception at the same line."""
 
 
-def exceptions_of(d: RankDump) -> list[RecordedException]:
-    """Every exception a dump records, oldest first."""
-    return [
-        RecordedException(
-            rank=d.rank,
-            type=x.type,
-            message=x.message,
-            thread=x.thread,
-            is_main=x.is_main,
-            traceback=d.stack(x.stack),
-            wall_time_ns=x.wall_time_ns,
-            via=x.via,
-            dump=d.path,
-        )
-        for x in d.dump.meta.exceptions
-    ]
+def find_deaths(s: Stages, above: Sequence[Finding]) -> list[Finding]:
+    """Ranks that died: those whose black box says so though nobody waited on them and
+    nothing above blames them (``find_quiet_deaths``), then every exception ranks died of
+    (``find_crashes``), which ``place_crashes`` puts where each explains most once every
+    finder has run.
 
+    Args:
+        s: the stages before (every blocked entry: ``Stages.wait_graph``).
+        above: the findings listed before these.
 
-def died_of(m: Matched, rank: int) -> RecordedException | None:
-    """The exception that ended ``rank``'s main thread, from any dump of its process."""
-    run = m.run
-    chosen = run.dumps.get(rank)
-    if chosen is None:
-        return None
-    for d in (chosen, *run.later.get(rank, ())):
-        for x in exceptions_of(d):
-            if x.is_main and x.type not in _NOT_A_CRASH:
-                return x
-    return None
-
-
-def process_ended(m: Matched, rank: int) -> bool:
-    """Whether ``rank``'s process is gone: it died of an exception, wrote its exit dump (the
-    chosen dump or one after it), or left a black box of a process that ended."""
-    if rank in m.run.exited:
-        return True
-    chosen = m.run.dumps.get(rank)
-    if chosen is None:
-        return False
-    for d in (chosen, *m.run.later.get(rank, ())):
-        if is_gone(d.header):
-            return True
-    return died_of(m, rank) is not None
-
-
-def thread_deaths(m: Matched, rank: int) -> list[RecordedException]:
-    """Exceptions that ended other threads of ``rank``'s process (a data loader, a
-    checkpoint writer): the main thread may wait for them forever."""
-    d = m.run.dumps.get(rank)
-    return [x for x in exceptions_of(d) if not x.is_main] if d is not None else []
+    Returns:
+        The ``dead_rank`` findings, in that order.
+    """
+    return find_quiet_deaths(s.m, blamed_by(above)) + find_crashes(s.m, s.wait_graph.waits)
 
 
 def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
@@ -208,8 +113,6 @@ def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
     ):
         first = min(xs, key=lambda x: x.wall_time_ns)
         ranks = tuple(sorted(x.rank for x in xs))
-        who = ranks_phrase(ranks)
-        ident = f" ({m.dump(ranks[0]).describe()})" if len(ranks) == 1 else ""
         after = bool(hang) and first.wall_time_ns > hang + HANG_SLACK_NS
         never = "" if any(_issued_any(m.dump(r)) for r in ranks) else ", before any collective"
         if after:  # a consequence: said so where it is listed
@@ -223,7 +126,7 @@ def find_crashes(m: Matched, waits: Sequence[Wait]) -> list[Finding]:
             Finding(
                 kind=FindingKind.DEAD_RANK,
                 ranks=ranks,
-                summary=f"{who[0].upper()}{who[1:]}{ident} died of {first.headline()}{never}",
+                summary=f"{named(m, ranks)} died of {first.headline()}{never}",
                 evidence=evidence,
                 exception=first.to_evidence(),
             )
@@ -257,27 +160,14 @@ def exited_finding(
     """
     end = chain_end(ranks, primary, consequences)
     w = whereabouts(m, end)
-    summary = (
-        f"{w.named} exited without entering {end.what or 'the operation its peers wait in'}; "
-        + "; ".join(w.phrases)
-    )
+    summary = w.verdict("exited without entering", end)
     if len(end.ranks) == 1 and blackbox_ended(m.dump(end.ranks[0]).header):
         # "Rank 1 (host, pid) died after completing all_reduce #4; its last call was at
         # train.py:30; it never entered all_reduce #5 ..."
         summary = f"{w.named} {w.phrases[0].removeprefix('it ')}" + (
             f"; it never entered {end.what}" if end.what else ""
         )
-    return Finding(
-        kind=FindingKind.DEAD_RANK,
-        ranks=end.ranks,
-        summary=summary,
-        process_group=end.process_group,
-        pg_ranks=end.pg_ranks,
-        seq=end.seq,
-        op=end.op,
-        consequences=end.consequences,
-        evidence=end.evidence(w.culprits),
-    )
+    return Finding(kind=FindingKind.DEAD_RANK, summary=summary, **end.blame(w.culprits))
 
 
 def find_quiet_deaths(m: Matched, blamed: Set[int]) -> list[Finding]:
@@ -287,7 +177,7 @@ def find_quiet_deaths(m: Matched, blamed: Set[int]) -> list[Finding]:
 
     Args:
         m: the lined-up histories.
-        blamed: ranks the findings of higher priority blame (``pipeline.blamed_by``).
+        blamed: ranks the findings listed above blame (``candidates.blamed_by``).
 
     Returns:
         One ``dead_rank`` finding per such rank, in rank order.

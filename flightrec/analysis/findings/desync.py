@@ -8,10 +8,10 @@ taken while the job runs) are in step.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.candidates import Stages
 from flightrec.analysis.model import Evidence, Finding, FindingKind
 from flightrec.text import compress, ranks_phrase
 
@@ -27,18 +27,20 @@ class DesyncEvidence(Evidence):
     """Collectives each member issued on the group, by rank."""
 
 
-def find_desyncs(m: Matched, explained: Set[str]) -> list[Finding]:
+def find_desyncs(s: Stages, above: Sequence[Finding]) -> list[Finding]:
     """Groups whose members' counters disagree, other than those a root cause or a mismatch
     already explains.
 
     Args:
-        m: the lined-up histories.
-        explained: groups a root cause or a mismatch accounts for
-            (``rootcause.explained_groups``).
+        s: the stages before (``Stages.explained``: groups a root cause or a mismatch
+            accounts for).
+        above: the findings listed before these (not read: what explains a group is
+            ``Stages.explained``).
 
     Returns:
         ``desync`` findings blaming the ranks off the most common counter.
     """
+    m, explained = s.m, s.explained
     findings: list[Finding] = []
     for key, info in m.groups.items():
         if key in explained:

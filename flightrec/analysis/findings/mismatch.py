@@ -117,6 +117,63 @@ def _value_groups(field: str, values: dict[int, Hashable]) -> tuple[ValueGroup, 
     )
 
 
+def _first_difference(records: Mapping[int, CollectiveRecord]) -> tuple[str, dict[int, Hashable]]:
+    """The first field (``FIELDS``) whose values differ among ``records``, and each rank's
+    value of it (``op`` and the ops where none differs)."""
+    for name, getter in FIELDS:
+        vals = {r: getter(rec) for r, rec in records.items()}
+        if name in UNKNOWN:  # ranks that did not record the field agree with any value
+            vals = {r: v for r, v in vals.items() if v != UNKNOWN[name]}
+        if len(set(vals.values())) > 1:
+            return name, vals
+    return "op", {r: rec.op for r, rec in records.items()}
+
+
+_VERB = {
+    "op": "called",
+    "reduce_op": "reduced with",
+    "root": "named",
+    "output_shape": "passed an output of",
+    "output_dtype": "passed an output of",
+}
+"""What a rank did with a field's value, in a verdict (``passed`` for the others)."""
+
+
+def _summary(
+    m: Matched,
+    info: ProcessGroupInfo,
+    what: tuple[str, str, str],
+    first: CollectiveRecord,
+    groups: Sequence[ValueGroup],
+    blamed: Sequence[int],
+    broken: Sequence[int],
+) -> str:
+    """The verdict of a mismatch with a majority (``broken`` empty), or of one without where
+    the op's own rule blames ``broken``; ``what`` is (field, op, where) and ``first`` the
+    first blamed rank's record."""
+    field, op, where = what
+    frame = user_frame(first.stack)
+    at = f" at {frame.where()}" if frame else ""
+    verb = _VERB.get(field, "passed")
+    if broken:
+        split = " vs ".join(f"{ranks_phrase(g.ranks)}: {g.value}" for g in groups)
+        who = ranks_phrase(broken)
+        return (
+            f"{field} mismatch in {op} {where} with no majority ({split}); {who}"
+            f"{at if len(broken) == 1 else ''} passed an output that does not fit its input for "
+            f"{len(info.ranks)} ranks ({RELATION.get(_relation_kind(op) or '', '')})"
+        )
+    who = ranks_phrase(blamed)
+    if len(blamed) == 1:
+        who = f"{who} ({m.dump(blamed[0]).describe()})"
+    odd = " / ".join(str(g.value) for g in groups[1:])
+    target = f"as collective {where}" if field == "op" else f"to {op} {where}"
+    return (
+        f"{who[0].upper()}{who[1:]} {verb} {odd} {target}{at}, where "
+        f"{ranks_phrase(groups[0].ranks)} {verb} {groups[0].value} ({field} mismatch)"
+    )
+
+
 def _collective_mismatch(
     m: Matched,
     info: ProcessGroupInfo,
@@ -126,15 +183,7 @@ def _collective_mismatch(
     first_seq: int | None,
 ) -> Finding | None:
     records = {r: rec for r in ranks if (rec := m.record(r, info.key, seq)) is not None}
-    field = "op"
-    values: dict[int, Hashable] = {r: rec.op for r, rec in records.items()}
-    for name, getter in FIELDS:
-        vals = {r: getter(rec) for r, rec in records.items()}
-        if name in UNKNOWN:  # ranks that did not record the field agree with any value
-            vals = {r: v for r, v in vals.items() if v != UNKNOWN[name]}
-        if len(set(vals.values())) > 1:
-            field, values = name, vals
-            break
+    field, values = _first_difference(records)
     majority, blamed = _vote(values)
     broken: tuple[int, ...] = ()
     if majority is None and field in ("shape", "output_shape"):
@@ -152,33 +201,8 @@ def _collective_mismatch(
     op = op_votes.most_common(1)[0][0]  # the op the group was running, by majority
     where = f"#{seq} on group {info.key} [ranks {compress(info.ranks)}]"
     first = records[blamed[0]]
-    frame = user_frame(first.stack)
-    at = f" at {frame.where()}" if frame else ""
-    verb = {
-        "op": "called",
-        "reduce_op": "reduced with",
-        "root": "named",
-        "output_shape": "passed an output of",
-        "output_dtype": "passed an output of",
-    }.get(field, "passed")
-    if majority is not None:
-        who = ranks_phrase(blamed)
-        if len(blamed) == 1:
-            who = f"{who} ({m.dump(blamed[0]).describe()})"
-        odd = " / ".join(str(g.value) for g in groups[1:])
-        target = f"as collective {where}" if field == "op" else f"to {op} {where}"
-        summary = (
-            f"{who[0].upper()}{who[1:]} {verb} {odd} {target}{at}, where "
-            f"{ranks_phrase(groups[0].ranks)} {verb} {groups[0].value} ({field} mismatch)"
-        )
-    elif broken:
-        split = " vs ".join(f"{ranks_phrase(g.ranks)}: {g.value}" for g in groups)
-        who = ranks_phrase(broken)
-        summary = (
-            f"{field} mismatch in {op} {where} with no majority ({split}); {who}"
-            f"{at if len(broken) == 1 else ''} passed an output that does not fit its input for "
-            f"{len(info.ranks)} ranks ({RELATION.get(_relation_kind(op) or '', '')})"
-        )
+    if majority is not None or broken:
+        summary = _summary(m, info, (field, op, where), first, groups, blamed, broken)
     else:
         split = " vs ".join(f"{ranks_phrase(g.ranks)}: {g.value}" for g in groups)
         summary = (

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from flightrec.analysis.matching.matching import Matched
+from flightrec.analysis.candidates import Stages
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
 from flightrec.analysis.waitgraph.graph import DiGraph, NoCycle, find_cycle
 from flightrec.analysis.waitgraph.routine import Departure
@@ -137,19 +137,20 @@ def cycle_finding(
     )
 
 
-def find_unmatched(m: Matched, graph: DiGraph) -> list[Finding]:
+def find_unmatched(s: Stages, above: Sequence[Finding]) -> list[Finding]:
     """Sends without receives and receives without sends, where nobody is blocked on them.
 
     Blocked transfers are already in the wait-for graph and explained through it; this
     candidate reports what the counters show once no wait explains the difference.
 
     Args:
-        m: the lined-up histories.
-        graph: the wait-for graph (transfers in it are skipped).
+        s: the stages before (transfers in the wait-for graph are skipped).
+        above: the findings listed before these (not read).
 
     Returns:
         ``p2p_unmatched`` findings blaming the side that issued fewer operations.
     """
+    m, graph = s.m, s.wait_graph.graph
     blocked = {(n[1], n[2], n[3]) for n in graph.nodes if n[0] == "p2p"}
     findings: list[Finding] = []
     for (group, rank, peer), (sends, _) in sorted(m.p2p_counts.items()):

@@ -16,12 +16,14 @@ look alike: the finding says so.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
+from flightrec.analysis.candidates import Histories
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Evidence, Finding, FindingKind
-from flightrec.analysis.timing.activity import Activity, SlowStage, per_step_phrase
+from flightrec.analysis.timing.activity import SlowStage, per_step_phrase
 from flightrec.text import compress
 
 KINDS = (FindingKind.SLOW_STAGE,)
@@ -52,17 +54,18 @@ class SlowStageEvidence(Evidence):
     others_ms_per_step: float | None = None
 
 
-def find_slow_stages(m: Matched, activity: Activity) -> list[Finding]:
+def find_slow_stages(h: Histories, above: Sequence[Finding]) -> list[Finding]:
     """Stages whose ranks spend longer outside communication than the other stages'.
 
     Args:
-        m: the lined-up histories.
-        activity: own times and stages (``timing.activity``).
+        h: the lined-up histories, with own times and stages (``Histories.activity``).
+        above: the slowness findings listed before these (not read).
 
     Returns:
         One ``slow_stage`` finding per such stage, the slowest first; empty for a job
         without pipeline stages or with balanced ones.
     """
+    m, activity = h.m, h.activity
     stages = activity.stages
     out = [_finding(m, s, stages.count, len(stages.pipelines)) for s in activity.slow_stages]
     out.sort(key=lambda f: -_factor(f))

@@ -29,14 +29,24 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from statistics import median
-from typing import ClassVar
 
+from flightrec.analysis.candidates import Histories
+from flightrec.analysis.facts.lateness import (
+    ClockSummary,
+    LatenessRow,
+    OwnTime,
+    StragglerEvidence,
+    StragglerOptions,
+    chance_of_as_many,
+    own_phrase,
+    percentile,
+)
 from flightrec.analysis.matching.matching import Matched
-from flightrec.analysis.model import Evidence, Finding, FindingKind, is_library_frame
-from flightrec.analysis.timing.activity import Activity, Excess, per_step_phrase
-from flightrec.analysis.timing.clocks import ClockAlignment, Clocks
-from flightrec.analysis.timing.tallies import Tallied, Tally, add_evidence, tally_groups
-from flightrec.analysis.timing.trend import Trend, straggler_trend, trend_phrase
+from flightrec.analysis.model import Finding, FindingKind, is_library_frame
+from flightrec.analysis.timing.activity import Excess
+from flightrec.analysis.timing.clocks import ClockAlignment
+from flightrec.analysis.timing.tallies import Tally, add_evidence, tally_groups
+from flightrec.analysis.timing.trend import straggler_trend, trend_phrase
 from flightrec.text import ranks_phrase
 
 KINDS = (FindingKind.STRAGGLER,)
@@ -48,159 +58,6 @@ _EXTRA_WORK = re.compile(
 )
 # Ranks listed per finding in the lateness table.
 TABLE_RANKS = 16
-
-
-@dataclass(frozen=True, slots=True)
-class StragglerOptions:
-    """Thresholds of the straggler pass.
-
-    Attributes:
-        recent: completed collectives per group looked at (the newest ones).
-        min_samples: collectives a rank must have taken part in to be judged.
-        min_fraction: share of them at which it must have arrived last, late.
-        min_margin_ms: how much after the next-latest member an arrival must be to count as
-            late (raised to three times the clock alignment's jitter where that is larger).
-        max_chance: the most probability allowed that a rank with nothing wrong, arriving
-            in random order among each group's members, would be last this often. A member
-            of a 2-rank group is last half the time by chance alone: five late arrivals out
-            of five (1 in 32) are no evidence there, but out of five in an 8-rank group
-            (1 in 32,768) they are.
-    """
-
-    recent: int = 64
-    min_samples: int = 5
-    min_fraction: float = 0.5
-    min_margin_ms: float = 5.0
-    max_chance: float = 0.01
-
-
-@dataclass(frozen=True, slots=True)
-class LatenessRow:
-    """One rank's arrival lateness over the collectives looked at, on aligned clocks."""
-
-    rank: int
-    collectives: int
-    last_share: float
-    """Share of them where it arrived last by a clear margin."""
-    median_behind_ms: float
-    """Median of its arrival minus the other members' median arrival."""
-    p90_behind_ms: float
-    clock_offset_ms: float | None
-    """Its clock's estimated offset against the reference; None when it could not be linked."""
-    clock_uncertainty_ms: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class ClockSummary:
-    """How the ranks' clocks line up: reference, offsets and their uncertainty."""
-
-    reference_rank: int
-    method: str
-    max_offset_ms: float
-    max_uncertainty_ms: float
-    max_drift_ms: float
-    unaligned_ranks: tuple[int, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class OwnTime:
-    """A rank's time outside communication (``format.activity``) against its stage's."""
-
-    share: float
-    """Of its time, the share spent outside communication."""
-    others_share: float
-    """The same, typical of the other ranks of its stage (the job's, without stages)."""
-    compared: int
-    """How many other ranks were compared."""
-    ms_per_step: float | None = None
-    """Its own time per training step, where steps repeat."""
-    others_ms_per_step: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class StragglerEvidence(Evidence):
-    """Evidence of a ``straggler`` finding."""
-
-    HEADLINE: ClassVar[tuple[str, ...]] = (
-        "last_share",
-        "median_lateness_ms",
-        "p90_lateness_ms",
-        "others_waited_s",
-        "job_delay_s",
-        "confidence",
-    )
-
-    last_arrivals: int
-    """Collectives it arrived at last, by a clear margin."""
-    collectives: int
-    """Recent collectives it took part in."""
-    last_share: float
-    median_lateness_ms: float
-    """Typical margin behind the next-latest member, where it was last."""
-    p90_lateness_ms: float
-    others_waited_s: float
-    """Rank-seconds the other members spent waiting for it."""
-    job_delay_s: float
-    """Seconds of job time its lateness cost."""
-    groups: Mapping[str, int]
-    """Late arrivals per group key."""
-    clock_jitter_ms: float
-    confidence: str
-    """``high``; ``low`` for rank 0, whose extra work is often by design."""
-    lateness_by_rank: tuple[LatenessRow, ...]
-    """The latest ranks, and every straggler, latest first."""
-    clock: ClockSummary
-    likely_cause: str | None = None
-    clock_assumption: str | None = None
-    """Where only enqueue times were compared (no completion to align clocks): the
-    assumption that made them comparable."""
-    trend: Trend | None = None
-    """Onset and shape of its lateness in its main group over the whole history the dumps
-    hold (``flightrec.analysis.timing.trend``); None where arrivals cannot be lined up."""
-    late_groups: tuple[str, ...] = ()
-    """The groups where it was judged late (most late arrivals first)."""
-    stage: int | None = None
-    """Its pipeline stage (0 is the first), where the job has stages."""
-    stages: int | None = None
-    """Stages per pipeline, where the job has stages."""
-    own_time: OwnTime | None = None
-    """Its time outside communication against the other ranks of its stage; None where it
-    cannot be measured."""
-    slow_worker: bool = False
-    """Its own time stands out among its stage's: it is slow itself (not only late)."""
-    held_up: tuple[int, ...] = ()
-    """Ranks found late because they waited on it (directly or down a chain of waits)."""
-    held_by: int | None = None
-    """Where its own time is like its stage's: the rank at the head of the chain of waits
-    that made it late."""
-
-
-def chance_of_as_many(sizes: Mapping[int, int], k: int) -> float:
-    """Probability of being last at ``k`` or more of the collectives, for a member whose
-    arrivals are in random order among its groups' members: ``sizes`` maps a member count
-    ``n`` to collectives in groups of ``n`` (last at each with probability ``1/n``).
-
-    The exact tail of that sum of Bernoulli variables, summed over counts (at most a few
-    hundred collectives per rank: ``recent`` per group).
-    """
-    dist = [1.0]  # dist[j]: probability of exactly j lasts so far
-    for n, count in sizes.items():
-        p = 1.0 / n if n > 0 else 1.0
-        for _ in range(count):
-            nxt = [0.0] * (len(dist) + 1)
-            for j, q in enumerate(dist):
-                nxt[j] += q * (1.0 - p)
-                nxt[j + 1] += q * p
-            dist = nxt
-    return min(1.0, sum(dist[k:]))
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) by nearest rank; 0.0 for no values."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
 
 
 def lateness_table(
@@ -256,22 +113,17 @@ def late_in(t: Tally, opt: StragglerOptions) -> bool:
 
 
 def find_stragglers(
-    m: Matched,
-    clocks: Clocks,
-    options: StragglerOptions | None = None,
-    activity: Activity | None = None,
-    tallied: Tallied | None = None,
+    h: Histories, above: Sequence[Finding], options: StragglerOptions | None = None
 ) -> list[Finding]:
     """Ranks that consistently arrive last at completed collectives of some group.
 
     Args:
-        m: the lined-up histories.
-        clocks: the run's clock alignment (read only for the ranks found late).
-        options: thresholds; defaults when None.
-        activity: own times and wait chains (``timing.activity``), shared with the other
-            slowness candidates; made here when None.
-        tallied: every group's late arrivals (``tallies.tally_groups`` with ``options``'
-            window and margin); made here when None.
+        h: the lined-up histories, the run's clock alignment (read only for the ranks found
+            late), and what the slowness finders share: every group's late arrivals
+            (``Histories.tallied``, with the default thresholds' window and margin) and own
+            times and wait chains (``Histories.activity``).
+        above: the slowness findings listed before these (not read: stragglers come first).
+        options: thresholds; the defaults when None (other ones tally the arrivals anew).
 
     Returns:
         ``straggler`` findings: slow workers and late ranks whose own time cannot be told
@@ -279,15 +131,16 @@ def find_stragglers(
         (``Finding.held_by``), which ``verdict.fold`` folds under the finding of that rank.
         Empty for a healthy job.
     """
+    m, clocks = h.m, h.clocks
     opt = options or StragglerOptions()
-    tallied = tallied or tally_groups(m, opt.recent, opt.min_margin_ms * 1e6)
+    tallied = h.tallied if options is None else tally_groups(m, opt.recent, opt.min_margin_ms * 1e6)
     late: dict[int, list[str]] = {}
     for (r, g), t in tallied.per_group.items():
         if late_in(t, opt):
             late.setdefault(r, []).append(g)
     if not late:
         return []
-    activity = activity or Activity(m)
+    activity = h.activity
     stage_ranks = activity.slow_stage_ranks
 
     def is_head(q: int) -> bool:
@@ -301,9 +154,9 @@ def find_stragglers(
             if head is not None:
                 held_by[r] = head
     held_up: dict[int, list[int]] = {}
-    for r, h in held_by.items():
-        held_up.setdefault(h, []).append(r)
-    workers = [h for h in held_up if h not in late and h not in stage_ranks]
+    for r, head in held_by.items():
+        held_up.setdefault(head, []).append(r)
+    workers = [q for q in held_up if q not in late and q not in stage_ranks]
     named = sorted(late) + workers
     blamed = set(named)
     for p in tallied.pending:
@@ -396,15 +249,61 @@ def _groups_phrase(m: Matched, groups: Sequence[str]) -> str:
     return "groups " + ", ".join(groups)
 
 
-def own_phrase(own: OwnTime, staged: bool) -> str:
-    """``it spends 67% of its time outside communication, against 34% for the other ranks
-    of its stage (about 1350.0 ms a step against 680.0 ms)``."""
-    where = "of its stage" if staged else "of the job"
-    per_step = per_step_phrase(own.ms_per_step, own.others_ms_per_step)
-    return (
-        f"it spends {100 * own.share:.0f}% of its time outside communication, against "
-        f"{100 * own.others_share:.0f}% for the other ranks {where}{per_step}"
+def _parts(
+    m: Matched, r: int, judged: _Judged, roles: _Roles, own: OwnTime | None, staged: bool
+) -> list[str]:
+    """The clauses of a straggler's verdict after its name: how often and how late it
+    arrived, its own time (a slow worker), what it cost, whom it held up or who held it."""
+    tr = judged.late if judged.late.late else judged.everywhere
+    n, total = len(tr.late), tr.taken
+    parts: list[str] = []
+    if n and total:
+        of = (
+            f"of the {total} recent collectives of {_groups_phrase(m, judged.groups)}"
+            if judged.groups and judged.everywhere.taken > total
+            else f"of the {total} recent collectives it took part in"
+        )
+        typical = median(tr.late) if tr.late else 0.0
+        parts.append(
+            f"arrived last at {n} {of} ({100 * n / total:.0f}%), typically {typical:.1f} ms "
+            f"after the next-latest rank (p90 {percentile(tr.late, 0.9):.1f} ms)"
+        )
+    if roles.slow_worker and own is not None:
+        parts.append(own_phrase(own, staged).removeprefix("it " if not parts else ""))
+    if tr.waited_ns:
+        parts.append(
+            f"the other ranks waited about {tr.waited_ns / 1e9:.2f} rank-seconds for it "
+            f"({tr.delay_ns / 1e9:.2f} s of job time)"
+        )
+    if roles.held_up:
+        they = "it" if len(roles.held_up) == 1 else "they"
+        parts.append(
+            f"{ranks_phrase(roles.held_up)} arrived late because {they} waited on it, through "
+            "its collectives or down its pipeline"
+        )
+    if roles.held_by is not None and roles.held_by != r:
+        parts.append(
+            f"its time outside communication is like its stage's: it waited on rank {roles.held_by}"
+        )
+    return parts
+
+
+def _rank0(m: Matched, summary: str, evidence: StragglerEvidence) -> tuple[str, StragglerEvidence]:
+    """Rank 0 late, holding nobody up: the coordinating rank logs, evaluates and writes
+    checkpoints while the others go on, so lateness there is often by design, and is
+    reported as such (low confidence), not as a fault."""
+    hint = _extra_work_hint(m, 0)
+    evidence = replace(
+        evidence,
+        confidence="low",
+        likely_cause="rank 0 extra work (logging, checkpoint writes)",
     )
+    summary += (
+        "; rank 0 often does extra work between steps (logging, checkpoint writes)"
+        + (f", e.g. {hint}" if hint else "")
+        + ": if that is expected, this is by design rather than a fault (low confidence)"
+    )
+    return summary, evidence
 
 
 def _finding(
@@ -434,34 +333,7 @@ def _finding(
     stage = f"stage {roles.stage[0]} of {roles.stage[1]}" if roles.stage else ""
     if roles.slow_worker:
         lead += f" is a slow worker{f' ({stage})' if stage else ''}: it"
-    parts: list[str] = []
-    if n and total:
-        of = (
-            f"of the {total} recent collectives of {_groups_phrase(m, judged.groups)}"
-            if judged.groups and judged.everywhere.taken > total
-            else f"of the {total} recent collectives it took part in"
-        )
-        parts.append(
-            f"arrived last at {n} {of} ({100 * n / total:.0f}%), typically {typical:.1f} ms "
-            f"after the next-latest rank (p90 {p90:.1f} ms)"
-        )
-    if roles.slow_worker and own is not None:
-        parts.append(own_phrase(own, bool(stage)).removeprefix("it " if not parts else ""))
-    if tr.waited_ns:
-        parts.append(
-            f"the other ranks waited about {tr.waited_ns / 1e9:.2f} rank-seconds for it "
-            f"({tr.delay_ns / 1e9:.2f} s of job time)"
-        )
-    if roles.held_up:
-        they = "it" if len(roles.held_up) == 1 else "they"
-        parts.append(
-            f"{ranks_phrase(roles.held_up)} arrived late because {they} waited on it, through "
-            "its collectives or down its pipeline"
-        )
-    if roles.held_by is not None and roles.held_by != r:
-        parts.append(
-            f"its time outside communication is like its stage's: it waited on rank {roles.held_by}"
-        )
+    parts = _parts(m, r, judged, roles, own, bool(stage))
     summary = f"{lead} " + "; ".join(parts) + ". Nothing hangs"
     evidence = StragglerEvidence(
         last_arrivals=n,
@@ -496,19 +368,7 @@ def _finding(
             clock_assumption=assumption,
         )
     if r == 0 and not roles.held_up:
-        # The coordinating rank logs, evaluates and writes checkpoints while the others go on:
-        # lateness there is often by design, so it is reported as such, not as a fault.
-        hint = _extra_work_hint(m, r)
-        evidence = replace(
-            evidence,
-            confidence="low",
-            likely_cause="rank 0 extra work (logging, checkpoint writes)",
-        )
-        summary += (
-            "; rank 0 often does extra work between steps (logging, checkpoint writes)"
-            + (f", e.g. {hint}" if hint else "")
-            + ": if that is expected, this is by design rather than a fault (low confidence)"
-        )
+        summary, evidence = _rank0(m, summary, evidence)
     return Finding(
         kind=FindingKind.STRAGGLER,
         ranks=(r,),

@@ -11,14 +11,15 @@ show: where each member's GPU got to, and each member's last progress.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from flightrec.analysis.findings.not_arrived import late_arrival_finding
+from flightrec.analysis.candidates import Stages, blamed_by
+from flightrec.analysis.facts.culprits import named
 from flightrec.analysis.matching.matching import Matched
 from flightrec.analysis.model import Consequence, Evidence, Finding, FindingKind
 from flightrec.analysis.waitgraph.graph import DiGraph
-from flightrec.analysis.waitgraph.waits import Node, WaitGraph
+from flightrec.analysis.waitgraph.waits import Node
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.text import compress, ranks_phrase
 
@@ -93,7 +94,11 @@ def _failed_alone(m: Matched, group: str, seq: int, members: tuple[int, ...]) ->
 
 
 def stuck_finding(
-    m: Matched, graph: DiGraph, node: Node, consequences: list[Consequence]
+    m: Matched,
+    graph: DiGraph,
+    node: Node,
+    consequences: list[Consequence],
+    late: Finding | None,
 ) -> Finding:
     """The finding for a collective every member entered and none completed.
 
@@ -107,6 +112,9 @@ def stuck_finding(
         graph: the wait-for graph.
         node: the collective's node.
         consequences: the waits that lead to it.
+        late: the ``not_arrived`` finding for members that entered long after the others
+            (``not_arrived.late_arrival_finding``), None where none did: the finding where
+            no member failed alone and none started it.
 
     Returns:
         The finding.
@@ -118,7 +126,6 @@ def stuck_finding(
     if failed:
         staying = tuple(r for r in members if r not in failed)
         who = ranks_phrase(failed)
-        ident = f" ({m.dump(failed[0]).describe()})" if len(failed) == 1 else ""
         errors = {
             r: h.reason_detail
             for r in failed
@@ -129,7 +136,7 @@ def stuck_finding(
             (group, seq, op),
             members,
             tuple(failed),
-            f"{who[0].upper()}{who[1:]}{ident} failed {op} #{seq} on group {group} "
+            f"{named(m, failed)} failed {op} #{seq} on group {group} "
             f"[ranks {compress(members)}] on its own while {ranks_phrase(staying)} entered "
             f"it and wait: a local error on {who}, not the transport{said}",
             consequences,
@@ -141,8 +148,7 @@ def stuck_finding(
     progress = _progress(m, members)
     if started and waiting:
         return _not_started(m, (group, seq, op), members, started, waiting, progress, consequences)
-    late = None if started else late_arrival_finding(m, group, seq, op, members, consequences)
-    if late is not None:
+    if late is not None and not started:
         return late
     devices = [m.dump(r).header.device for r in members if r in m.run.dumps]
     on_gpu = bool(devices) and all(d.startswith("cuda") for d in devices)
@@ -171,7 +177,7 @@ def stuck_finding(
     )
 
 
-def find_unstarted(m: Matched, wait_graph: WaitGraph, blamed: Set[int]) -> list[Finding]:
+def find_unstarted(s: Stages, above: Sequence[Finding]) -> list[Finding]:
     """Members whose GPU never started a collective other members' GPUs are inside, where
     not every member entered it (the arbitration names who did not; ``stuck_finding`` takes
     the collectives every member entered): a second fault in the same collective.
@@ -181,14 +187,14 @@ def find_unstarted(m: Matched, wait_graph: WaitGraph, blamed: Set[int]) -> list[
     is still incomplete (then it waits there, and its queue is behind that).
 
     Args:
-        m: the lined-up histories.
-        wait_graph: who waits on whom (``waits.build_wait_graph``).
-        blamed: ranks the findings above blame.
+        s: the stages before (the wait graph: who waits on whom).
+        above: the findings listed before these (their ranks are not blamed again).
 
     Returns:
         One ``stuck`` finding per such collective.
     """
-    graph, waits = wait_graph
+    m, blamed = s.m, blamed_by(above)
+    graph, waits = s.wait_graph
     waiting: dict[Node, list[int]] = {}
     longest: dict[Node, float] = {}
     for w in waits:
@@ -312,14 +318,12 @@ def _not_started(
 ) -> Finding:
     """The members whose GPU never started a collective the others' GPUs are inside."""
     group, seq, op = at
-    who = ranks_phrase(waiting)
-    ident = f" ({m.dump(waiting[0]).describe()})" if len(waiting) == 1 else ""
     mine = [p for p in progress if set(p.ranks) & set(waiting)]
     return _finding(
         at,
         members,
         waiting,
-        f"{who[0].upper()}{who[1:]}{ident} issued {op} #{seq} on group {group} [ranks "
+        f"{named(m, waiting)} issued {op} #{seq} on group {group} [ranks "
         f"{compress(members)}] and {'its GPU' if len(waiting) == 1 else 'their GPUs'} "
         f"never started it, while {ranks_phrase(started)} started it and wait: still busy "
         f"with earlier work (a hung kernel, a GPU fault); last progress: "

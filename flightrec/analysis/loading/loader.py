@@ -446,27 +446,54 @@ def _deepen(
     )
 
 
-def load_dir(
-    path: str | Path,
-    view: View = View.HANG,
-    *,
-    workers: int | None = None,
-    progress: Progress | None = None,
-    tail: bool | None = None,
-    job: str | None = None,
-) -> Run:
+@dataclass(frozen=True, slots=True)
+class AnalysisOptions:
+    """How to analyse.
+
+    Attributes:
+        view: which dump to use for ranks that dumped more than once.
+        workers: processes that read dump files and run candidates beside each other (None:
+            the usable CPUs; 1: this process only).
+        progress: called as ``progress(files_done, files_total)`` while files are read.
+        tail: read only the newest entries of dumps that allow it, deeper where needed
+            (``load_dir``); False reads every file whole (a timeline of everything);
+            None (the default) reads tails only in folders of more than
+            ``TAIL_FROM_FILES`` files.
+    """
+
+    view: View = View.HANG
+    workers: int | None = None
+    progress: Progress | None = None
+    tail: bool | None = None
+    job: str | None = None
+    """The job id to analyse in a folder of several jobs (None: the newest)."""
+
+
+@dataclass(slots=True)
+class _Read:
+    """What reading every file of a folder gave (``_read_folder``)."""
+
+    dumps: list[RankDump]
+    problems: list[FileProblem]
+    built: dict[int, RankIndex]
+    """Per dump (by ``id``), its index."""
+    shared: dict[bytes, RankIndex]
+    """Equal indexes that arrive from different loader processes (or batches), shared again."""
+
+
+def load_dir(path: str | Path, options: AnalysisOptions | None = None) -> Run:
     """Read every dump under ``path`` and choose one dump per rank.
 
     Args:
         path: a folder (searched recursively) or a single dump file.
-        view: which dump to keep for a rank that dumped several times.
-        workers: loader processes (default: the usable CPUs; 1 reads in this process).
-        progress: called as ``progress(files_done, files_total)`` while files are read.
-        tail: read only the tail section of dumps that have one (schema 1.3), and whole
-            only the rings whose tail does not reach where a peer is (``depth``); False
-            reads every file whole; None (the default) reads tails only in a folder of more
-            than ``TAIL_FROM_FILES`` files, where reading whole would cost tens of seconds.
-        job: the job id to analyse in a folder of several jobs (None: the newest).
+        options: which dump to keep for a rank that dumped several times (``view``), loader
+            processes (``workers``: default the usable CPUs; 1 reads in this process),
+            ``progress``, the job to analyse in a folder of several (``job``: None, the
+            newest), and ``tail``: read only the tail section of dumps that have one (schema
+            1.3), and whole only the rings whose tail does not reach where a peer is
+            (``depth``); False reads every file whole; None (the default) reads tails only in
+            a folder of more than ``TAIL_FROM_FILES`` files, where reading whole would cost
+            tens of seconds. Defaults when None.
 
     Returns:
         The chosen dumps, the problems met (one per bad file) and notes about choices made.
@@ -475,50 +502,72 @@ def load_dir(
         UsageError: ``path`` does not exist, or holds no dump of ``job``.
         NoDumpsError: no readable dump was found.
     """
+    options = options or AnalysisOptions()
     root = Path(path)
     if not root.exists():
         raise UsageError(f"{root}: no such file or folder")
-    problems: list[FileProblem] = []
-    candidates: list[RankDump] = []
-    skipped = 0
-    built: dict[int, RankIndex] = {}
-    # Equal indexes that arrive from different loader processes (or batches) are shared again.
-    shared: dict[bytes, RankIndex] = {}
-    files = list(discover(root))
-    if tail is None:
-        tail = len(files) > TAIL_FROM_FILES
-    for outcome in _read_all(files, root, workers or default_workers(), progress, tail):
-        if outcome.problem is not None:
-            problems.append(outcome.problem)
-        skipped += outcome.skipped
-        candidates.extend(outcome.dumps)
-        for d, ri in zip(outcome.dumps, outcome.indexes, strict=True):
-            built[id(d)] = ri.intern(shared)
-    if not candidates:
-        what = _nothing_readable(root, len(files), len(problems), skipped)
-        if root.is_file() and problems:  # one file: say what is wrong with it
-            what += f": {problems[0].reason}"
-        extra = f", {skipped} other files skipped" if skipped and problems else ""
-        raise NoDumpsError(f"{root}: no readable dump ({what}{extra})")
-
+    workers = options.workers or default_workers()
+    read = _read_folder(root, workers, options)
+    problems = read.problems
     notes: list[str] = []
-    _one_identity_per_process(candidates, notes)
-    candidates = _prefer_dumps(candidates, notes)
+    _one_identity_per_process(read.dumps, notes)
+    candidates = _prefer_dumps(read.dumps, notes)
     try:
-        candidates = _one_job(candidates, notes, job)
+        candidates = _one_job(candidates, notes, options.job)
     except UsageError as exc:
         raise UsageError(f"{root}: {exc}") from None
-
     candidates = _agree_on_world_size(candidates, problems)
+    histories, claimed = _histories(candidates, problems)
+    if claimed:
+        notes.append(
+            f"{_ranks(claimed)} written by more than one process (a restarted job, or two runs "
+            "in one folder); using the newest process of each"
+        )
+    first = _first_hang(histories) if options.view is View.HANG else None
+    chosen, later = _choose(histories, options.view, first, notes)
+    hang_ns = first.header.wall_time_ns if first is not None else 0
+    _only_black_boxes(chosen, notes)
+    world_size = max(max(d.header.world_size for d in chosen.values()), max(chosen) + 1)
+    indexes = {r: read.built[id(d)] for r, d in chosen.items() if id(d) in read.built}
+    _deepen(chosen, indexes, root, workers, notes, read.shared)
+    return Run(chosen, world_size, tuple(problems), tuple(notes), indexes, later, hang_ns)
 
+
+def _read_folder(root: Path, workers: int, options: AnalysisOptions) -> _Read:
+    """Every file under ``root`` read (its tail, where ``options.tail`` says so).
+
+    Raises:
+        NoDumpsError: no readable dump was found.
+    """
+    read = _Read([], [], {}, {})
+    skipped = 0
+    files = list(discover(root))
+    tail = len(files) > TAIL_FROM_FILES if options.tail is None else options.tail
+    for outcome in _read_all(files, root, workers, options.progress, tail):
+        if outcome.problem is not None:
+            read.problems.append(outcome.problem)
+        skipped += outcome.skipped
+        read.dumps.extend(outcome.dumps)
+        for d, ri in zip(outcome.dumps, outcome.indexes, strict=True):
+            read.built[id(d)] = ri.intern(read.shared)
+    if not read.dumps:
+        what = _nothing_readable(root, len(files), len(read.problems), skipped)
+        if root.is_file() and read.problems:  # one file: say what is wrong with it
+            what += f": {read.problems[0].reason}"
+        extra = f", {skipped} other files skipped" if skipped and read.problems else ""
+        raise NoDumpsError(f"{root}: no readable dump ({what}{extra})")
+    return read
+
+
+def _histories(
+    candidates: Sequence[RankDump], problems: list[FileProblem]
+) -> tuple[dict[int, list[RankDump]], list[int]]:
+    """Per rank, its dumps oldest first, without duplicates (each one a problem) and from its
+    newest process only; and the ranks that more than one process claimed."""
     per_rank: dict[int, list[RankDump]] = defaultdict(list)
     for d in candidates:
         per_rank[d.rank].append(d)
-    chosen: dict[int, RankDump] = {}
-    later: dict[int, tuple[RankDump, ...]] = {}
-    several: list[int] = []
     claimed: list[int] = []
-    reasons: dict[str, list[int]] = defaultdict(list)
     histories: dict[int, list[RankDump]] = {}
     for rank, ds in sorted(per_rank.items()):
         if len(ds) == 1:  # (nothing to order, deduplicate or tell apart)
@@ -544,8 +593,21 @@ def load_dir(
             claimed.append(rank)
             unique = [d for d in unique if (d.header.hostname, d.header.pid) == process]
         histories[rank] = unique
-    first = _first_hang(histories) if view is View.HANG else None
-    hang_ns = first.header.wall_time_ns if first is not None else 0
+    return histories, claimed
+
+
+def _choose(
+    histories: dict[int, list[RankDump]],
+    view: View,
+    first: RankDump | None,
+    notes: list[str],
+) -> tuple[dict[int, RankDump], dict[int, tuple[RankDump, ...]]]:
+    """Per rank, the dump ``view`` picks (``first``: the hang event, for ``View.HANG``) and
+    the dumps its process wrote after it; says which in ``notes``."""
+    chosen: dict[int, RankDump] = {}
+    later: dict[int, tuple[RankDump, ...]] = {}
+    several: list[int] = []
+    reasons: dict[str, list[int]] = defaultdict(list)
     for rank, unique in histories.items():
         if len(unique) == 1:
             chosen[rank] = unique[0]
@@ -554,20 +616,15 @@ def load_dir(
         pick = chosen[rank] = unique[at]
         if unique[at + 1 :]:
             later[rank] = tuple(unique[at + 1 :])
-        if len(unique) > 1:
-            several.append(rank)
-            reasons[pb.DumpReason.Name(pick.header.reason)].append(rank)
-    if claimed:
-        notes.append(
-            f"{_ranks(claimed)} written by more than one process (a restarted job, or two runs "
-            "in one folder); using the newest process of each"
-        )
+        several.append(rank)
+        reasons[pb.DumpReason.Name(pick.header.reason)].append(rank)
+    picked = "; ".join(f"{reason} for {_ranks(rs)}" for reason, rs in reasons.items())
     if first is not None:
-        picked = "; ".join(f"{reason} for {_ranks(rs)}" for reason, rs in reasons.items())
         after = sorted(later)
         notes.append(
             f"analysing the hang: the first hang event is rank {first.rank}'s "
-            f"{pb.DumpReason.Name(first.header.reason)} dump at {_clock(hang_ns)}"
+            f"{pb.DumpReason.Name(first.header.reason)} dump at "
+            f"{_clock(first.header.wall_time_ns)}"
             + (f"; using each rank's dump from then on ({picked})" if several else "")
             + (
                 f"; later dumps of {_ranks(after)} are read as what happened next "
@@ -578,12 +635,7 @@ def load_dir(
         )
     elif several:
         used = view.value if view is not View.HANG else "latest (no hang event)"
-        picked = "; ".join(f"{reason} for {_ranks(rs)}" for reason, rs in reasons.items())
         notes.append(
             f"{_ranks(several)} dumped more than once; using the {used} dump of each ({picked})"
         )
-    _only_black_boxes(chosen, notes)
-    world_size = max(max(d.header.world_size for d in chosen.values()), max(chosen) + 1)
-    indexes = {r: built[id(d)] for r, d in chosen.items() if id(d) in built}
-    _deepen(chosen, indexes, root, workers or default_workers(), notes, shared)
-    return Run(chosen, world_size, tuple(problems), tuple(notes), indexes, later, hang_ns)
+    return chosen, later

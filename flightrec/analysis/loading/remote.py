@@ -6,26 +6,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from flightrec.analysis.loading.loader import Progress, Run, View, load_dir
+from flightrec.analysis.loading.loader import AnalysisOptions, Run, load_dir
 from flightrec.analysis.model import FileProblem
 from flightrec.errors import NoDumpsError
 from flightrec.readers.remote import Downloaded, download
 
 
-def load_url(
-    url: str,
-    view: View = View.HANG,
-    *,
-    workers: int | None = None,
-    progress: Progress | None = None,
-    tail: bool | None = None,
-    job: str | None = None,
-) -> Run:
+def load_url(url: str, options: AnalysisOptions | None = None) -> Run:
     """``load_dir`` for a URL (``s3://bucket/prefix``, any fsspec protocol).
 
     Args:
         url: the prefix (searched recursively, as a folder is) or one object.
-        view, workers, progress, tail, job: as for ``load_dir``.
+        options: as for ``load_dir``.
 
     Returns:
         The run, its dumps' paths and its problems naming objects by URL; objects that could
@@ -38,7 +30,7 @@ def load_url(
     """
     with download(url) as got:
         try:
-            run = load_dir(got.target, view, workers=workers, progress=progress, tail=tail, job=job)
+            run = load_dir(got.target, options)
         except NoDumpsError as exc:
             raise NoDumpsError(_no_dumps(got, str(exc))) from None
         return _by_url(run, got)

@@ -7,7 +7,7 @@ those small per-rank indexes into per-group views, with no Python work per entry
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
 from flightrec.analysis.loading.loader import Run
@@ -204,22 +204,55 @@ def match(run: Run) -> Matched:
                 p2p_counts[(key, rank, pc.peer)] = (pc.sends, pc.recvs)
         # P2P counters may be absent (older or converted dumps): count what the ring holds.
         for key, gi in per_key.items():
-            if not gi.p2p_positions or key in with_counters:
-                continue
-            counted: dict[tuple[int, bool], int] = {}
-            cols = d.columns
-            flags = cols["flags"]
-            for pos in gi.p2p_positions:
-                ident = (cols["peer"][pos], bool(flags[pos] & _SEND))
-                counted[ident] = max(counted.get(ident, 0), cols["p2p_seq"][pos])
-            for (peer, is_send), n in counted.items():
-                sends, recvs = p2p_counts.get((key, rank, peer), (0, 0))
-                p2p_counts[(key, rank, peer)] = (
-                    max(sends, n) if is_send else sends,
-                    recvs if is_send else max(recvs, n),
-                )
+            if gi.p2p_positions and key not in with_counters:
+                _count_ring_p2p(d, rank, key, gi, p2p_counts)
         index[rank] = per_key
 
+    infos, memberships = _group_infos(by_list, guessed, progress, meta)
+    base = {
+        r: (h.wall_time_ns - h.mono_time_ns if h.wall_time_ns and h.mono_time_ns else 0)
+        for r, d in run.dumps.items()
+        for h in (d.header,)
+    }
+    transfers = align(run.dumps, index, p2p_counts, base)
+    return Matched(run, infos, index, memberships, p2p_counts, incomplete, signatures, transfers)
+
+
+def _count_ring_p2p(
+    d: RankDump,
+    rank: int,
+    key: str,
+    gi: RankGroupIndex,
+    p2p_counts: dict[tuple[str, int, int], tuple[int, int]],
+) -> None:
+    """Count ``rank``'s sends and receives on group ``key`` from its ring, for a dump without
+    P2P counters: the highest per-pair ordinal of each direction."""
+    counted: dict[tuple[int, bool], int] = {}
+    cols = d.columns
+    flags = cols["flags"]
+    for pos in gi.p2p_positions:
+        ident = (cols["peer"][pos], bool(flags[pos] & _SEND))
+        counted[ident] = max(counted.get(ident, 0), cols["p2p_seq"][pos])
+    for (peer, is_send), n in counted.items():
+        sends, recvs = p2p_counts.get((key, rank, peer), (0, 0))
+        p2p_counts[(key, rank, peer)] = (
+            max(sends, n) if is_send else sends,
+            recvs if is_send else max(recvs, n),
+        )
+
+
+_Lists = dict[str, dict[int, tuple[tuple[int, ...], list[int]]]]
+"""Per group key, per member list (by the shared tuple's identity): the list and its holders."""
+
+
+def _group_infos(
+    by_list: _Lists,
+    guessed: _Lists,
+    progress: Mapping[str, dict[int, GroupProgress]],
+    meta: Mapping[str, tuple[str, str]],
+) -> tuple[dict[str, ProcessGroupInfo], dict[str, dict[tuple[int, ...], tuple[int, ...]]]]:
+    """Every group's info, members as most ranks list them; and per group, which ranks hold
+    which member list (a guessed list counts only where no dump knows the group's members)."""
     for key, lists in guessed.items():
         if key not in by_list:
             by_list[key] = lists
@@ -242,10 +275,4 @@ def match(run: Run) -> Matched:
         # new_group calls) as "undefined": that names nothing, so the members name it instead.
         desc = "" if desc == UNDESCRIBED else desc
         infos[key] = ProcessGroupInfo(key, desc, ranks, backend, dict(progress[key]))
-    base = {
-        r: (h.wall_time_ns - h.mono_time_ns if h.wall_time_ns and h.mono_time_ns else 0)
-        for r, d in run.dumps.items()
-        for h in (d.header,)
-    }
-    transfers = align(run.dumps, index, p2p_counts, base)
-    return Matched(run, infos, index, memberships, p2p_counts, incomplete, signatures, transfers)
+    return infos, memberships

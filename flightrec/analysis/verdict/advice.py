@@ -25,8 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from flightrec.analysis.findings.not_arrived import RankEvidence
-from flightrec.analysis.findings.straggler import StragglerEvidence
+from flightrec.analysis.facts.culprits import RankEvidence
+from flightrec.analysis.facts.lateness import StragglerEvidence
 from flightrec.analysis.findings.stuck import FailedAloneEvidence
 from flightrec.analysis.kinds import KINDS
 from flightrec.analysis.matching.matching import Matched
@@ -87,6 +87,42 @@ def _action(f: Finding) -> tuple[Action, str]:
     return KINDS[f.kind].action, _WHY[f.kind].format(who=who)
 
 
+def _wrapped(m: Matched, f: Finding) -> list[str]:
+    """Where the rings of the finding's group's members no longer reach its collective."""
+    info = m.groups.get(f.process_group or "")
+    if info is None or f.seq is None:
+        return []
+    wrapped = sorted(
+        r
+        for r, p in info.progress.items()
+        if r in info.ranks and p.first_in_ring > f.seq and r in m.run.dumps
+    )
+    if not wrapped:
+        return []
+    rings = "the ring of" if len(wrapped) == 1 else "the rings of"
+    return [f"{rings} {ranks_phrase(wrapped)} wrapped past {f.op or 'it'} #{f.seq}"]
+
+
+def _untimed(m: Matched, f: Finding) -> list[str]:
+    """What a finding built on times compared across ranks did without: aligned clocks, or
+    completion times."""
+    run = m.run
+    ev = f.evidence
+    involved = (set(f.ranks) | set(f.pg_ranks)) or set(run.dumps)
+    untimed = any(r in run.dumps and not run.dumps[r].completion_times for r in involved)
+    hosts = {run.dumps[r].header.hostname for r in involved if r in run.dumps}
+    unaligned = (
+        sorted(set(ev.clock.unaligned_ranks) & involved)
+        if isinstance(ev, StragglerEvidence) and len(hosts) > 1
+        else []
+    )
+    if unaligned:
+        return [f"the clocks of {ranks_phrase(unaligned)} could not be aligned"]
+    if untimed:
+        return ["the dumps record no completion times: taken from the ranks' arrivals"]
+    return []
+
+
 def _lowered(m: Matched, f: Finding) -> tuple[list[str], bool]:
     """What the verdict did without, and whether that makes it low outright."""
     out: list[str] = []
@@ -96,33 +132,13 @@ def _lowered(m: Matched, f: Finding) -> tuple[list[str], bool]:
     missing = [r for r in run.missing_ranks if r not in blamed]
     if missing:
         out.append(f"no dump from {ranks_phrase(missing)}")
-    info = m.groups.get(f.process_group or "")
-    if info is not None and f.seq is not None:
-        wrapped = sorted(
-            r
-            for r, p in info.progress.items()
-            if r in info.ranks and p.first_in_ring > f.seq and r in run.dumps
-        )
-        if wrapped:
-            rings = "the ring of" if len(wrapped) == 1 else "the rings of"
-            out.append(f"{rings} {ranks_phrase(wrapped)} wrapped past {f.op or 'it'} #{f.seq}")
+    out += _wrapped(m, f)
     p2p = f.kind is FindingKind.P2P_UNMATCHED or f.kind is FindingKind.P2P_DEADLOCK
     if p2p and any(set(pair[1:]) & set(f.ranks) for pair in m.transfers.unjudged):
         out.append("transfers of wrapped rings could not be lined up")
     if KINDS[f.kind].timed:
+        out += _untimed(m, f)
         ev = f.evidence
-        involved = (set(f.ranks) | set(f.pg_ranks)) or set(run.dumps)
-        untimed = any(r in run.dumps and not run.dumps[r].completion_times for r in involved)
-        hosts = {run.dumps[r].header.hostname for r in involved if r in run.dumps}
-        unaligned = (
-            sorted(set(ev.clock.unaligned_ranks) & involved)
-            if isinstance(ev, StragglerEvidence) and len(hosts) > 1
-            else []
-        )
-        if unaligned:
-            out.append(f"the clocks of {ranks_phrase(unaligned)} could not be aligned")
-        elif untimed:
-            out.append("the dumps record no completion times: taken from the ranks' arrivals")
         if isinstance(ev, StragglerEvidence) and ev.confidence == "low":
             low = True
     if f.kind is FindingKind.STACK_HANG:

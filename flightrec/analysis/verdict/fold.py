@@ -36,7 +36,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
-from flightrec.analysis.findings.crashes import HANG_SLACK_NS, CrashEvidence, died_of, process_ended
+from flightrec.analysis.facts.deaths import HANG_SLACK_NS, died_of, process_ended
+from flightrec.analysis.findings.crashes import CrashEvidence
 from flightrec.analysis.findings.desync import DesyncEvidence
 from flightrec.analysis.kinds import kinds_where
 from flightrec.analysis.matching.matching import Matched

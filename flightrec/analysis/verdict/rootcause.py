@@ -15,11 +15,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
+from flightrec.analysis.facts.culprits import RankEvidence, culprit_state
 from flightrec.analysis.findings.crashes import exited_finding
 from flightrec.analysis.findings.mismatch import exchange_mismatch, relation_mismatch
 from flightrec.analysis.findings.not_arrived import (
-    RankEvidence,
-    culprit_state,
+    late_arrival_finding,
     missing_dump_finding,
     not_arrived_finding,
 )
@@ -133,89 +133,131 @@ def root_causes(m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]
     Returns:
         The ordered findings, and the group keys they explain.
     """
-    graph, waits = wait_graph
-    longest: dict[Node, float] = defaultdict(float)
-    earliest: dict[Node, int] = {}
-    for w in waits:
-        longest[w.node] = max(longest[w.node], w.waited_s)
-        earliest[w.node] = min(earliest.get(w.node, w.since_wall_ns), w.since_wall_ns)
-    cond = condensation(graph)
-    members_of = {c: list(cond.nodes[c]["members"]) for c in cond.nodes}
-    mismatch_at = {(f.process_group, f.seq): f for f in mismatches if f.seq is not None}
+    ends = _Ends(m, wait_graph, mismatches)
+    for c in ends.cond.nodes:
+        members = ends.members_of[c]
+        if len(members) > 1:
+            ends.cycle(c)
+        elif ends.cond.out_degree(c) == 0 and ends.cond.in_degree(c) > 0:
+            ends.end(c)
+    ends.culprits()
+    ends.scored.sort(key=lambda t: (-t[0], t[1]))
+    roots = [f for _, _, f in ends.scored]
+    rest = [f for f in mismatches if id(f) not in ends.used_mismatches]
+    leading = _leading_mismatches(roots, rest)
+    roots = [f for f in roots if f not in leading]
+    trailing = [f for f in rest if f not in leading]
+    return RootCauses(leading + roots + trailing, ends.explained)
 
-    scored: list[tuple[int, Tie, Finding]] = []
-    used_mismatches: set[int] = set()
-    rank_roots: dict[tuple[Status, bool, Node | None], list[int]] = defaultdict(list)
-    explained: set[str] = set()
-    ancestors_of: dict[int, set[Node]] = {}
 
-    def ancestors(c: int) -> set[Node]:
-        if c not in ancestors_of:
-            ancestors_of[c] = {n for a in graph_ancestors(cond, c) for n in members_of[a]}
-        return ancestors_of[c]
+class _Ends:
+    """The ends of the condensed wait-for graph, scored as ``root_causes`` finds them: each
+    cycle and each operation at an end scored at once, the ranks at an end gathered by what
+    they are and where their peers wait (``culprits`` scores them)."""
 
-    for c in cond.nodes:
-        members = members_of[c]
-        is_cycle = len(members) > 1
-        if not is_cycle and (cond.out_degree(c) > 0 or cond.in_degree(c) == 0):
-            continue
-        above = ancestors(c)
-        ops = _op_nodes(list(above) + (members if is_cycle else []))
-        explained.update(str(graph.nodes[n]["group"]) for n in ops)
-        consequences = [_consequence(graph, n, longest) for n in ops]
+    def __init__(self, m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]) -> None:
+        self.m = m
+        self.graph, self.waits = wait_graph
+        self.longest: dict[Node, float] = defaultdict(float)
+        self.earliest: dict[Node, int] = {}
+        for w in self.waits:
+            self.longest[w.node] = max(self.longest[w.node], w.waited_s)
+            self.earliest[w.node] = min(self.earliest.get(w.node, w.since_wall_ns), w.since_wall_ns)
+        self.cond = condensation(self.graph)
+        self.members_of = {c: list(self.cond.nodes[c]["members"]) for c in self.cond.nodes}
+        self.mismatch_at = {(f.process_group, f.seq): f for f in mismatches if f.seq is not None}
+        self.scored: list[tuple[int, Tie, Finding]] = []
+        self.used_mismatches: set[int] = set()
+        self.rank_roots: dict[tuple[Status, bool, Node | None], list[int]] = defaultdict(list)
+        self.explained: set[str] = set()
+        self._ancestors: dict[int, set[Node]] = {}
+
+    def ancestors(self, c: int) -> set[Node]:
+        """Every node that waits, directly or not, on component ``c``."""
+        if c not in self._ancestors:
+            members_of = self.members_of
+            self._ancestors[c] = {n for a in graph_ancestors(self.cond, c) for n in members_of[a]}
+        return self._ancestors[c]
+
+    def _held_up(self, c: int, members: list[Node]) -> tuple[list[Consequence], int]:
+        """The waits that lead to component ``c`` (their groups explained now), and how many
+        ranks it holds up, its own included."""
+        above = self.ancestors(c)
+        ops = _op_nodes(list(above) + (members if len(members) > 1 else []))
+        self.explained.update(str(self.graph.nodes[n]["group"]) for n in ops)
+        consequences = [_consequence(self.graph, n, self.longest) for n in ops]
         weight = len({n for n in above if n[0] == "rank"} | {n for n in members if n[0] == "rank"})
-        if is_cycle:
-            cycle = cycle_finding(graph, members, longest, _locations(m, waits))
-            scored.append(
-                (weight, Tie.CYCLE, _break_cycle(m, graph, members, cycle, longest) or cycle)
-            )
-            continue
+        return consequences, weight
+
+    def cycle(self, c: int) -> None:
+        """A wait cycle: a deadlock, or the ranks that closed it by leaving their routine."""
+        members = self.members_of[c]
+        _, weight = self._held_up(c, members)
+        cycle = cycle_finding(self.graph, members, self.longest, _locations(self.m, self.waits))
+        broken = _break_cycle(self.m, self.graph, members, cycle, self.longest)
+        self.scored.append((weight, Tie.CYCLE, broken or cycle))
+
+    def end(self, c: int) -> None:
+        """A rank or an operation nobody in it waits beyond."""
+        members = self.members_of[c]
+        consequences, weight = self._held_up(c, members)
         node = members[0]
         if node[0] == "rank":
             rank = int(node[1])  # type: ignore[call-overload]
-            # The wait that points at this rank most directly: an operation waiting on nobody
-            # else that is itself waiting; among those, the one entered first (the call the
-            # rank should have made first), then the one most ranks wait in.
-            preds = list(graph.predecessors(node))
-
-            def directness(op: Node, node: Node = node) -> tuple[bool, int, int]:
-                others = [s for s in graph.successors(op) if s != node]
-                direct = all(graph.out_degree(s) == 0 for s in others)
-                return (direct, -earliest.get(op, 0), graph.in_degree(op))
-
-            primary = max(preds, key=directness) if preds else None
             # Ranks known to have exited cleanly are told apart from ranks that left nothing.
-            gone = rank in m.run.exited
-            rank_roots[(culprit_state(m, rank), gone, primary)].append(rank)
-            continue
-        at = (str(graph.nodes[node]["group"]), int(graph.nodes[node]["seq"]))
-        mismatch = mismatch_at.get(at)
-        if mismatch is None and at[0] in m.groups:
+            gone = rank in self.m.run.exited
+            key = (culprit_state(self.m, rank), gone, self._primary(node))
+            self.rank_roots[key].append(rank)
+            return
+        at = (str(self.graph.nodes[node]["group"]), int(self.graph.nodes[node]["seq"]))
+        mismatch = self.mismatch_at.get(at)
+        if mismatch is None and at[0] in self.m.groups:
             # Sizes an all-to-all may differ in rank by rank, as long as the totals add up;
             # and a buffer can be wrong on its own terms (a gather root's list one short).
-            info = m.groups[at[0]]
-            mismatch = exchange_mismatch(m, info, at[1]) or relation_mismatch(m, info, at[1])
+            info = self.m.groups[at[0]]
+            mismatch = exchange_mismatch(self.m, info, at[1]) or relation_mismatch(
+                self.m, info, at[1]
+            )
         if mismatch is not None:
-            used_mismatches.add(id(mismatch))
-            scored.append((weight, Tie.MISMATCH, _with_consequences(mismatch, consequences)))
+            self.used_mismatches.add(id(mismatch))
+            found = _with_consequences(mismatch, consequences)
+            self.scored.append((weight, Tie.MISMATCH, found))
         else:
-            scored.append((weight, Tie.STUCK, stuck_finding(m, graph, node, consequences)))
+            found = _stuck(self.m, self.graph, node, consequences)
+            self.scored.append((weight, Tie.STUCK, found))
 
-    for (state, _, primary), ranks in rank_roots.items():
-        nodes = [n for r in ranks for n in ancestors(_component(cond, ("rank", r)))]
-        ops = _op_nodes(set(nodes))
-        consequences = [_consequence(graph, n, longest) for n in ops]
-        waiting = {n for n in nodes if n[0] == "rank"}
-        prim = _consequence(graph, primary, longest) if primary is not None else None
-        finding = _CULPRIT_FINDING[state](m, ranks, prim, consequences)
-        order = Tie.NO_DUMP if state is Status.NO_DUMP else Tie.RANK
-        scored.append((len(waiting) + len(ranks), order, finding))
+    def _primary(self, node: Node) -> Node | None:
+        """The wait that points at rank ``node`` most directly: an operation waiting on nobody
+        else that is itself waiting; among those, the one entered first (the call the rank
+        should have made first), then the one most ranks wait in."""
+        graph = self.graph
 
-    scored.sort(key=lambda t: (-t[0], t[1]))
-    roots = [f for _, _, f in scored]
+        def directness(op: Node) -> tuple[bool, int, int]:
+            others = [s for s in graph.successors(op) if s != node]
+            direct = all(graph.out_degree(s) == 0 for s in others)
+            return (direct, -self.earliest.get(op, 0), graph.in_degree(op))
+
+        preds = list(graph.predecessors(node))
+        return max(preds, key=directness) if preds else None
+
+    def culprits(self) -> None:
+        """The ranks at the ends, one finding per what they are and where their peers wait."""
+        for (state, _, primary), ranks in self.rank_roots.items():
+            nodes = [n for r in ranks for n in self.ancestors(_component(self.cond, ("rank", r)))]
+            ops = _op_nodes(set(nodes))
+            consequences = [_consequence(self.graph, n, self.longest) for n in ops]
+            waiting = {n for n in nodes if n[0] == "rank"}
+            prim = _consequence(self.graph, primary, self.longest) if primary is not None else None
+            finding = _CULPRIT_FINDING[state](self.m, ranks, prim, consequences)
+            order = Tie.NO_DUMP if state is Status.NO_DUMP else Tie.RANK
+            self.scored.append((len(waiting) + len(ranks), order, finding))
+
+
+def _leading_mismatches(roots: list[Finding], rest: list[Finding]) -> list[Finding]:
+    """The mismatches no end of the graph took (``rest``) and the mismatch roots that go
+    before the first root."""
     # A mismatch elsewhere in the history that blames a root's culprit most likely caused the
     # hang (a skipped or extra call shifts every later collective): it goes first.
-    rest = [f for f in mismatches if id(f) not in used_mismatches]
     leading = [f for f in rest if roots and set(f.ranks) & set(roots[0].ranks)]
     # A rank that left no dump, or exited, while its peers disagree about the very collective
     # they wait in most likely died of that disagreement (gloo aborts on some mismatches):
@@ -234,9 +276,7 @@ def root_causes(m: Matched, wait_graph: WaitGraph, mismatches: Sequence[Finding]
             and f.seq <= seq
             and f not in leading
         ]
-    roots = [f for f in roots if f not in leading]
-    trailing = [f for f in rest if f not in leading]
-    return RootCauses(leading + roots + trailing, explained)
+    return leading
 
 
 def _break_cycle(
@@ -325,3 +365,18 @@ def _component(cond: DiGraph, node: Node) -> int:
 
 def _with_consequences(f: Finding, consequences: list[Consequence]) -> Finding:
     return replace(f, consequences=tuple(consequences))
+
+
+def _stuck(m: Matched, graph: DiGraph, node: Node, consequences: list[Consequence]) -> Finding:
+    """The finding for a collective every member entered and none completed: ``stuck``, or
+    ``not_arrived`` for members that entered it far too late (``stuck.stuck_finding``)."""
+    attrs = graph.nodes[node]
+    late = late_arrival_finding(
+        m,
+        str(attrs["group"]),
+        int(attrs["seq"]),
+        str(attrs["op"]),
+        tuple(attrs["pg_ranks"]),
+        consequences,
+    )
+    return stuck_finding(m, graph, node, consequences, late)
