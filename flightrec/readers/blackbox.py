@@ -330,7 +330,29 @@ def _to_dump(
         source=lambda file, line: by_site.get((file, line), ""),
         origin=lambda file, line: origins.get((file, line), 0),
     )
-    h = b.header
+    _fill_header(b.header, head, entries, dropped, died_of)
+    g_map, waits = _add_groups(b, tables, entries, unseen)
+    _add_entries(b, tables, entries, g_map)
+    device = "cpu" if "nccl" not in head["backend"] else ""
+    for u in waits:
+        b.entry_raw(
+            record_id=0, group=g_map[u.group], seq=u.pending, p2p_seq=0, op=b.string(u.op),
+            reduce_op=0, peer=-1, state=pb.ENQUEUED, enqueue_ns=u.since_ns, start_ns=0,
+            complete_ns=0, thread=0, stack=0, inputs=0, outputs=0,
+            flags=u.flags | pb.UNSEEN, device=b.string(device),
+        )  # fmt: skip
+    for kind, message, thread, is_main, wall_ns, via, traceback in tables.exceptions:
+        b.exception(
+            kind, message, [(f, n, line) for f, n, line, _ in traceback], thread=thread, is_main=is_main,
+            wall_time_ns=wall_ns, via=via,
+        )  # fmt: skip
+    return b.build()
+
+
+def _fill_header(
+    h: pb.Header, head: dict[str, Any], entries: list[Slot], dropped: int, died_of: str
+) -> None:
+    """The dump's header from the black box's: who, why (``BLACKBOX``) and when it last lived."""
     h.rank, h.world_size = head["rank"], head["world_size"]
     h.hostname, h.pid = head["hostname"], head["pid"]
     h.local_rank = -1
@@ -353,6 +375,12 @@ def _to_dump(
     h.requested_by = -1
     h.source = SOURCE
 
+
+def _add_groups(
+    b: DumpBuilder, tables: Tables, entries: list[Slot], unseen: Sequence[Unseen]
+) -> tuple[dict[int, int], list[Unseen]]:
+    """Add the journal's groups; returns each journal group's index in the dump, and the
+    collectives the ring never held that the rank waits in."""
     # Unfinished collectives the ring never held, past everything it holds of their group:
     # where the rank waits when only torch's recorder saw the call (a DDP bucket all-reduce).
     newest = {i: max((e.seq for e in entries if e.group == i), default=0) for i in tables.groups}
@@ -366,6 +394,13 @@ def _to_dump(
             last_seq=max(newest[index], issued.get(index, 0)),
             p2p=_p2p_counters(mine), members_known=bool(ranks),
         )  # fmt: skip
+    return g_map, waits
+
+
+def _add_entries(
+    b: DumpBuilder, tables: Tables, entries: list[Slot], g_map: dict[int, int]
+) -> None:
+    """Add the ring's slots, with their strings, stacks and tensors."""
     s_map = {i: b.string(s) for i, s in tables.strings.items()}
     k_map = {0: 0}
     t_map = {0: 0}
@@ -383,20 +418,6 @@ def _to_dump(
             thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
             outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
         )  # fmt: skip
-    device = "cpu" if "nccl" not in head["backend"] else ""
-    for u in waits:
-        b.entry_raw(
-            record_id=0, group=g_map[u.group], seq=u.pending, p2p_seq=0, op=b.string(u.op),
-            reduce_op=0, peer=-1, state=pb.ENQUEUED, enqueue_ns=u.since_ns, start_ns=0,
-            complete_ns=0, thread=0, stack=0, inputs=0, outputs=0,
-            flags=u.flags | pb.UNSEEN, device=b.string(device),
-        )  # fmt: skip
-    for kind, message, thread, is_main, wall_ns, via, traceback in tables.exceptions:
-        b.exception(
-            kind, message, [(f, n, line) for f, n, line, _ in traceback], thread=thread, is_main=is_main,
-            wall_time_ns=wall_ns, via=via,
-        )  # fmt: skip
-    return b.build()
 
 
 def _p2p_counters(entries: list[Slot]) -> list[tuple[int, int, int]]:
