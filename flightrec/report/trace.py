@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from flightrec.analysis.kinds import KINDS
 from flightrec.analysis.model import FindingKind
@@ -70,16 +70,36 @@ class TraceRenderer:
     """Renders a ``Report`` as a Chrome Trace Event Format JSON object.
 
     Args:
+        out: where to write.
         recent: newest entries per rank to include (all when None): a 1,000-rank job's full
             rings make a file of hundreds of megabytes.
     """
 
-    def __init__(self, recent: int | None = None) -> None:
+    def __init__(self, out: TextIO, recent: int | None = None) -> None:
+        self.out = out
         self.recent = recent
 
-    def render(self, report: Report) -> str:
-        """The trace as JSON text."""
-        return json.dumps(self.to_dict(report), separators=(",", ":")) + "\n"
+    def render(self, report: Report) -> None:
+        """Write the trace as JSON text."""
+        trace = trace_dict(report, self.recent)
+        self.out.write(json.dumps(trace, separators=(",", ":")) + "\n")
+
+
+def trace_dict(report: Report, recent: int | None = None) -> dict[str, Any]:
+    """The trace as a JSON-ready dict: ``traceEvents``, ``displayTimeUnit``, ``metadata``.
+
+    Args:
+        report: the analysis.
+        recent: newest entries per rank to include (all when None).
+    """
+    return _Timeline(recent).to_dict(report)
+
+
+class _Timeline:
+    """Builds the trace of a report, rank by rank."""
+
+    def __init__(self, recent: int | None) -> None:
+        self.recent = recent
 
     def to_dict(self, report: Report) -> dict[str, Any]:
         """The trace as a JSON-ready dict: ``traceEvents``, ``displayTimeUnit``, ``metadata``."""

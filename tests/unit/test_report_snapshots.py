@@ -34,6 +34,7 @@ from flightrec.format.summary import encode, summarize
 from flightrec.live import verdict
 from flightrec.readers import blackbox, read_any
 from flightrec.report.html import HtmlRenderer
+from flightrec.report.renderer import rendered
 from flightrec.report.terminal import TerminalRenderer
 
 REPO = Path(__file__).resolve().parents[2]
@@ -113,7 +114,7 @@ class _Visible(HTMLParser):
 
 def html_text(report: Report) -> str:
     parser = _Visible()
-    parser.feed(HtmlRenderer().render(report))
+    parser.feed(rendered(HtmlRenderer, report))
     parser.close()
     return "".join(f"{line}\n" for line in parser.lines if line)
 
