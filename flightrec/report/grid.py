@@ -205,15 +205,23 @@ def _cells(
     return tuple(cells), tuple(positions)
 
 
-def _ordered_groups(report: Report) -> tuple[list[str], int, int]:
-    """Groups to draw, most telling first; how many others have collectives, and how many
-    of those have members that disagree."""
+def groups_named(report: Report) -> list[str]:
+    """The groups the findings name (where each is, then where its consequences wait), the
+    first finding's first: the groups every renderer shows first."""
     groups = report.matched.groups
     named: list[str] = []
     for f in report.findings:
         for k in [f.process_group] + [c.process_group for c in f.consequences]:
             if k and k in groups and k not in named:
                 named.append(k)
+    return named
+
+
+def _ordered_groups(report: Report) -> tuple[list[str], int, int]:
+    """Groups to draw, most telling first; how many others have collectives, and how many
+    of those have members that disagree."""
+    groups = report.matched.groups
+    named = groups_named(report)
     with_collectives = [
         k for k, g in groups.items() if any(p.last_seq for p in g.progress.values())
     ]

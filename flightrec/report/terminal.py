@@ -25,6 +25,7 @@ from flightrec.analysis.model import (
     is_library_frame,
 )
 from flightrec.analysis.verdict.advice import advice_line
+from flightrec.report.grid import groups_named
 from flightrec.report.layout import code_line, hanging
 from flightrec.text import compress, ranks_phrase
 
@@ -313,11 +314,7 @@ def _progress_order(report: Report) -> list[str]:
     """The groups of the progress table: those the findings name first, then the others;
     groups used only for P2P have no collective counters to compare."""
     groups = report.matched.groups
-    mentioned: list[str] = []
-    for f in report.findings:
-        for k in [f.process_group] + [c.process_group for c in f.consequences]:
-            if k and k in groups and k not in mentioned:
-                mentioned.append(k)
+    mentioned = groups_named(report)
     order = mentioned + [k for k in groups if k not in mentioned]
     return [k for k in order if any(p.last_seq for p in groups[k].progress.values())]
 
