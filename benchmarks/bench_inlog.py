@@ -1,40 +1,47 @@
 """The whole path of a hang's verdict at scale: from the dump request to the verdict in the log.
 
 A simulated job (``flightrec simulate``'s model: tp x pp x dp with one injected fault) gives
-every rank's summary and progress record, made as the recorder makes them. Each run is a
-fresh job, in three processes beside a real TCPStore server (torch's, the libuv one, in a
-process of its own, as in rank 0's process or torchrun's agent):
+every rank's progress record and summary, made as the recorder makes them. Each run is a
+fresh job, in three processes beside a real TCPStore server (torch's libuv one, in a process
+of its own, as in rank 0's process or torchrun's agent; ``store_server``):
 
 - rank 0, in a process of its own, runs the recorder's own code: a ``Poller`` waiting on the
   store, an ``Exchange`` that publishes its summary when the request comes, and the verdict's
   reporter (``flightrec.live.REPORTER``), prepared ahead as the recorder prepares it once an
   operation is half-way to a hang; what it would write to stderr is timed and kept;
-- every other rank is played by one driver process over its own connections to the store:
-  each rank waits for the request on the store, reads it when woken (the ``multi_get`` a
-  poller makes), and publishes as ``Exchange`` does, one rank after another on a connection,
-  each with its own requests (two ``set``, two ``append``, the reporter claim), never in
-  bulk;
+- every other rank is played by one driver process. The ranks that may report
+  (``verdict.may_claim``: ranks 1-63) run the recorder's own request thread (``Poller``) and
+  answer with the exchange's ``claim``, each on connections of its own. The others make the
+  requests a rank makes, in its order, built by the recorder's own functions: the wait for
+  the request (``Poller``'s), woken, the read of the request and the wait for the next in
+  one write (``store.request_reads``, as ``WireStore.multi_get`` sends it), then the answer
+  in one write (``verdict.answer_requests``, ``verdict.encoded``, as ``Exchange`` sends it).
+  The driver shares connections between those ranks (at most ``--connections``: a process
+  here may hold 20,000 files, the server too) and writes the requests of a connection's
+  ranks together: the server does the same requests per rank as in a job, but fewer system
+  calls (one wake-up and one read per connection and step where a job has one per rank).
+  The server's system calls are counted, and what the missing ones would cost is added from
+  their measured cost (``--calibrate``): the estimate for a job with a connection per rank;
 - this process posts the request (as the rank that declares the hang does) and reads the
   clocks (``CLOCK_MONOTONIC``, shared by the processes).
 
 Printed per size, for the first run and as medians of ``--repeat`` runs: when the last rank
-had the request, when the last rank had published, when the verdict was written (from the
-request; the figure issue 50 asks to keep under 5 s at 131,072 ranks), the reporter's own
-steps (waiting for the answers, reading the progress records, the first pass, reading the
-implicated summaries, analysing and rendering), the CPU seconds of the store server, the
-reporter's process and the driver (the driver stands for every rank's own CPU), the
-reporter's peak resident memory, and whether the verdict names the simulated culprit.
+had the request, when the driver had sent the last answer, when the reporter had seen every
+rank answer, when the verdict was written (from the request; the figure issue 50 asks to keep
+under 5 s at 131,072 ranks), the reporter's own steps, the CPU seconds of the store server,
+the reporter's process and the driver (the driver stands for every rank's own CPU), the
+server's system calls, the reporter's peak resident memory, and whether the verdict names the
+simulated culprit. The ranks' own dumps are not part of the path here (each rank dumps in its
+own process, in parallel, before it answers).
 
-Limits of one machine: a process here may hold 20,000 file descriptors, so at most
-``--connections`` (16,384) connections carry the ranks: above that, each connection carries
-several ranks one after another, and the server writes one wake-up per connection instead of
-one per rank (``--wake-cost`` prints what the missing ones cost, measured). The ranks' own
-dumps are not part of the path here (each rank dumps in its own process, in parallel).
+The inputs are made once per size and kept under ``--cache``: every rank's progress record
+from its own dump; real summaries for the ranks the reporter reads (the first pass run here
+on those records picks them, as the reporter will) and one rank of each pipeline stage and
+state; every other rank's summary is the one of its stage and state, relabelled with the
+rank's identity (the same size: it is stored and never read). The reporter reading a
+relabelled one is reported.
 
-The summaries are made once per size and kept under ``--cache`` (131,072 ranks take about
-ten minutes of CPU to simulate; the cache file is about 270 MB).
-
-Run: ``python benchmarks/bench_inlog.py [--ranks 16384 65536 131072] [--repeat 3]``
+Run: ``python benchmarks/bench_inlog.py [--ranks 16384 131072] [--repeat 3]``
 """
 
 from __future__ import annotations
@@ -44,10 +51,8 @@ import json
 import multiprocessing
 import os
 import pickle
-import re
 import resource
 import select
-import socket
 import statistics
 import struct
 import subprocess
@@ -59,14 +64,26 @@ from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "cli")]
+sys.path[:0] = [str(ROOT), str(ROOT / "cli"), str(ROOT / "benchmarks")]
 
+from store_server import Server  # noqa: E402
+
+from flightrec.format import flightrec_pb2 as pb  # noqa: E402
 from flightrec.format.progress import encode_progress, progress  # noqa: E402
 from flightrec.format.summary import encode, summarize  # noqa: E402
 from flightrec.recorder.exchange import wire  # noqa: E402
 from flightrec.recorder.exchange.keys import Keys  # noqa: E402
-from flightrec.recorder.exchange.store import answered_connection, post_request  # noqa: E402
-from flightrec.recorder.exchange.verdict import frame  # noqa: E402
+from flightrec.recorder.exchange.store import (  # noqa: E402
+    answered_connection,
+    post_request,
+    request_reads,
+)
+from flightrec.recorder.exchange.verdict import (  # noqa: E402
+    CLAIMANTS,
+    answer_requests,
+    claim,
+    encoded,
+)
 from flightrec.simulate.faults import Fault  # noqa: E402
 from flightrec.simulate.job import SimConfig, build_rank_dump, plan  # noqa: E402
 from flightrec.simulate.layout import parse_layout  # noqa: E402
@@ -74,85 +91,101 @@ from flightrec.simulate.layout import parse_layout  # noqa: E402
 NAMESPACE = "bench"
 TARGET_S = 5.0
 """From the request to the verdict in the log, at 131,072 ranks, on this machine's 2 cores."""
-SERVER = """
-import sys
-from datetime import timedelta
-from torch.distributed import TCPStore
-s = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=300))
-print(s.port, flush=True)
-sys.stdin.read()
-"""
 _PLAN: Any = None
 
 
 # -- the simulated job ------------------------------------------------------------------------
-def _make(ranks: range) -> list[tuple[int, bytes, bytes]]:
+def _role(rank: int) -> tuple[int, int, bool]:
+    """What a rank's summary looks like apart from its identity: its pipeline stage and how
+    far it got in the step of the fault."""
+    outcome = _PLAN.outcomes[rank]
+    return _PLAN.config.layout.coords(rank)[1], outcome.completed, outcome.blocked
+
+
+def _path(rank: int) -> str:
+    return f"/var/flightrec/node{_PLAN.config.layout.host(rank):05d}/rank{rank:06d}.frdump"
+
+
+def _records(ranks: range) -> list[tuple[int, bytes, tuple[int, int, bool]]]:
+    """(rank, progress record, role) of each live rank, from its own dump."""
     out = []
     for rank in ranks:
-        if rank in _PLAN.dead:
-            continue
-        dump = build_rank_dump(_PLAN, rank)
-        path = f"/var/flightrec/{dump.header.hostname}/rank{rank:06d}.frdump"
-        out.append((rank, encode(summarize(dump, 1, path)), encode_progress(progress(dump, 1))))
+        if rank not in _PLAN.dead:
+            dump = build_rank_dump(_PLAN, rank)
+            out.append((rank, encode_progress(progress(dump, 1)), _role(rank)))
     return out
 
 
-def generate(cache: Path, world: int, layout: str, fault: str, entries: int) -> dict[str, Any]:
-    """Every rank's (rank, summary, progress) and the expected verdict, cached in ``cache``."""
+def _summaries(ranks: list[int]) -> list[tuple[int, bytes]]:
+    """(rank, summary) of ``ranks``, from their own dumps."""
+    return [(r, encode(summarize(build_rank_dump(_PLAN, r), 1, _path(r)))) for r in ranks]
+
+
+def _relabelled(template: bytes, rank: int) -> bytes:
+    """A summary of another rank of the same stage and state, with ``rank``'s identity."""
+    layout = _PLAN.config.layout
+    s = pb.Summary()
+    s.ParseFromString(template)
+    h = s.dump.header
+    h.rank, h.pid = rank, 10000 + rank
+    h.hostname = f"node{layout.host(rank):05d}"
+    h.local_rank = rank % layout.ranks_per_host
+    h.device = f"cuda:{h.local_rank}"
+    s.dump_path = _path(rank)
+    return s.SerializeToString()
+
+
+def generate(cache: Path, world: int, layout: str, fault: str, entries: int) -> Path:
+    """Every rank's (rank, summary, progress record) and the expected verdict, made once and
+    kept in ``cache``; returns the file."""
     global _PLAN
     shape = layout.replace("=", "").replace(",", "-")
-    path = cache / f"inlog-{world}x{entries}-{shape}-{fault}.pickle"
+    path = cache / f"inlog2-{world}x{entries}-{shape}-{fault}.pickle"
     if path.exists():
-        with path.open("rb") as f:
-            return pickle.load(f)  # type: ignore[no-any-return]  # (our own cache file)
+        return path
+    from flightrec.live.verdict import FULL_RANKS, select
+
     start = time.perf_counter()
     config = SimConfig(
         parse_layout(layout, world), entries=entries, fault=Fault(fault), fault_rank=world // 3
     )
     _PLAN = plan(config)
-    chunks = [range(lo, min(world, lo + 2048)) for lo in range(0, world, 2048)]
+    planned = time.perf_counter()
     procs = max(1, min(len(os.sched_getaffinity(0)), 4))
+    chunks = [range(lo, min(world, lo + 2048)) for lo in range(0, world, 2048)]
     with multiprocessing.get_context("fork").Pool(procs) as pool:
-        rows = [row for part in pool.map(_make, chunks) for row in part]
-    data = {"expected": _PLAN.expected, "rows": rows}
+        made = [row for part in pool.map(_records, chunks) for row in part]
+    records = {rank: record for rank, record, _ in made}
+    templates: dict[tuple[int, int, bool], int] = {}
+    for rank, _, role in made:
+        templates.setdefault(role, rank)
+    # The summaries the reporter reads are real: the first pass, run on these records, picks
+    # them as the reporter will (every one in a small job).
+    read = set(records) if world <= FULL_RANKS else set(select(records, 1, world).ranks)
+    real = sorted(read | set(templates.values()) | ({0} & set(records)))
+    with multiprocessing.get_context("fork").Pool(procs) as pool:
+        parts = [real[i : i + 64] for i in range(0, len(real), 64)]
+        summaries = dict(row for part in pool.map(_summaries, parts) for row in part)
+    roles = {rank: role for rank, _, role in made}
+    rows = [
+        (rank, summaries.get(rank) or _relabelled(summaries[templates[roles[rank]]], rank), rec)
+        for rank, rec in records.items()
+    ]
+    data = {"expected": _PLAN.expected, "rows": rows, "real": real}
     cache.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     with tmp.open("wb") as f:
         pickle.dump(data, f, protocol=pickle.HIGHEST_PROTOCOL)
     os.replace(tmp, path)
-    print(f"  simulated {world} ranks in {time.perf_counter() - start:.0f} s -> {path}")
-    return data
+    print(
+        f"  made {world} ranks' inputs in {time.perf_counter() - start:.0f} s (the plan "
+        f"{planned - start:.0f} s; {len(real)} real summaries) -> {path}",
+        flush=True,
+    )
+    return path
 
 
 # -- the processes ----------------------------------------------------------------------------
-class Server:
-    """A TCPStore server in a child process."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert self.proc.stdout is not None
-        self.port = int(self.proc.stdout.readline())
-
-    def cpu_s(self) -> float:
-        return _cpu_s(self.proc.pid)
-
-    def rss_mb(self) -> float:
-        status = Path(f"/proc/{self.proc.pid}/status").read_text()
-        return int(re.search(r"VmRSS:\s+(\d+)", status).group(1)) / 1024  # type: ignore[union-attr]
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(60)
-
-
-def _cpu_s(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def _child(role: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, __file__, f"--role={role}", *args],
@@ -185,6 +218,7 @@ def rank0(port: int, world: int, cache_file: str, restart: str) -> None:
     dump = summary.dump
     written: dict[str, Any] = {}
     steps: dict[str, float] = {}
+    read: list[int] = []
 
     def timed(obj: Any, name: str, label: str) -> None:
         real = getattr(obj, name)
@@ -206,6 +240,14 @@ def rank0(port: int, world: int, cache_file: str, restart: str) -> None:
     live._write_stderr = write  # type: ignore[assignment]
     from flightrec.live import verdict as live_verdict
 
+    summaries = exchange.Round.summaries
+
+    def reading(rnd: Any, ranks: list[int]) -> dict[int, bytes]:
+        read.extend(ranks)
+        return summaries(rnd, ranks)
+
+    exchange.Round.summaries = reading  # type: ignore[method-assign]
+    timed(live, "_gather_answers", "answers waited")
     timed(exchange.Round, "progress", "read progress")
     timed(exchange.Round, "summaries", "read summaries")
     timed(live_verdict, "select", "decode progress + first pass")
@@ -216,12 +258,13 @@ def rank0(port: int, world: int, cache_file: str, restart: str) -> None:
 
     def on_request(n: int, requester: int, reason: str) -> bool:
         steps["woken"] = time.monotonic()
-        ex.on_dump(dump, Path("/var/flightrec/node00000/rank000000.frdump"))
+        ex.on_dump(dump, Path(_path0))
         ex.after_request(n, "WATCHDOG_TIMEOUT")
         steps["published"] = time.monotonic()
         done.set()
         return True
 
+    _path0 = summary.dump_path
     poller = Poller(store, NAMESPACE, on_request, rank=0, world_size=world)
     ex = exchange.Exchange(poller, 0, world, NAMESPACE, reporter)
     ex.restart = restart
@@ -236,132 +279,131 @@ def rank0(port: int, world: int, cache_file: str, restart: str) -> None:
     text = written.get("text", "")
     _say({
         "steps": steps, "written": written.get("at", float("nan")), "text": text,
-        "cpu_s": time.process_time() - cpu0,
+        "cpu_s": time.process_time() - cpu0, "read": read,
         "peak_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     })  # fmt: skip
     poller.stop(wait_s=2.0)
 
 
-# -- every other rank: a driver over raw connections ------------------------------------------
+# -- every other rank: a driver over shared connections ---------------------------------------
 _U64 = struct.Struct("<Q")
 
 
 class Conn:
-    """One connection to the store and the ranks it carries, one after another."""
+    """One connection to the store and the ranks it carries."""
 
-    __slots__ = ("buf", "i", "need", "ranks", "sock", "state", "tries")
+    __slots__ = ("answer", "buf", "ranks", "sock", "state")
 
-    def __init__(self, sock: socket.socket, ranks: list[int]) -> None:
-        self.sock, self.ranks = sock, ranks
+    def __init__(self, sock: Any, ranks: list[int], answer: bytes) -> None:
+        self.sock, self.ranks, self.answer = sock, ranks, answer
         self.buf = bytearray()
-        self.i = 0
         self.state = "wait"
-        self.tries = 0
 
 
-def _value(buf: bytearray, at: int) -> tuple[bytes, int] | None:
-    if len(buf) < at + 8:
-        return None
-    size = _U64.unpack_from(buf, at)[0]
-    if len(buf) < at + 8 + size:
-        return None
-    return bytes(buf[at + 8 : at + 8 + size]), at + 8 + size
+def _values(buf: bytearray, count: int) -> tuple[list[bytes], int] | None:
+    """``count`` values (a length and its bytes each) from the start of ``buf``, and the bytes
+    they take; None until they all arrived."""
+    out, at = [], 0
+    for _ in range(count):
+        if len(buf) < at + 8:
+            return None
+        size = _U64.unpack_from(buf, at)[0]
+        if len(buf) < at + 8 + size:
+            return None
+        out.append(bytes(buf[at + 8 : at + 8 + size]))
+        at += 8 + size
+    return out, at
+
+
+class Claimant:
+    """A rank that may report (``verdict.may_claim``): the recorder's own request thread
+    (``Poller``) on connections of its own, answering with the exchange's ``claim``."""
+
+    def __init__(self, port: int, world: int, rank: int, summary: bytes, record: bytes) -> None:
+        from flightrec.recorder.exchange.store import Poller
+
+        self.rank, self.done = rank, threading.Event()
+        self._answer = (summary, record)
+        self._store = answered_connection("127.0.0.1", port, 5.0, tries=5)
+        where = SimpleNamespace(host="127.0.0.1", port=port)
+        self.poller = Poller(where, NAMESPACE, self._on_request, rank=rank, world_size=world)
+
+    def _on_request(self, n: int, requester: int, reason: str) -> bool:
+        keys = self.poller.keys
+        requests = answer_requests(keys, self.rank, n, *self._answer)
+        claim(self._store, keys.round(n, "reporter"), self.rank, requests)
+        self.done.set()
+        return True
 
 
 def driver(port: int, world: int, cache: str, connections: int) -> None:
-    """Ranks 1.. of the job: wait, read the request, publish; one connection per rank up to
-    ``connections``."""
+    """Ranks 1.. of the job (see the docstring): the ranks that may report as the recorder
+    runs them; the others over at most ``connections`` shared connections, each rank's
+    requests built by the recorder's functions and written together per connection."""
     with open(cache, "rb") as f:
         rows = pickle.load(f)["rows"]
-    keys = Keys(NAMESPACE)
-    n = 1
-    reporter_key = keys.round(n, "reporter")
-    publish: dict[int, bytes] = {}
-    for rank, summary, prog in rows:
-        if rank == 0:
-            continue
-        publish[rank] = b"".join((
-            wire.encode_set(keys.summary(rank), summary),
-            wire.encode_set(keys.progress(rank), prog),
-            wire.encode_append(keys.round(n, "progress"), frame(rank, prog)),
-            wire.encode_append(keys.round(n, "ranks"), f"{rank},"),
-            wire.encode_compare_set(reporter_key, "", str(rank)),
-        ))  # fmt: skip
+    keys, n = Keys(NAMESPACE), 1
+    claimants = [
+        Claimant(port, world, rank, s, rec) for rank, s, rec in rows if 0 < rank < CLAIMANTS
+    ]
+    answers = {
+        rank: b"".join(encoded(answer_requests(keys, rank, n, s, rec)))
+        for rank, s, rec in rows
+        if rank >= CLAIMANTS
+    }
     del rows
-    ranks = sorted(publish)
+    ranks = sorted(answers)
     count = min(connections, len(ranks))
-    read_request = wire.encode_multi_get([keys.requests, keys.request(n)])
+    reads, then_wait = request_reads(keys, n)
+    read = wire.encode_multi_get(reads) + wire.encode_wait(then_wait)  # (WireStore.multi_get)
     conns: dict[int, Conn] = {}
     poll = select.epoll()
     for c in range(count):
-        # (torch's libuv server now and then leaves a loaded host's new connection unread)
+        mine = ranks[c::count]
+        blob = b"".join(answers[r] for r in mine)
         sock = answered_connection("127.0.0.1", port, 5.0, tries=5).socket
-        sock.setblocking(False)
-        conn = Conn(sock, ranks[c::count])
+        conn = Conn(sock, mine, blob)
         conns[sock.fileno()] = conn
-        sock.sendall(wire.encode_wait([keys.request(n)]))
+        sock.sendall(wire.encode_wait([keys.request(n)]) * len(mine))  # (Poller._next_posted)
         poll.register(sock.fileno(), select.EPOLLIN)
+    del answers
     time.sleep(1.0)  # (every wait registered on the server)
+    assert all(c.poller.waits for c in claimants), "a claimant's poller does not wait"
     cpu0 = time.process_time()
-    _say({"ready": True, "connections": count})
-    reached: list[float] = []
-    published: list[float] = []
+    _say({"ready": True, "connections": count + 2 * len(claimants)})
+    reached = sent = 0.0
     left = count
     while left:
         for fd, _ in poll.poll(60):
             conn = conns[fd]
-            try:
-                data = conn.sock.recv(1 << 16)
-            except BlockingIOError:
-                continue
+            data = conn.sock.recv(1 << 20)
             if not data:
                 raise RuntimeError("the store closed a connection")
             conn.buf += data
-            while True:
-                state = conn.state
-                if state == "wait":
-                    if not conn.buf:
-                        break
-                    del conn.buf[:1]  # STOP_WAITING
-                    conn.sock.sendall(read_request)
-                    conn.state = "read"
-                elif state == "read":
-                    first = _value(conn.buf, 0)
-                    second = first and _value(conn.buf, first[1])
-                    if not second:
-                        break
-                    del conn.buf[: second[1]]
-                    reached.append(time.monotonic())
-                    conn.sock.sendall(publish[conn.ranks[conn.i]])
-                    conn.state, conn.tries = "claim", 0
-                elif state == "claim":
-                    got = _value(conn.buf, 0)
-                    if not got:
-                        break
-                    del conn.buf[: got[1]]
-                    rank = conn.ranks[conn.i]
-                    holder = got[0]
-                    # As Exchange._claim: take the key while it names a higher rank.
-                    if holder.isdigit() and int(holder) > rank and conn.tries < 16:
-                        conn.tries += 1
-                        conn.sock.sendall(wire.encode_compare_set(reporter_key, holder, str(rank)))
-                        continue
-                    published.append(time.monotonic())
-                    conn.i += 1
-                    if conn.i < len(conn.ranks):
-                        conn.sock.sendall(read_request)
-                        conn.state = "read"
-                    else:  # every rank of it answered: it waits for the next request
-                        conn.sock.sendall(wire.encode_wait([keys.request(n + 1)]))
-                        conn.state = "done"
-                        left -= 1
-                else:
-                    break
+            if conn.state == "wait" and conn.buf:
+                del conn.buf[:1]  # STOP_WAITING: one per connection, however many ranks wait
+                conn.sock.sendall(read * len(conn.ranks))
+                conn.state = "read"
+            if conn.state == "read":
+                got = _values(conn.buf, 2 * len(conn.ranks))
+                if got is None:
+                    continue
+                del conn.buf[: got[1]]
+                reached = time.monotonic()
+                conn.sock.sendall(conn.answer)
+                sent = time.monotonic()
+                conn.state = "done"
+                left -= 1
+    for c in claimants:
+        if not c.done.wait(60):
+            raise RuntimeError(f"rank {c.rank}'s request thread did not answer")
     _say({
-        "reached": max(reached), "published": max(published), "ranks": len(published),
+        "reached": reached, "sent": sent, "ranks": len(ranks) + len(claimants),
         "cpu_s": time.process_time() - cpu0,
     })  # fmt: skip
     sys.stdin.read()  # (connections kept until the run is over)
+    for c in claimants:
+        c.poller.stop()
 
 
 # -- one run ----------------------------------------------------------------------------------
@@ -376,7 +418,7 @@ def one_run(
         assert ready["waits"], "rank 0's poller does not wait on the store"
         info = _read(drive)
         time.sleep(0.5)
-        cpu0 = server.cpu_s()
+        cpu0, calls0 = server.cpu_s(), server.syscalls()
         poster = wire.WireStore("127.0.0.1", server.port)
         culprit = world // 3
         t0 = time.monotonic()
@@ -384,6 +426,7 @@ def one_run(
         ranks = _read(drive)
         out = _read(first)
         server_cpu = server.cpu_s() - cpu0
+        calls = server.syscalls()
         server_mb = server.rss_mb()
     finally:
         for proc in (drive, first):
@@ -394,10 +437,13 @@ def one_run(
     steps = out["steps"]
     return {
         "connections": info["connections"],
+        "rank 0 woken": steps["woken"] - t0,
+        "rank 0 published": steps["published"] - t0,
         "reached": ranks["reached"] - t0,
-        "published": max(ranks["published"], steps.get("published", t0)) - t0,
+        "sent": max(ranks["sent"], steps.get("published", t0)) - t0,
+        "answers seen": steps["answers waited ends"] - t0,
         "written": out["written"] - t0,
-        "answers waited": steps["read progress ends"] - steps["read progress"] - steps["published"],
+        "answers waited": steps["answers waited"],
         "read progress": steps.get("read progress", float("nan")),
         "decode progress + first pass": steps.get("decode progress + first pass", float("nan")),
         "read summaries": steps.get("read summaries", float("nan")),
@@ -405,47 +451,65 @@ def one_run(
         "server CPU": server_cpu,
         "reporter CPU": out["cpu_s"],
         "driver CPU": ranks["cpu_s"],
+        "server reads": calls[0] - calls0[0],
+        "server writes": calls[1] - calls0[1],
         "reporter peak MB": out["peak_mb"],
         "server MB": server_mb,
         "text": out["text"],
+        "read": out["read"],
         "answered": ranks["ranks"] + 1,
     }
 
 
-def wake_cost(ranks: int) -> float:
-    """Server CPU seconds to wake ``ranks`` waiting connections (one byte written to each)."""
+def calibrate(connections: int) -> tuple[float, float]:
+    """Server CPU seconds of one read (a wait registered) and one write (a wake-up), each
+    measured over ``connections`` connections (median of three)."""
     server = Server()
-    socks = []
     keys = Keys(NAMESPACE)
+    reads, writes = [], []
     try:
-        for _ in range(ranks):
-            s = answered_connection("127.0.0.1", server.port, 5.0, tries=5).socket
-            s.sendall(wire.encode_wait([keys.request(1)]))
-            socks.append(s)
-        time.sleep(1.0)
-        cpu0 = server.cpu_s()
-        wire.WireStore("127.0.0.1", server.port).set(keys.request(1), "0 CLI_TRIGGER")
-        for s in socks:
-            s.recv(1)
-        return server.cpu_s() - cpu0
+        socks = [
+            answered_connection("127.0.0.1", server.port, 5.0, tries=5).socket
+            for _ in range(connections)
+        ]
+        probe = wire.WireStore("127.0.0.1", server.port)
+        for n in (1, 2, 3):
+            time.sleep(0.5)
+            cpu0 = server.cpu_s()
+            for sock in socks:
+                sock.sendall(wire.encode_wait([keys.request(n)]))
+            probe.check(["-"])  # answered once everything sent before it is taken in
+            time.sleep(0.3)
+            probe.check(["-"])
+            reads.append((server.cpu_s() - cpu0) / connections)
+            cpu0 = server.cpu_s()
+            probe.set(keys.request(n), "0 CLI_TRIGGER")
+            for sock in socks:
+                sock.recv(1)
+            probe.check(["-"])
+            writes.append((server.cpu_s() - cpu0) / connections)
+        for sock in socks:
+            sock.close()
+        return statistics.median(reads), statistics.median(writes)
     finally:
-        for s in socks:
-            s.close()
         server.close()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, nargs="+", default=[16384, 65536, 131072])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[16384, 131072])
     parser.add_argument("--layout", default="tp=8,pp=8")
     parser.add_argument("--fault", default="stall")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument(
-        "--entries", type=int, default=256, help="ring entries per rank (a summary keeps 21)"
+        "--entries", type=int, default=64, help="ring entries per rank (a summary keeps 21)"
     )
-    parser.add_argument("--connections", type=int, default=16384)
+    parser.add_argument("--connections", type=int, default=4096)
+    parser.add_argument(
+        "--calibrate", type=int, default=4096, metavar="N",
+        help="connections to measure one read's and one write's server cost on (0: skip)",
+    )  # fmt: skip
     parser.add_argument("--generate-only", action="store_true")
-    parser.add_argument("--wake-cost", action="store_true", help="measure the server's wake-up")
     parser.add_argument("--cache", type=Path, default=Path("/tmp/flightrec-bench"))
     parser.add_argument("--show", action="store_true", help="print the verdict text")
     parser.add_argument("--role", default="", help=argparse.SUPPRESS)
@@ -458,20 +522,21 @@ def main() -> int:
     if args.role == "rank0":
         rank0(int(rest[0]), int(rest[1]), rest[2], rest[3])
         return 0
-    if args.wake_cost:
-        for n in (4096, 16384):
-            cost = wake_cost(n)
-            print(f"waking {n} waiting connections: {cost:.3f} s of server CPU "
-                  f"({1e6 * cost / n:.1f} us each)")  # fmt: skip
+    costs = (0.0, 0.0)
+    if args.calibrate and not args.generate_only:
+        costs = calibrate(args.calibrate)
+        print(f"server CPU per system call, over {args.calibrate} connections: a read "
+              f"{1e6 * costs[0]:.1f} us, a write {1e6 * costs[1]:.1f} us (load average "
+              f"{os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
     for world in args.ranks:
-        data = generate(args.cache, world, args.layout, args.fault, args.entries)
+        rows_file = generate(args.cache, world, args.layout, args.fault, args.entries)
         if args.generate_only:
             continue
-        shape = args.layout.replace("=", "").replace(",", "-")
-        rows_file = args.cache / f"inlog-{world}x{args.entries}-{shape}-{args.fault}.pickle"
-        rank0_file = args.cache / f"inlog-{world}-rank0.summary"
+        with rows_file.open("rb") as f:
+            data = pickle.load(f)
+        rank0_file = args.cache / f"inlog2-{world}-rank0.summary"
         rank0_file.write_bytes(next(s for r, s, _ in data["rows"] if r == 0))
-        expected = data["expected"]
+        expected, real = data["expected"], set(data["real"])
         del data
         runs = []
         for i in range(args.repeat):
@@ -479,23 +544,32 @@ def main() -> int:
             run = one_run(world, rows_file, rank0_file, args.connections, str(i))
             run["load"] = load
             runs.append(run)
-        report(world, args, runs, expected)
+            print(f"  run {i + 1}: verdict {run['written']:.2f} s after the request, server "
+                  f"CPU {run['server CPU']:.2f} s, load average {load:.1f}", flush=True)  # fmt: skip
+        report(world, args, runs, expected, real, costs)
     return 0
 
 
 def report(
-    world: int, args: argparse.Namespace, runs: list[dict[str, Any]], expected: dict[str, Any]
+    world: int,
+    args: argparse.Namespace,
+    runs: list[dict[str, Any]],
+    expected: dict[str, Any],
+    real: set[int],
+    costs: tuple[float, float],
 ) -> None:
     text = runs[0]["text"]
     right = all(str(v) in text for k, v in expected.items() if k in ("op", "seq")) and (
         f"Rank {expected['ranks'][0]} " in text
     )
     widest = max((len(line) for line in text.splitlines()), default=0)
+    stand_ins = sorted({r for run in runs for r in run["read"]} - real)
     print(f"{world} ranks ({args.layout}, {args.fault}), {runs[0]['answered']} answering, "
           f"over {runs[0]['connections']} connections:")  # fmt: skip
-    names = ["reached", "published", "written", "answers waited", "read progress",
+    names = ["rank 0 woken", "rank 0 published", "reached", "sent", "answers seen", "written", "answers waited", "read progress",
              "decode progress + first pass", "read summaries", "decode + analysis + render",
-             "server CPU", "reporter CPU", "driver CPU", "reporter peak MB", "server MB"]  # fmt: skip
+             "server CPU", "reporter CPU", "driver CPU", "server reads", "server writes",
+             "reporter peak MB", "server MB"]  # fmt: skip
     print(f"  {'':<32} {'first run':>10} {'median':>10}  (of {len(runs)}; seconds unless MB)")
     for name in names:
         first = runs[0][name]
@@ -506,7 +580,23 @@ def report(
     verdict = "met" if wall <= TARGET_S else "MISSED"
     print(f"  request -> verdict in the log: first {runs[0]['written']:.2f} s, median {wall:.2f} s "
           f"(target {TARGET_S:g} s: {verdict}); load average at each run's start: {loads}")  # fmt: skip
-    print(f"  verdict names the simulated culprit: {right} ({expected}); widest line {widest}")
+    if costs[0]:
+        # A rank of a job: one write waking it, one read (the request's and the next wait),
+        # one write answering it, one read (its answer); a claim adds a write.
+        claims = min(CLAIMANTS, world)
+        reads = 2 * world
+        writes = 2 * world + claims
+        med = {
+            k: statistics.median(r[k] for r in runs)
+            for k in ("server reads", "server writes", "server CPU")
+        }
+        more = max(0.0, reads - med["server reads"]) * costs[0]
+        more += max(0.0, writes - med["server writes"]) * costs[1]
+        print(f"  with a connection per rank (estimated): {reads:,} reads and {writes:,} writes "
+              f"where these runs made {med['server reads']:,.0f} and {med['server writes']:,.0f}: "
+              f"{more:.2f} s more, {med['server CPU'] + more:.2f} s of server CPU in all")  # fmt: skip
+    print(f"  verdict names the simulated culprit: {right} ({expected}); widest line {widest}; "
+          f"relabelled summaries read: {stand_ins or 'none'}")  # fmt: skip
     if args.show:
         print(text)
 

@@ -12,6 +12,11 @@ connection and thread that a traced rank has. Two modes:
            in pieces of 1,024 keys, and the current design (one description key every rank
            waits on: the server writes one byte to each waiting connection; measured with up
            to ``--connections`` waiting connections, and per connection).
+  events   what the server's work is made of: ``--connections`` connections (one per rank) each
+           send one thing at once (a wait, a read and the next wait in one write, a rank's
+           answer in one write, the same as separate writes, ...), and the server's CPU and
+           system calls per connection are printed (median of three): its cost is per system
+           call (one read per arrival, one write per answer), not per request.
   exchange the verdict's exchange end to end: each rank also has the recorder's ``Exchange``
            with its dump of a simulated hang (``flightrec simulate``'s tp=8,pp=8 stall); a
            request makes every rank publish its summary and progress record, and the lowest
@@ -36,7 +41,6 @@ import argparse
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -55,39 +59,10 @@ from flightrec.recorder.exchange import store as channel  # noqa: E402
 from flightrec.recorder.exchange import wire  # noqa: E402
 from flightrec.recorder.exchange.keys import Keys  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from store_server import Server  # noqa: E402
+
 NAMESPACE = "bench"
-SERVER = """
-import sys, time
-from datetime import timedelta
-from torch.distributed import TCPStore
-s = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
-print(s.port, flush=True)
-sys.stdin.read()
-"""
-
-
-class Server:
-    """A TCPStore server in a child process, with its request and CPU counters."""
-
-    def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-        )
-        assert self.proc.stdout is not None
-        self.port = int(self.proc.stdout.readline())
-
-    def counters(self) -> tuple[int, float]:
-        """(read system calls, CPU seconds) of the server process so far."""
-        io = Path(f"/proc/{self.proc.pid}/io").read_text()
-        reads = int(next(line.split()[1] for line in io.splitlines() if line.startswith("syscr")))
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        return reads, cpu
-
-    def close(self) -> None:
-        assert self.proc.stdin is not None
-        self.proc.stdin.close()
-        self.proc.wait(10)
 
 
 def client(port: int) -> Any:
@@ -350,6 +325,93 @@ def _request_cost(server: Server, how: str, ranks: int, connections: int) -> str
     )
 
 
+def run_events(connections: int) -> None:
+    """The server's CPU and system calls per connection for what one rank sends at a time."""
+    server = Server()
+    socks = [wire.WireStore("127.0.0.1", server.port, 20).socket for _ in range(connections)]
+    probe = wire.WireStore("127.0.0.1", server.port, 60)
+    keys = Keys(NAMESPACE)
+    probe.set(keys.requests, "1")
+    probe.set(keys.request(1), "0 WATCHDOG_TIMEOUT")
+    results: dict[str, list[tuple[float, float, float]]] = {}
+
+    def measure(name: str, action: Callable[[], None]) -> None:
+        time.sleep(0.2)
+        probe.check(["-"])
+        (r0, w0), c0 = server.syscalls(), server.cpu_s()
+        action()
+        probe.check(["-"])  # answered once everything sent before it is taken in
+        time.sleep(0.3)
+        probe.check(["-"])
+        (r1, w1), c1 = server.syscalls(), server.cpu_s()
+        n = connections
+        results.setdefault(name, []).append((1e6 * (c1 - c0) / n, (r1 - r0) / n, (w1 - w0) / n))
+
+    for rep in range(3):
+        for name, action in _event_steps(socks, probe, keys, f"{keys.root}/events/{rep}"):
+            measure(name, action)
+    print(f"events at the server, per connection, over {connections} connections (median of 3):")
+    for name, got in results.items():
+        cpu, reads, writes = (statistics.median(x[k] for x in got) for k in range(3))
+        print(f"  {name:40s} {cpu:6.1f} us of CPU  {reads:5.2f} reads  {writes:5.2f} writes")
+    for sock in socks:
+        sock.close()
+    server.close()
+
+
+def _event_steps(
+    socks: list[Any], probe: wire.WireStore, keys: Keys, key: str
+) -> list[tuple[str, Callable[[], None]]]:
+    """(what, do it on every connection and read the answers), in an order that leaves the
+    connections as they were."""
+    read = wire.encode_multi_get([keys.requests, keys.request(1)])
+    summary = os.urandom(1800)
+
+    def send(
+        parts: Callable[[int], list[bytes]], answer: Callable[[int], int], ring: str = ""
+    ) -> Callable[[], None]:
+        def action() -> None:
+            for i, sock in enumerate(socks):
+                for part in parts(i):
+                    sock.sendall(part)
+            if ring:
+                probe.set(ring, "1")  # wakes every connection waiting on it
+            for i, sock in enumerate(socks):
+                size, got = answer(i), 0
+                while got < size:
+                    got += len(sock.recv(size - got))
+
+        return action
+
+    def answer(i: int, claim: bool = False) -> list[bytes]:
+        parts = [
+            wire.encode_set(f"{keys.root}/events/summary/{i}", summary),
+            wire.encode_append(f"{key}/progress", summary[:96]),
+            wire.encode_append(f"{key}/ranks", f"{i},"),
+        ]
+        if claim:
+            parts.append(wire.encode_compare_set(f"{key}/reporter/{i}", "", str(i)))
+        return parts
+
+    read_answer = 8 + 1 + 8 + len("0 WATCHDOG_TIMEOUT")
+    return [
+        ("a wait registered", send(lambda i: [wire.encode_wait([key])], lambda i: 0)),
+        ("woken (one byte written to each)", send(lambda i: [], lambda i: 1, key)),
+        ("the request read (multi_get)", send(lambda i: [read], lambda i: read_answer)),
+        (
+            "the read and the next wait, one write",
+            send(lambda i: [read + wire.encode_wait([key + "/next"])], lambda i: read_answer),
+        ),
+        ("woken again", send(lambda i: [], lambda i: 1, key + "/next")),
+        ("an answer, one write", send(lambda i: [b"".join(answer(i))], lambda i: 0)),
+        ("an answer, one write a request", send(answer, lambda i: 0)),
+        (
+            "an answer and a claim, one write",
+            send(lambda i: [b"".join(answer(i, claim=True))], lambda i: 8 + len(str(i))),
+        ),
+    ]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--ranks", type=int, nargs="+", default=[1024])
@@ -362,7 +424,7 @@ def main() -> None:
         "--mode",
         nargs="+",
         default=["poll", "current"],
-        choices=["poll", "current", "exchange", "request"],
+        choices=["poll", "current", "exchange", "request", "events"],
     )
     p.add_argument(
         "--cold",
@@ -379,6 +441,8 @@ def main() -> None:
                 run_exchange(ranks, args.requests, not args.cold)
             elif mode == "request":
                 run_request(ranks, args.connections)
+            elif mode == "events":
+                run_events(args.connections)
             else:
                 run(mode, ranks, args.seconds, args.requests)
 

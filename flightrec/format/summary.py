@@ -294,14 +294,21 @@ def _cut(text: str) -> str:
 
 
 def members(ranks: Sequence[int]) -> Sequence[int]:
-    """A member list as a ``range`` when it is an arithmetic progression, else a tuple."""
-    if len(ranks) >= 2:
-        step = ranks[1] - ranks[0]
+    """A member list as a ``range`` when it is an arithmetic progression, else a tuple.
+
+    A ``range`` (what ``members_of`` gives for a one-dimensional grid: the world group, a
+    data-parallel one) is kept as it is; a list is compared at C speed (the world group of a
+    131,072-rank job, compared in Python, cost 25 ms of every rank's summary)."""
+    if isinstance(ranks, range):
+        return ranks
+    seq = tuple(ranks)
+    if len(seq) >= 2:
+        step = seq[1] - seq[0]
         if step:
-            span = range(ranks[0], ranks[-1] + (1 if step > 0 else -1), step)
-            if len(span) == len(ranks) and all(a == b for a, b in zip(span, ranks, strict=True)):
+            span = range(seq[0], seq[-1] + (1 if step > 0 else -1), step)
+            if len(span) == len(seq) and tuple(span) == seq:
                 return span
-    return tuple(ranks)
+    return seq
 
 
 # -- the wire ---------------------------------------------------------------------------------

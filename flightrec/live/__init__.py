@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("flightrec")
 POLL_S = 0.1
 """How often the reporter looks at who has answered (only while a round is being gathered)."""
+READ_AHEAD = 0.2
+"""The share of the world whose answers make the reporter read the progress records while it
+waits (five reads of the growing list at most; each unframes only what is new)."""
 
 __all__ = ["REPORTER", "LiveReporter", "report"]
 
@@ -67,9 +70,16 @@ def report(rnd: Round) -> None:
     try:
         # The analysis and the renderer load while the other ranks answer, not after.
         from flightrec.live.rounds import earlier
-        from flightrec.live.verdict import render, select
+        from flightrec.live.verdict import UNLISTED, Decoded, decode_ahead, render, select
+        from flightrec.recorder.exchange.verdict import Listing
 
-        answered = _gather_answers(rnd)
+        listing = Listing(rnd)
+        decoded: Decoded = {}
+
+        def read_ahead() -> None:
+            decode_ahead(listing.read(), rnd.world_size, decoded)
+
+        answered = _gather_answers(rnd, read_ahead)
         if answered is None:
             return  # a lower rank answered: it reports
         died, left = rnd.died(), rnd.left()
@@ -78,10 +88,17 @@ def report(rnd: Round) -> None:
         dead = sorted(set(died) - set(answered))
         exited = frozenset(left) - set(answered) - set(dead)
         # Every rank's progress first; then the summaries of the ranks it implicates (all of
-        # them in a small job).
-        progress, why = rnd.progress(sorted({*answered, *dead}))
-        chosen = select(progress, rnd.number, rnd.world_size, frozenset(dead), listing_problem=why)
-        raw = rnd.summaries(list(chosen.ranks))
+        # them in a small job). A rank without a record in the round's list (dead since an
+        # earlier round) is read from its summary.
+        wanted = sorted({*answered, *dead})
+        progress, why = rnd.progress(wanted, listing)
+        unlisted = rnd.summaries([r for r in wanted if r not in progress][:UNLISTED])
+        chosen = select(
+            progress, rnd.number, rnd.world_size, frozenset(dead), listing_problem=why,
+            unlisted=unlisted, decoded=decoded,
+        )  # fmt: skip
+        raw = {r: unlisted[r] for r in chosen.ranks if r in unlisted}
+        raw.update(rnd.summaries([r for r in chosen.ranks if r not in raw]))
         gathered = time.monotonic() - started
         before = earlier(rnd.store, rnd.namespace, rnd.restart)
         panels: list[Report] = []
@@ -100,14 +117,21 @@ def report(rnd: Round) -> None:
         _write_stderr(text)
 
 
-def _gather_answers(rnd: Round) -> list[int] | None:
+def _gather_answers(rnd: Round, read_ahead: Callable[[], None]) -> list[int] | None:
     """Wait, time-boxed, until every rank answered, died or left; the ranks that answered
     (None: a lower rank answered, and reports instead).
 
     What is polled is the count of answers (one read, no parsing: at 131,072 ranks the list
-    is 0.9 MB); the list itself is parsed once the count says everyone may be in."""
+    is 0.9 MB); the list itself is parsed once the count says everyone may be in. Each time
+    ``READ_AHEAD`` of the world's ranks more have answered, ``read_ahead`` reads and decodes
+    their progress records, so that little is left to do once the last one is in."""
+    ahead = 0
+    step = max(1024, int(rnd.world_size * READ_AHEAD))
     while True:
         count, died, left = rnd.answered_count(), rnd.died(), rnd.left()
+        if count - ahead >= step and count < rnd.world_size:
+            read_ahead()
+            ahead = count
         if count + len({*died, *left}) >= rnd.world_size:
             answered = rnd.answered()
             if len({*answered, *died, *left}) >= rnd.world_size:

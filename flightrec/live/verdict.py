@@ -28,6 +28,7 @@ from flightrec.errors import DumpError, printable
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.members import members_of, set_members
 from flightrec.format.progress import decode_progress
+from flightrec.format.progress import progress as progress_of
 from flightrec.format.summary import SummaryError, decode
 from flightrec.live.frontier import Frontier, find_frontier
 from flightrec.readers.summary import summary_view
@@ -41,6 +42,10 @@ TERM_STUCK_S = 5.0
 """In a round started by SIGTERM, an operation pending this long is a hang worth reporting."""
 FULL_RANKS = 96
 """Jobs of at most this many ranks have every summary analysed (well under a second)."""
+UNLISTED = 1024
+"""Ranks without a record in the round's list whose summary stands in for it (a rank that
+died answering an earlier round; the ranks after a damaged record): read from the summary,
+at most this many (a damaged list costs the reporter a bounded read)."""
 MAX_LINE = 200
 """Characters in any line of the text printed into the job's log, at any scale: log pipelines
 split long lines (16 KB in some), and a list of ranks grows with the job. Rank sets are
@@ -68,12 +73,29 @@ class Selection:
     frontier: Frontier | None
 
 
+Decoded = dict[int, tuple[bytes, "pb.Progress | str"]]
+"""Progress records decoded ahead (``decode_ahead``): rank -> (the bytes, the record or why it
+was refused)."""
+
+
+def decode_ahead(raw: Mapping[int, bytes], world_size: int, into: Decoded) -> None:
+    """Decode ``raw``'s records into ``into`` (the reporter does it as the records arrive, while
+    it waits for the other ranks: at 131,072 ranks decoding them all takes about a second)."""
+    for rank, data in raw.items():
+        try:
+            into[rank] = (data, decode_progress(data, rank, world_size))
+        except SummaryError as exc:
+            into[rank] = (data, str(exc).split(": ", 1)[-1])
+
+
 def select(
     raw: Mapping[int, bytes],
     number: int,
     world_size: int,
     dead: AbstractSet[int] = frozenset(),
     listing_problem: str = "",
+    unlisted: Mapping[int, bytes] | None = None,
+    decoded: Decoded | None = None,
 ) -> Selection:
     """Decide whose summaries to read, from every answering rank's progress record.
 
@@ -85,16 +107,27 @@ def select(
         dead: ranks that died of an exception (``load``).
         listing_problem: why the round's list of progress records was not read to its end
             (``Round.progress``; "": it was): one line among the problems.
+        unlisted: summaries of ranks without a record in ``raw``: where such a rank stood is
+            read from its summary (the record it would have published, made from the dump
+            the summary carries).
+        decoded: records decoded ahead (``decode_ahead``); one whose bytes differ from
+            ``raw``'s is decoded again.
     """
     progress: dict[int, pb.Progress] = {}
     problems: list[FileProblem] = []
     if listing_problem:
         problems.append(FileProblem("the round's progress records", listing_problem))
-    for rank, data in raw.items():
-        try:
-            p = decode_progress(data, rank, world_size)
-        except SummaryError as exc:
-            problems.append(FileProblem(f"rank {rank}'s progress", str(exc).split(": ", 1)[-1]))
+    ahead = decoded or {}
+    records = [(rank, data, False) for rank, data in raw.items()]
+    records += [(rank, data, True) for rank, data in (unlisted or {}).items() if rank not in raw]
+    for rank, data, summary in records:
+        known = None if summary else ahead.get(rank)
+        if known is None or known[0] != data:
+            known = (data, _decoded(data, rank, world_size, summary))
+        p = known[1]
+        if isinstance(p, str):
+            what = "summary" if summary else "progress"
+            problems.append(FileProblem(f"rank {rank}'s {what}", p))
             continue
         if p.round < number and rank not in dead:
             problems.append(
@@ -103,10 +136,36 @@ def select(
             continue
         progress[rank] = p
     if world_size <= FULL_RANKS:
-        return Selection(tuple(sorted(raw)), progress, tuple(problems), None)
+        return Selection(tuple(sorted({*raw, *(unlisted or {})})), progress, tuple(problems), None)
     frontier = find_frontier(progress)
-    wanted = set(frontier.detail) | (set(dead) & set(raw))
+    wanted = set(frontier.detail) | (set(dead) & {*raw, *(unlisted or {})})
     return Selection(tuple(sorted(wanted)), progress, tuple(problems), frontier)
+
+
+def _decoded(data: bytes, rank: int, world_size: int, summary: bool) -> pb.Progress | str:
+    """A rank's record (from its summary when ``summary``), or why it is refused."""
+    try:
+        if summary:
+            return _stood_in(data, rank, world_size)
+        return decode_progress(data, rank, world_size)
+    except SummaryError as exc:
+        return str(exc).split(": ", 1)[-1]
+
+
+def _stood_in(data: bytes, rank: int, world_size: int) -> pb.Progress:
+    """The progress record of a rank read from its summary (``select``'s ``unlisted``).
+
+    Raises:
+        SummaryError: the summary does not decode, or is another rank's.
+    """
+    s = decode(data, f"rank {rank}'s summary")
+    if s.dump.header.rank != rank:
+        raise SummaryError(f"rank {rank}'s summary: says it is rank {s.dump.header.rank}")
+    if s.dump.header.world_size != world_size:
+        raise SummaryError(
+            f"rank {rank}'s summary: says the world has {s.dump.header.world_size} ranks"
+        )
+    return progress_of(s.dump, s.round)
 
 
 def load(

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch.distributed")
 
 from flightrec.analysis import analyze_dir
+from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import RING_SUFFIX
 from tests.integration.jobs import SCRIPTS, Job, start_job
@@ -98,7 +99,10 @@ def test_fsdp2_all_gathers_and_reduce_scatters_are_recorded(tmp_path: Path) -> N
         assert list(dump.entries.seq) == list(range(1, len(ops) + 1))
     # A healthy run that dumped at exit leaves no black box behind.
     assert rings(job.dump_dir) == []
-    assert analyze_dir(str(job.dump_dir)).findings == []
+    # Healthy: no finding. On a loaded machine, ranks that each lose the core in turn really
+    # do wait on one another: a spread imbalance, which names no rank, may be said.
+    findings = analyze_dir(str(job.dump_dir)).findings
+    assert [f for f in findings if f.kind != FindingKind.IMBALANCE or f.ranks] == [], findings
 
 
 @pytest.mark.parametrize("how", ["sigkill", "exit", "abort"])

@@ -1,7 +1,7 @@
 """What torch 2.15 writes, recorded live and diagnosed: its hook-based recorder on a backend
 without one of its own, dumped by torch's own writer, plainly and in torchft's quorum folders
 (tests/integration/native_scripts/hook_job.py). Skipped on a torch without that recorder; CI
-runs it on the newest torch (.ci/torch-newest.sh)."""
+runs it on the newest torch (.ci/newest.sh)."""
 
 from __future__ import annotations
 

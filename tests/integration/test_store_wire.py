@@ -20,8 +20,14 @@ from pathlib import Path
 import pytest
 
 from flightrec.recorder.exchange.keys import Keys
-from flightrec.recorder.exchange.store import Poller, first_free, post_request
-from flightrec.recorder.exchange.wire import ProtocolError, WireStore
+from flightrec.recorder.exchange.store import (
+    CALL_TIMEOUT_S,
+    Poller,
+    answered_connection,
+    first_free,
+    post_request,
+)
+from flightrec.recorder.exchange.wire import ProtocolError, WireStore, encode_append, encode_set
 
 torch = pytest.importorskip("torch")
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # noqa: E402
@@ -108,6 +114,43 @@ def test_a_wait_ends_when_the_key_comes_when_it_times_out_or_when_closed(
     with pytest.raises(OSError):
         other.wait(["never"])
     assert time.monotonic() - started < 5
+    ours.close()
+    # The recorder's connections: the handshake within the connect timeout, then each call
+    # waits longer for its answer (a server every rank answers at once answers late), and a
+    # timed wait leaves it so.
+    recorders = answered_connection("127.0.0.1", port, 2.0)
+    assert recorders.socket.gettimeout() == CALL_TIMEOUT_S
+    assert recorders.wait(["never"], timeout_s=0.2) is False
+    assert recorders.socket.gettimeout() == CALL_TIMEOUT_S
+    recorders.close()
+
+
+def test_a_wait_sent_with_a_read_and_requests_sent_together(server: tuple[int, str]) -> None:
+    # What a rank sends when a request wakes it (the read and the next wait in one write) and
+    # when it answers (its requests in one write): each answered as when sent one by one.
+    port, _ = server
+    ours, theirs = WireStore("127.0.0.1", port), torch_client(port)
+    theirs.set("d/1", "x")
+    assert ours.multi_get(["d/1"], then_wait=["d/2"]) == [b"x"]
+    threading.Timer(0.2, lambda: theirs.set("d/2", "y")).start()
+    assert ours.wait(["d/2"], timeout_s=20) is True  # registered already: only read
+    assert ours.get("d/2") == b"y"  # in step
+    # A request that gets an answer, while such a wait is registered, cancels it first: its
+    # answer is never taken for the wait's, nor the other way round.
+    ours.multi_get(["d/1"], then_wait=["d/3"])
+    assert ours.get("d/1") == b"x"
+    theirs.set("d/3", "z")
+    assert theirs.get("d/3") == b"z"  # (taken in: the server orders no two connections)
+    assert ours.check(["d/3"]) and ours.get("d/3") == b"z"
+    theirs.set("d/4", "w")  # a wait answered at once, before the cancel
+    assert theirs.get("d/4") == b"w"
+    ours.multi_get(["d/1"], then_wait=["d/4"])
+    assert ours.get("d/4") == b"w" and ours.get("d/1") == b"x"
+    ours.multi_get(["d/1"], then_wait=["d/5"])  # a wait for other keys: cancelled, then sent
+    assert ours.wait(["d/4"], timeout_s=20) is True and ours.get("d/1") == b"x"
+    ours.send([encode_set("q/a", "1"), encode_append("q/l", "0,"), encode_append("q/l", "1,")])
+    assert ours.compare_set("q/c", "", "me", first=[encode_append("q/l", "2,")]) == b"me"
+    assert theirs.get("q/l") == b"0,1,2," and theirs.get("q/a") == b"1"
     ours.close()
 
 

@@ -214,6 +214,46 @@ def test_the_lowest_rank_that_answers_reports_once(monkeypatch: pytest.MonkeyPat
     assert {rnd.rank for rnd in rounds} >= {0}
 
 
+def test_only_ranks_that_may_report_offer_to(monkeypatch: pytest.MonkeyPatch) -> None:
+    # At scale a claim from every rank is one answer each that the store's server writes for
+    # nothing: the first ranks offer, and the rank that posted the request (it was alive to
+    # post it), so that a round whose low ranks all stay silent still has its reporter.
+    monkeypatch.setattr(exchange, "CLAIMANTS", 2)
+    store = MemoryStore()
+    rounds: list[tuple[int, int]] = []
+    posters = {3: {5}}
+
+    class Poller(FakePoller):
+        def __init__(self, rank: int) -> None:
+            super().__init__(store)
+            self.posted = posters.get(rank, set())
+
+    exchanges = {
+        r: Exchange(Poller(r), r, 6, "job", lambda rnd: rounds.append((rnd.number, rnd.rank)))  # type: ignore[arg-type]
+        for r in range(6)
+    }
+
+    def answer(rank: int) -> None:
+        path, dump = hang_dumps()[rank % 4]
+        exchanges[rank].on_dump(dump, Path(path))
+        exchanges[rank].after_request(5, "WATCHDOG_TIMEOUT")
+        running = exchanges[rank]._reporting
+        if running is not None:
+            running.join(5)
+
+    reporter = "flightrec/job/round/5/reporter"
+    answer(4)  # neither low nor the poster: its summary, record and listing; no offer
+    assert reporter not in store.data
+    assert store.get("flightrec/job/round/5/ranks") == b"4,"
+    assert (
+        "flightrec/job/summary/4" in store.data and "flightrec/job/round/5/progress" in store.data
+    )
+    answer(3)  # the poster
+    assert store.get(reporter) == b"3" and rounds == [(5, 3)]
+    answer(1)  # a low rank: takes over
+    assert store.get(reporter) == b"1" and rounds == [(5, 3), (5, 1)]
+
+
 def test_a_rank_answering_after_the_verdict_is_out_prints_no_second_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -398,3 +438,44 @@ def test_a_request_names_a_rank_and_a_reason_from_the_vocabulary(
     from flightrec.recorder.exchange.store import parse_request
 
     assert parse_request(raw) == parsed
+
+
+def test_the_reporter_reads_the_records_as_they_arrive_and_decodes_them_once() -> None:
+    # Each read of the growing list unframes only what was appended since; a list rewritten
+    # by something else, or damaged, is read from its start; records decoded ahead give the
+    # selection decoding them at the end gives, and bytes that changed are decoded again.
+    from flightrec.format.progress import encode_progress
+    from flightrec.live.verdict import Decoded, decode_ahead, select
+
+    store = MemoryStore()
+    rnd = Round(1, "WATCHDOG_TIMEOUT", 0, 8, "", time.monotonic() + 1, store, "0")
+    key = Keys().round(1, "progress")
+
+    def record(rank: int, seq: int = 3) -> bytes:
+        return encode_progress(
+            pb.Progress(round=1, rank=rank, world_size=8, group=["0"], issued=[seq],
+                        pending=[seq], size=[8], wait_group=1, wait_op="all_reduce",
+                        wait_seq=seq, wait_peer=-1)
+        )  # fmt: skip
+
+    listing = exchange.Listing(rnd)
+    assert listing.read() == {} and listing.why == ""
+    for r in (0, 1, 2):
+        store.append(key, exchange.frame(r, record(r)))
+    assert set(listing.read()) == {0, 1, 2}
+    decoded: Decoded = {}
+    decode_ahead(listing.records, 8, decoded)
+    for r in (3, 4):
+        store.append(key, exchange.frame(r, record(r, 2)))
+    assert set(listing.read()) == {3, 4} and set(listing.records) == {0, 1, 2, 3, 4}
+    store.set(key, exchange.frame(5, record(5)))  # rewritten: read again from its start
+    assert set(listing.read()) == {5} and set(listing.records) == {5}
+    store.append(key, b"\x07\x00")  # a cut record: the list is read as far as it goes
+    assert listing.read() == {} and set(listing.records) == {5} and "cut record" in listing.why
+    store.set(key, b"".join(exchange.frame(r, record(r, 2 + (r == 1))) for r in range(5)))
+    assert set(listing.read()) == set(range(5)) and listing.why == ""
+    raw, why = rnd.progress(list(range(5)), listing)
+    assert set(raw) == set(range(5)) and why == ""
+    ahead, fresh = select(raw, 1, 8, decoded=decoded), select(raw, 1, 8)
+    assert ahead.progress == fresh.progress and ahead.ranks == fresh.ranks
+    assert ahead.progress[1].wait_seq == 3 and ahead.progress[0].wait_seq == 2  # changed bytes

@@ -10,7 +10,7 @@ from flightrec.analysis import analyze
 from flightrec.errors import CONTROL
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.progress import MAX_BYTES, decode_progress, encode_progress, progress
-from flightrec.format.summary import SummaryError, encode, summarize
+from flightrec.format.summary import SummaryError, decode, encode, summarize
 from flightrec.live import verdict
 from flightrec.live.frontier import find_frontier
 from flightrec.simulate.faults import Fault
@@ -161,3 +161,31 @@ def test_a_progress_record_is_small_and_bounded() -> None:
     assert len(data) <= MAX_BYTES
     back = decode_progress(data, 1, 8)
     assert back.flags & pb.TRUNCATED and 0 < len(back.group) < 64
+
+
+@pytest.mark.parametrize(("fault", "culprit"), [(Fault.STALL, 85), (Fault.P2P_DEADLOCK, 255)])
+def test_a_rank_missing_from_the_rounds_list_is_read_from_its_summary(
+    fault: Fault, culprit: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A rank that died answering an earlier round, and the ranks after a damaged record, have
+    # no record in the round's list: the record made from the dump their summary carries is
+    # the one they published, and the first pass decides as it would with theirs.
+    summaries, records = published(fault, culprit)
+    for rank, data in summaries.items():
+        s = decode(data, "")
+        assert progress(s.dump, s.round) == decode_progress(records[rank], rank, WORLD)
+    monkeypatch.setattr(verdict, "FULL_RANKS", 0)
+    everyone = verdict.select(records, 3, WORLD)
+    gone = {*range(80, 96), culprit}
+    listed = {r: v for r, v in records.items() if r not in gone}
+    stood_in = verdict.select(listed, 3, WORLD, unlisted={r: summaries[r] for r in gone})
+    assert stood_in.ranks == everyone.ranks and stood_in.progress == everyone.progress
+    assert stood_in.frontier is not None and everyone.frontier is not None
+    assert stood_in.frontier.where == everyone.frontier.where and not stood_in.problems
+    # Another rank's summary, or garbage, stands in for nothing: one line each.
+    bad = verdict.select(listed, 3, WORLD, unlisted={80: summaries[81], 81: b"\xff" * 9})
+    assert 80 not in bad.progress and 81 not in bad.progress
+    assert sorted((p.path, p.reason.split(":")[0]) for p in bad.problems) == [
+        ("rank 80's summary", "says it is rank 81"),
+        ("rank 81's summary", "not a flightrec summary (unparseable)"),
+    ], bad.problems

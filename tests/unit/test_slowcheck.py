@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import random
 import re
 import time
@@ -235,12 +236,28 @@ def test_each_rank_publishes_and_rank_0_hands_every_digest_to_the_judge() -> Non
 def test_a_store_that_stops_answering_ends_the_check_with_one_line(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    store = MemoryStore(broken=True)
-    check = SlowCheck(store, _recorder(), 1, 2, "job", 0.5, None)
+    class Silent(MemoryStore):
+        def _check(self) -> None:
+            raise TimeoutError("Socket Timeout")
+
+    check = SlowCheck(Silent(), _recorder(), 1, 2, "job", 0.5, None)
     check._thread.join(10)  # three failed checks, half a second apart
     assert not check._thread.is_alive()
     warned = [r.getMessage() for r in caplog.records if "slow check" in r.getMessage()]
-    assert warned == ["flightrec: the slow check stopped: Connection reset by peer"]
+    assert warned == ["flightrec: the slow check stopped: Socket Timeout"]
+
+
+def test_a_store_whose_host_is_gone_ends_the_check_without_a_warning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Reset or refused: the job is ending (rank 0's process hosts the store under mp.spawn and
+    may leave first), or that host died, which the hang path reports."""
+    caplog.set_level(logging.DEBUG, logger="flightrec")
+    check = SlowCheck(MemoryStore(broken=True), _recorder(), 1, 2, "job", 0.5, None)
+    check._thread.join(10)
+    assert not check._thread.is_alive()
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if "slow check" in r.getMessage()]
+    assert said == [(logging.DEBUG, "flightrec: the slow check stopped: Connection reset by peer")]
 
 
 def test_digest_carries_the_rank_s_own_time_and_pipeline_peers() -> None:

@@ -11,10 +11,10 @@ MASTER_ADDR:MASTER_PORT (``flightrec trigger``) sees the keys the workers see.
 | ``requests/<n>/dumped``, ``.../failed`` | each rank answering a trigger | ``"<rank>,"`` appended |
 | ``world`` | rank 0 | the world size, for ``flightrec trigger`` |
 | ``endpoint`` | rank 0, in torchrun's rendezvous store | the workers' store address |
-| ``summary/<rank>``, ``progress/<rank>`` | each rank answering a round | its latest summary and progress record |
-| ``round/<n>/ranks`` | each rank answering round ``n`` | ``"<rank>,"`` appended |
+| ``summary/<rank>`` | each rank answering a round | its latest summary |
 | ``round/<n>/progress`` | each rank answering round ``n`` | its progress record, framed, appended |
-| ``round/<n>/reporter`` | the ranks answering round ``n`` | the lowest rank (``"<rank>!"`` once it prints) |
+| ``round/<n>/ranks`` | each rank answering round ``n`` | ``"<rank>,"`` appended |
+| ``round/<n>/reporter`` | the ranks answering round ``n`` that may report | the lowest (``"<rank>!"`` once it prints) |
 | ``died/<restart>``, ``left/<restart>`` | ranks dying of an exception, ending cleanly | ``"<rank>,"`` appended |
 | ``verdict/<restart>`` | the reporter of a hang's first verdict | the finding it printed |
 | ``slow/<rank>`` | each rank, every slow-check interval | its digest of recent arrivals |
@@ -66,10 +66,6 @@ class Keys:
     def summary(self, rank: int) -> str:
         """Rank ``rank``'s latest summary."""
         return f"{self.root}/summary/{rank}"
-
-    def progress(self, rank: int) -> str:
-        """Rank ``rank``'s latest progress record."""
-        return f"{self.root}/progress/{rank}"
 
     def round(self, n: int, what: str) -> str:
         """``ranks``, ``progress`` or ``reporter`` of round ``n``."""

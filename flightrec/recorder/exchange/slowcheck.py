@@ -191,7 +191,10 @@ class SlowCheck:
                 # not answer: quietly at first, then one line, and no more checks.
                 failures += 1
                 if failures >= MAX_FAILURES and not self._stop.is_set():
-                    log.warning("flightrec: the slow check stopped: %s", exc)
+                    # A connection the store's host closed or refuses is the job ending (or
+                    # that host dying, which the hang path reports): not worth a line.
+                    level = logging.DEBUG if _connection_lost(exc) else logging.WARNING
+                    log.log(level, "flightrec: the slow check stopped: %s", exc)
                 if failures >= MAX_FAILURES:
                     return
             self.checks += 1
@@ -242,3 +245,11 @@ class SlowCheck:
                 raw.update(zip(chunk, (bytes(v) for v in store.multi_get(keys)), strict=True))
         if self._judge is not None:
             self._judge(raw)
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store's connection is gone: refused, reset or a broken pipe,
+    as Python's sockets or torch's client (``DistNetworkError``) raise it."""
+    if isinstance(exc, (ConnectionError, EOFError)):
+        return True
+    return type(exc).__name__ == "DistNetworkError"

@@ -11,11 +11,13 @@ Every rank runs a thread that waits, on a connection of its own, for the descrip
 next request: one server-side ``wait`` on one key that every rank waits on. Posting a request
 is then six store calls whatever the job's size, and the server wakes the waiting ranks in
 one pass over them (one write of one byte each). Woken, a rank reads the counter and the
-description in one ``multi_get`` and waits for the next: two requests per rank and dump
-request, and none while nothing happens. (Until this design, the poster rang a doorbell key per
-rank in one ``multi_set``, which torch's libuv server parses again from its start for every
-4 KB that arrives: 45 s of server time at 131,072 ranks, during which the store answered no
-one. ``benchmarks/bench_store.py`` measures both.)
+description in one ``multi_get``, and registers its wait for the next request in the same
+write: the server reads both with one system call and answers the read with one, and that is
+all a request costs it per rank on this thread (and nothing while nothing happens). (Until
+this design, the poster rang a doorbell key per rank in one ``multi_set``, which torch's libuv
+server parses again from its start for every 4 KB that arrives: 45 s of server time at
+131,072 ranks, during which the store answered no one. ``benchmarks/bench_store.py`` measures
+both.)
 
 The waiting thread speaks the store's protocol itself (``wire``): its wait ends at once when
 the process stops it (``Poller.stop`` closes the connection), and a store that goes away is
@@ -47,6 +49,11 @@ MAX_FAILURES = 8
 POLL_S = 1.0
 """How often a store that cannot be waited on (no TCPStore) is asked for the next request."""
 CONNECT_TIMEOUT_S = 5.0
+CALL_TIMEOUT_S = 30.0
+"""How long a call on a connection of ours waits for its answer once connected. When a hang
+is declared every rank answers at once: at 131,072 ranks the store's one thread takes
+seconds to read them all (``docs/inlog.md``), and a call queued behind them is answered
+late, not never (with 5 s, some ranks gave up publishing on a loaded host)."""
 MIN_REQUEST_INTERVAL_NS = 1_000_000_000
 """At most one dump per second for requests, however many arrive (a flood fills no disk)."""
 HANG_COVERS_NS = 5_000_000_000
@@ -143,16 +150,21 @@ def wire_connection(store: Any, timeout_s: float = CONNECT_TIMEOUT_S) -> WireSto
 
 
 def answered_connection(host: str, port: int, timeout_s: float, tries: int = 2) -> WireStore:
-    """A ``WireStore``, tried again when the handshake gets no answer: seen on a loaded host,
-    torch's libuv server leaves a new connection's first bytes unread now and then, and a
-    second connection is answered.
+    """A ``WireStore`` whose calls wait ``CALL_TIMEOUT_S`` for their answers, tried again
+    when the handshake gets no answer in ``timeout_s``.
+
+    torch's libuv server looks up the name of every address that connects to it
+    (``getnameinfo``) on its one thread; where the resolver does not answer at once (on this
+    project's build machine, one query in about fifty waits out the resolver's 5 s timeout)
+    the whole server stops for that long, and a handshake with a shorter timeout fails,
+    while the next connection is answered.
 
     Raises:
         OSError: as ``WireStore``, after ``tries`` connections.
     """
     for attempt in range(tries):
         try:
-            return WireStore(host, port, timeout_s)
+            return WireStore(host, port, timeout_s, max(timeout_s, CALL_TIMEOUT_S))
         except TimeoutError:
             if attempt == tries - 1:
                 raise
@@ -233,6 +245,13 @@ def _take(store: Any, keys: Keys, rank: int, reason: str, n: int) -> bool:
     return True
 
 
+def request_reads(keys: Keys, n: int) -> tuple[list[str], list[str]]:
+    """What a rank's request thread reads once request ``n`` is posted (the counter and the
+    description, one ``multi_get``), and the wait it registers in the same write (request
+    ``n + 1``'s description)."""
+    return [keys.requests, keys.request(n)], [keys.request(n + 1)]
+
+
 def parse_request(raw: bytes) -> tuple[int, str]:
     """(requesting rank, reason name) from a request description read from the store.
 
@@ -290,6 +309,9 @@ class Poller:
         """The waiting thread's connection (ours, or torch's client when polling)."""
         self.own: set[int] = set()
         """Request numbers this process posted or already answered (no dump for them)."""
+        self.posted: set[int] = set()
+        """Request numbers this process posted (``start_round``): it offers to report their
+        verdict whatever its rank (``verdict.CLAIMANTS``)."""
         if rank == 0 and world_size > 0:
             self._store.set(self.keys.world, str(world_size))
         self._store.compare_set(self.keys.requests, "", "0")  # (read below and when woken)
@@ -374,6 +396,7 @@ class Poller:
                 self.latest = (n, "", time.monotonic_ns())
                 return False, n
             self.own.add(n)
+            self.posted.add(n)
             self.latest = (n, reason, time.monotonic_ns())
             return True, n
 
@@ -398,7 +421,7 @@ class Poller:
                     continue  # (polling: not yet)
                 if self._stop.is_set():
                     return
-                count, text = self._store.multi_get([self.keys.requests, self.keys.request(nxt)])
+                count, text = self._read_request(nxt)
                 current = nxt
                 if _count(bytes(count)) > nxt:  # (requests posted together; or a moved counter)
                     current = first_free(self._store, self.keys, nxt) - 1
@@ -418,8 +441,17 @@ class Poller:
                     return
                 self._reconnect()
 
+    def _read_request(self, n: int) -> list[bytes]:
+        """The counter and request ``n``'s description; waiting, the wait for request
+        ``n + 1`` goes in the same write (the server reads both with one system call)."""
+        keys, then_wait = request_reads(self.keys, n)
+        if self._wire is not None:
+            return self._wire.multi_get(keys, then_wait=then_wait)
+        return list(self._store.multi_get(keys))
+
     def _next_posted(self, n: int) -> bool:
-        """Wait until request ``n`` is posted (True), or, polling, look once (and pause)."""
+        """Wait until request ``n`` is posted (True), or, polling, look once (and pause).
+        (A wait registered ahead for it, by ``_read_request``, only has its answer read.)"""
         key = self.keys.request(n)
         if self._wire is not None:
             return self._wire.wait([key])
@@ -433,7 +465,7 @@ class Poller:
             return
         self._wire.close()
         try:
-            wire = WireStore(self._wire.host, self._wire.port, CONNECT_TIMEOUT_S)
+            wire = answered_connection(self._wire.host, self._wire.port, CONNECT_TIMEOUT_S, 1)
         except OSError:
             return  # the next call fails as fast, and counts
         if self._stop.is_set():

@@ -9,27 +9,32 @@ printing) is not the recorder's business: it is a callback handed in at enable t
 
 Keys (``keys.Keys``, under ``flightrec/<namespace>/``):
 
-- ``summary/<rank>``: the rank's latest summary (at most ``summary.MAX_BYTES``, 3 KiB), and
-  ``progress/<rank>``: its progress record (at most ``progress.MAX_BYTES``, 1 KiB; typically
-  about 90 bytes), each overwritten by the next, so the store never holds more than one of
-  each per rank (at most 4 KiB a rank, 512 MiB at 131,072 ranks; typically 2 KB a rank);
-- ``round/<n>/progress``: each rank's progress record for request ``n`` appended, framed
-  (``frame``): the reporter reads every rank's in one ``get`` (11 MB at 131,072 ranks), where
-  one key per rank took 32 ``multi_get`` calls of 4,096 keys;
+- ``summary/<rank>``: the rank's latest summary (at most ``summary.MAX_BYTES``, 3 KiB;
+  typically 1.8 KB), overwritten by the next, so the store never holds more than one per rank
+  (at most 384 MiB at 131,072 ranks);
+- ``round/<n>/progress``: each rank's progress record for request ``n`` (at most
+  ``progress.MAX_BYTES``, 1 KiB; typically about 90 bytes) appended, framed (``frame``): the
+  reporter reads every rank's in one ``get`` (12 MB at 131,072 ranks);
 - ``round/<n>/ranks``: ``"<rank>,"`` appended by each rank that published for request ``n``
-  (what the reporter polls while it waits: it counts the commas);
-- ``round/<n>/reporter``: the lowest such rank (a ``compare_set`` loop); ``"<rank>!"`` once
-  that rank has gathered and prints the round's verdict (``Round.close``): a rank that answers
-  later, lower or not, reports nothing, and the round gets one verdict;
+  (what the reporter polls while it waits: it counts the commas, 0.9 MB at 131,072 ranks
+  where the records would be 12 MB);
+- ``round/<n>/reporter``: the lowest rank that offered to report (a ``compare_set`` loop);
+  ``"<rank>!"`` once that rank has gathered and prints the round's verdict (``Round.close``):
+  a rank that answers later, lower or not, reports nothing, and the round gets one verdict.
+  Only ranks that may report offer: the first ``CLAIMANTS`` ranks, and the rank that posted
+  the request (alive when it posted, whatever its rank: a round always has one);
 - ``died/<restart>``: ``"<rank>,"`` appended by each rank whose main thread died of an
   exception, after publishing its summary on the way out (``<restart>``: torchrun's restart
   count, so a crash of an earlier attempt is never read as this one's). A dead rank answers
-  no round; the reporter reads its summary from there, and the verdict names the crash.
+  no later round; the reporter reads its summary (and where it stood, from it), and the
+  verdict names the crash.
 - ``left/<restart>``: ``"<rank>,"`` appended by each rank that ends cleanly (destroys its
   default group, or exits): one short store call. A rank whose data ran out early and whose
   loop ended is then named as having exited, not as a process killed hard.
 
-A rank's answer is four requests that get no reply and one ``compare_set`` (the claim).
+A rank's answer is three requests that get no answer (summary, record, list), sent in one
+write where the store speaks our protocol (``wire``: the server reads them with one system
+call), plus, from the ranks that may report, the claim in the same write (one answer).
 
 Nothing here blocks the job: store calls run on flightrec's threads, on a connection of the
 exchange's own, and any failure costs one warning for the whole process.
@@ -53,6 +58,7 @@ from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
 from flightrec.recorder.exchange.keys import Keys
 from flightrec.recorder.exchange.store import CONNECT_TIMEOUT_S, RANK_DIED, ROUND_REASONS
+from flightrec.recorder.exchange.wire import WireStore, encode_append, encode_set
 
 if TYPE_CHECKING:
     from flightrec.format import flightrec_pb2 as pb
@@ -68,6 +74,10 @@ REUSE_S = 30.0
 one: torchrun stopping a job whose hang was just reported, or the other ranks' SIGTERM round,
 whose request reached this rank's request thread just before its own SIGTERM did."""
 MAX_CLAIM_TRIES = 16
+CLAIMANTS = 64
+"""Ranks below this offer to report every round they answer (the lowest that answers
+reports: rank 0 when it can); the others only a round they posted. At 131,072 ranks, a claim
+from every rank was 131,072 answers the store's server wrote for nothing."""
 CLOSED = "!"
 """Appended to the reporter's rank once it prints: the round takes no further reporter."""
 EXIT_CONNECT_S = 2.0
@@ -98,13 +108,13 @@ def frame(rank: int, record: bytes) -> bytes:
     return _FRAME.pack(rank, len(record)) + record
 
 
-def unframe(raw: bytes, world_size: int) -> tuple[dict[int, bytes], str]:
-    """The records of ``round/<n>/progress``, by rank (the last one of a rank wins), and why
-    reading stopped early ("" when it did not): the value is untrusted, and a frame out of
-    range ends it."""
+def unframe(raw: bytes, world_size: int, start: int = 0) -> tuple[dict[int, bytes], str]:
+    """The records of ``round/<n>/progress`` from byte ``start`` on, by rank (the last one of a
+    rank wins), and why reading stopped early ("" when it did not): the value is untrusted,
+    and a frame out of range ends it."""
     out: dict[int, bytes] = {}
     view = memoryview(raw)
-    at, size, head = 0, len(raw), _FRAME.size
+    at, size, head = start, len(raw), _FRAME.size
     while at < size:
         if size - at < head:
             return out, f"a cut record at byte {at}"
@@ -115,6 +125,67 @@ def unframe(raw: bytes, world_size: int) -> tuple[dict[int, bytes], str]:
         out[rank] = bytes(view[at : at + length])
         at += length
     return out, ""
+
+
+Quiet = tuple[str, str, bytes]
+"""A store call that gets no answer: (``"set"`` or ``"append"``, key, value)."""
+_ENCODE = {"set": encode_set, "append": encode_append}
+
+
+def encoded(requests: list[Quiet]) -> list[bytes]:
+    """``requests`` as they go on the wire (``wire.encode_set``, ``wire.encode_append``)."""
+    return [_ENCODE[call](key, value) for call, key, value in requests]
+
+
+def send(store: Any, requests: list[Quiet]) -> None:
+    """``requests``: in one write on our own connection (``wire``); on any other store
+    (torch's client, a ``FileStore``), one call each."""
+    if isinstance(store, WireStore):
+        store.send(encoded(requests))
+        return
+    for call, key, value in requests:
+        getattr(store, call)(key, value)
+
+
+def answer_requests(
+    keys: Keys, rank: int, n: int, summary: bytes, record: bytes | None
+) -> list[Quiet]:
+    """What rank ``rank`` writes to answer round ``n``, in order: its summary, then (the first
+    time it answers the round: ``record`` is not None) its framed progress record and its
+    place in the round's list. The summary first: a rank listed as having answered has its
+    summary and record in the store (a server that reads the write in pieces acts on the
+    requests in their order)."""
+    requests: list[Quiet] = [("set", keys.summary(rank), summary)]
+    if record is not None:
+        requests += [
+            ("append", keys.round(n, "progress"), frame(rank, record)),
+            ("append", keys.round(n, "ranks"), f"{rank},".encode()),
+        ]
+    return requests
+
+
+def may_claim(rank: int, posted: bool) -> bool:
+    """Whether a rank offers to report a round: one of the first ``CLAIMANTS``, or the rank
+    that posted the round's request."""
+    return rank < CLAIMANTS or posted
+
+
+def claim(store: Any, key: str, rank: int, first: list[Quiet]) -> int:
+    """Send ``first`` (requests that get no answer) and make ``key`` hold the lowest rank that
+    offered, in the same write where the store is ours; returns the holder (-1: none known)."""
+    if isinstance(store, WireStore):
+        current = bytes(store.compare_set(key, "", str(rank), first=encoded(first)))
+    else:
+        send(store, first)
+        current = bytes(store.compare_set(key, "", str(rank)))
+    for _ in range(MAX_CLAIM_TRIES):
+        holder, closed = _holder(current)
+        if closed:  # the round's verdict is out: this late answer starts no second one
+            return -1 if holder is None else holder
+        if holder is not None and holder <= rank:
+            return holder
+        current = bytes(store.compare_set(key, current, str(rank)))
+    return -1
 
 
 def _ranks_in(raw: bytes, world_size: int) -> list[int]:
@@ -201,21 +272,19 @@ class Round:
         """The published summaries of ``ranks`` (which all answered), as raw bytes."""
         return self._gather(self.keys.summary, ranks)
 
-    def progress(self, ranks: list[int]) -> tuple[dict[int, bytes], str]:
-        """The published progress records of ``ranks`` (which all answered), as raw bytes:
-        what the reporter reads from every rank before it reads any summary. Those appended
-        to the round's record list come in one read; the others (a rank that died and
-        published for an earlier round) from the rank's own key. Also returns why the list
-        could not be read to its end ("" when it could)."""
-        key = self.keys.round(self.number, "progress")
-        listed: dict[int, bytes] = {}
-        why = ""
-        if self.store.check([key]):
-            listed, why = unframe(bytes(self.store.get(key)), self.world_size)
+    def progress(
+        self, ranks: list[int], listing: Listing | None = None
+    ) -> tuple[dict[int, bytes], str]:
+        """The progress records of ``ranks`` in the round's list, as raw bytes (one read):
+        what the reporter reads from every rank before it reads any summary. A rank not in
+        it (one that died answering an earlier round; the ranks after a damaged record) has
+        its summary to tell where it stood. Also returns why the list could not be read to its
+        end ("" when it could). ``listing``: the list as read so far (only what was appended
+        since is unframed)."""
+        listing = listing or Listing(self)
+        listing.read()
         wanted = set(ranks)
-        out = {r: data for r, data in listed.items() if r in wanted}
-        out.update(self._gather(self.keys.progress, [r for r in ranks if r not in out]))
-        return out, why
+        return {r: data for r, data in listing.records.items() if r in wanted}, listing.why
 
     def _gather(self, key: Callable[[int], str], ranks: list[int]) -> dict[int, bytes]:
         """One value per rank, in store calls of 4,096 keys (a rank whose key is absent,
@@ -230,6 +299,35 @@ class Round:
             values = self.store.multi_get(keys)
             out.update(zip(chunk, (bytes(v) for v in values), strict=True))
         return out
+
+
+class Listing:
+    """The round's progress records as they arrive (``round/<n>/progress``). Ranks only
+    append to it, so each read unframes only what came since the one before (at 131,072
+    ranks the list is 12 MB, and the reporter reads it while the ranks answer as well as
+    once they have); a value that does not start with what was read before (rewritten by
+    something else) is read from its start."""
+
+    def __init__(self, rnd: Round) -> None:
+        self._rnd = rnd
+        self._raw = b""
+        self.records: dict[int, bytes] = {}
+        """Rank -> its record (raw bytes), as read so far."""
+        self.why = ""
+        """Why the list could not be read to its end ("": it could)."""
+
+    def read(self) -> dict[int, bytes]:
+        """Read the list again; returns the records that are new since the last read."""
+        rnd = self._rnd
+        key = rnd.keys.round(rnd.number, "progress")
+        raw = bytes(rnd.store.get(key)) if rnd.store.check([key]) else b""
+        start = len(self._raw)
+        if self.why or not raw.startswith(self._raw):
+            start, self.records, self.why = 0, {}, ""
+        new, self.why = unframe(raw, rnd.world_size, start)
+        self._raw = raw
+        self.records.update(new)
+        return new
 
 
 Reporter = Callable[[Round], None]
@@ -432,16 +530,17 @@ class Exchange:
             dump, path = latest
             try:
                 data = encode(summarize(dump, n, str(path) if path else ""))
-                brief = encode_progress(progress(dump, n))
+                brief = None if n in self._answered else encode_progress(progress(dump, n))
+                requests = answer_requests(self.keys, self.rank, n, data, brief)
+                posted = n in getattr(self._poller, "posted", ())
                 with self._lock:
                     store = self._connection()
-                    store.set(self.keys.summary(self.rank), data)
-                    store.set(self.keys.progress(self.rank), brief)
-                    if n not in self._answered:
-                        store.append(self.keys.round(n, "progress"), frame(self.rank, brief))
-                        store.append(self.keys.round(n, "ranks"), f"{self.rank},")
+                    holder = -1
+                    if may_claim(self.rank, posted):
+                        holder = claim(store, self.keys.round(n, "reporter"), self.rank, requests)
+                    else:
+                        send(store, requests)
                     self._answered[n] = time.monotonic()
-                    holder = self._claim(store, self.keys.round(n, "reporter"))
             except Exception as exc:
                 self._warn(exc)
                 return
@@ -449,21 +548,12 @@ class Exchange:
                 self._reported.add(n)
                 self._start_report(n, self._reasons[n])
 
-    def _claim(self, store: Any, key: str) -> int:
-        """Make ``key`` hold the lowest rank that offered; returns the holder."""
-        current = bytes(store.compare_set(key, "", str(self.rank)))
-        for _ in range(MAX_CLAIM_TRIES):
-            holder, closed = _holder(current)
-            if closed:  # the round's verdict is out: this late answer starts no second one
-                return -1 if holder is None else holder
-            if holder is not None and holder <= self.rank:
-                return holder
-            current = bytes(store.compare_set(key, current, str(self.rank)))
-        return -1
-
     def _start_report(self, n: int, reason: str) -> None:
+        # The exchange's own connection, open already (a new one now would cost the store's
+        # server a name lookup of this host in the middle of every rank's answer; calls on it
+        # are one at a time whichever thread makes them).
         try:
-            store = self._poller.new_connection()
+            store = self._connection()
         except Exception as exc:
             self._warn(exc)
             return
@@ -508,4 +598,7 @@ class Exchange:
             )
 
 
-__all__ = ["MAX_BYTES", "Exchange", "Reporter", "Round", "frame", "unframe"]
+__all__ = [
+    "MAX_BYTES", "Exchange", "Listing", "Reporter", "Round", "answer_requests", "claim",
+    "encoded", "frame", "may_claim", "send", "unframe",
+]  # fmt: skip

@@ -21,7 +21,17 @@ it; checked against torch 2.13 and 2.14 by ``tests/integration/test_store_wire.p
 - ``SET``, ``APPEND`` and ``MULTI_SET`` get no answer; ``GET`` and ``MULTI_GET`` answer a key
   that does not exist with an empty value on the libuv server (torch's client waits for the
   keys first: callers here ``check`` or ``wait`` first); ``WAIT`` answers ``STOP_WAITING``
-  once every key exists, and a ``CANCEL_WAIT`` after it is answered ``WAIT_CANCELED``.
+  once every key exists, and a ``CANCEL_WAIT`` after it is answered ``WAIT_CANCELED``;
+- both servers go on answering a connection's later requests while its ``WAIT`` is
+  registered, in order; its ``STOP_WAITING`` comes whenever the keys do.
+
+What a request costs the server is mostly the system calls around it: one read for what
+arrived on a connection (however many requests it holds), one write per answer. Requests
+sent together therefore cost it about as much as one (``send``, ``compare_set(first=...)``,
+``multi_get(then_wait=...)``; ``benchmarks/bench_store.py --mode events`` measures it), and a
+``WAIT`` registered in the same write as a read costs nothing more. While such a wait is
+registered, a request that gets an answer first cancels it (its ``STOP_WAITING`` could
+otherwise come in the middle of that answer).
 
 Limits of the libuv server that a request must respect: at most ``MAX_KEYS`` keys in one
 request, keys of at most ``MAX_KEY_BYTES``, values of at most ``MAX_VALUE_BYTES``.
@@ -145,8 +155,14 @@ class WireStore:
     ``wait`` (the waiting call then raises ``OSError``).
     """
 
-    def __init__(self, host: str, port: int, timeout_s: float = 5.0) -> None:
+    def __init__(
+        self, host: str, port: int, timeout_s: float = 5.0, call_timeout_s: float | None = None
+    ) -> None:
         """Connect and check that the peer speaks the protocol.
+
+        ``call_timeout_s``: how long a later call waits for its answer (default
+        ``timeout_s``): a server that answered the handshake is alive, and one that every
+        rank's answer reaches at once answers late, not never.
 
         Raises:
             OSError: nothing accepts the connection, or answers, within ``timeout_s``.
@@ -155,6 +171,8 @@ class WireStore:
         self.host, self.port, self.timeout_s = host, port, timeout_s
         self._lock = threading.Lock()
         self._closed = False
+        self._waiting: tuple[str | bytes, ...] | None = None
+        """The keys of a ``WAIT`` sent ahead (``multi_get(then_wait=...)``), not answered yet."""
         self._sock: socket.socket = socket.create_connection((host, port), timeout=timeout_s)
         try:
             self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -174,6 +192,9 @@ class WireStore:
         except BaseException:
             self._sock.close()
             raise
+        if call_timeout_s is not None:
+            self.timeout_s = call_timeout_s
+            self._sock.settimeout(call_timeout_s)
 
     # -- requests ------------------------------------------------------------------------------
     def set(self, key: str | bytes, value: str | bytes) -> None:
@@ -183,6 +204,11 @@ class WireStore:
     def append(self, key: str | bytes, value: str | bytes) -> None:
         """Append to ``key``'s value (creating it)."""
         self._send(encode_append(key, value))
+
+    def send(self, requests: Sequence[bytes]) -> None:
+        """Requests that get no answer (``encode_set``, ``encode_append``), in one write: the
+        server reads them with one system call."""
+        self._send(b"".join(requests))
 
     def multi_set(self, keys: Sequence[str | bytes], values: Sequence[str | bytes]) -> None:
         """Set several keys in one request (keep it small: the libuv server reparses a request
@@ -196,18 +222,39 @@ class WireStore:
         """``key``'s value (check first: a missing key reads as empty, or fails)."""
         return self._ask(bytes([Query.GET]) + _key(key), self._read_value)
 
-    def multi_get(self, keys: Sequence[str | bytes]) -> list[bytes]:
-        """The values of ``keys`` (which must exist), in one request."""
-        return self._ask(encode_multi_get(keys), lambda: [self._read_value() for _ in keys])
+    def multi_get(
+        self, keys: Sequence[str | bytes], then_wait: Sequence[str | bytes] = ()
+    ) -> list[bytes]:
+        """The values of ``keys`` (which must exist), in one request.
+
+        ``then_wait``: keys to ``wait`` for next, registered in the same write (the next
+        ``wait`` for exactly these keys only reads its answer).
+        """
+        if not then_wait:
+            return self._ask(encode_multi_get(keys), lambda: [self._read_value() for _ in keys])
+        with self._lock:
+            self._settle()
+            self._sock.sendall(encode_multi_get(keys) + encode_wait(then_wait))
+            self._waiting = tuple(then_wait)
+            return [self._read_value() for _ in keys]
 
     def add(self, key: str | bytes, amount: int) -> int:
         """Add ``amount`` to the counter ``key`` (created at 0); returns the new value."""
         return self._ask(encode_add(key, amount), lambda: int(_I64.unpack(self._recv(8))[0]))
 
-    def compare_set(self, key: str | bytes, expected: str | bytes, desired: str | bytes) -> bytes:
+    def compare_set(
+        self,
+        key: str | bytes,
+        expected: str | bytes,
+        desired: str | bytes,
+        first: Sequence[bytes] = (),
+    ) -> bytes:
         """Set ``key`` to ``desired`` if it holds ``expected`` (or is missing and ``expected``
-        is empty); returns what it holds after (``expected`` when missing and not empty)."""
-        return self._ask(encode_compare_set(key, expected, desired), self._read_value)
+        is empty); returns what it holds after (``expected`` when missing and not empty).
+
+        ``first``: requests that get no answer, sent ahead of it in the same write."""
+        request = encode_compare_set(key, expected, desired)
+        return self._ask(b"".join((*first, request)), self._read_value)
 
     def check(self, keys: Sequence[str | bytes]) -> bool:
         """Whether every key exists."""
@@ -228,9 +275,13 @@ class WireStore:
     def wait(self, keys: Sequence[str | bytes], timeout_s: float | None = None) -> bool:
         """Block until every key exists: True; False after ``timeout_s`` (the server's wait is
         cancelled, as torch's client does). ``close()`` from another thread ends it with an
-        ``OSError``."""
+        ``OSError``. A wait for these keys sent ahead (``multi_get(then_wait=...)``) is not
+        sent again; one for other keys is cancelled first."""
         with self._lock:
-            self._sock.sendall(encode_wait(keys))
+            if self._waiting != tuple(keys):
+                self._settle()
+                self._sock.sendall(encode_wait(keys))
+            self._waiting = None
             self._sock.settimeout(timeout_s)
             try:
                 answer = self._recv(1)[0]
@@ -243,12 +294,7 @@ class WireStore:
                 return True
             if answer != -1:
                 raise ProtocolError(f"{self.host}:{self.port}: wait answered {answer}")
-            self._sock.sendall(bytes([Query.CANCEL_WAIT]))
-            answer = self._recv(1)[0]
-            if answer == STOP_WAITING:  # the keys came just before the cancel did
-                answer = self._recv(1)[0]
-            if answer != WAIT_CANCELED:
-                raise ProtocolError(f"{self.host}:{self.port}: cancel answered {answer}")
+            self._cancel()
             return False
 
     def close(self) -> None:
@@ -271,12 +317,28 @@ class WireStore:
         return self._closed
 
     # -- plumbing ------------------------------------------------------------------------------
+    def _cancel(self) -> None:
+        """Cancel the registered wait (its ``STOP_WAITING``, if it came first, is read too)."""
+        self._sock.sendall(bytes([Query.CANCEL_WAIT]))
+        answer = self._recv(1)[0]
+        if answer == STOP_WAITING:  # the keys came just before the cancel did
+            answer = self._recv(1)[0]
+        if answer != WAIT_CANCELED:
+            raise ProtocolError(f"{self.host}:{self.port}: cancel answered {answer}")
+
+    def _settle(self) -> None:
+        """Before a request that gets an answer: no wait sent ahead may still be registered."""
+        if self._waiting is not None:
+            self._waiting = None
+            self._cancel()
+
     def _send(self, data: bytes) -> None:
         with self._lock:
             self._sock.sendall(data)
 
     def _ask(self, data: bytes, read: Callable[[], _T]) -> _T:
         with self._lock:
+            self._settle()
             self._sock.sendall(data)
             return read()
 
