@@ -139,13 +139,14 @@ import json, resource, sys, time
 t0 = time.perf_counter(); c0 = time.process_time()
 from flightrec.analysis import analyze, gc_paused, load_dir
 from flightrec.report.json import JsonRenderer
+from flightrec.report.renderer import rendered
 t1 = time.perf_counter(); c1 = time.process_time()
 with gc_paused():
     run = load_dir(sys.argv[1])
     t2 = time.perf_counter(); c2 = time.process_time()
     report = analyze(run)
 t3 = time.perf_counter(); c3 = time.process_time()
-JsonRenderer().render(report)
+rendered(JsonRenderer, report)
 t4 = time.perf_counter(); c4 = time.process_time()
 kids = resource.getrusage(resource.RUSAGE_CHILDREN)
 print(json.dumps({"import": [t1 - t0, c1 - c0], "load": [t2 - t1, c2 - c1],

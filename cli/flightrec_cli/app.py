@@ -18,9 +18,9 @@ from flightrec.errors import FlightrecError
 from flightrec_cli.exiting import leave_now_if_asked
 from flightrec_cli.helpstyle import PlainCommand, PlainGroup
 
-EXIT_OK = 0
-EXIT_FINDINGS = 1
 EXIT_USAGE = 2
+"""A flightrec error (bad input, no readable dump): every command's status 2. The other
+statuses are each command's own (``analyze``: 0 nothing found, 1 findings reported)."""
 
 
 # Subcommand modules under flightrec_cli.commands; each exposes `register(app)`.

@@ -326,20 +326,7 @@ def _to_dump(
         origin=lambda file, line: origins.get((file, line), 0),
     )
     _fill_header(b.header, head, entries, dropped, died_of)
-
-    # Unfinished collectives the ring never held, past everything it holds of their group:
-    # where the rank waits when only torch's recorder saw the call (a DDP bucket all-reduce).
-    newest = {i: max((e.seq for e in entries if e.group == i), default=0) for i in tables.groups}
-    issued = {u.group: u.issued for u in unseen}
-    waits = [u for u in unseen if u.pending > newest[u.group]]
-    g_map: dict[int, int] = {}
-    for index, (name, desc, ranks, backend) in sorted(tables.groups.items()):
-        mine = [e for e in entries if e.group == index]
-        g_map[index] = b.group(
-            name, ranks, desc=desc, backend=backend,
-            last_seq=max(newest[index], issued.get(index, 0)),
-            p2p=_p2p_counters(mine), members_known=bool(ranks),
-        )  # fmt: skip
+    g_map, waits = _add_groups(b, tables, entries, unseen)
     _add_entries(b, tables, entries, g_map)
     device = "cpu" if "nccl" not in head["backend"] else ""
     for u in waits:
@@ -357,33 +344,10 @@ def _to_dump(
     return b.build()
 
 
-def _add_entries(
-    b: DumpBuilder, tables: Tables, entries: list[Slot], g_map: dict[int, int]
-) -> None:
-    """The ring's entries, with their strings, stacks and tensor signatures interned."""
-    s_map = {i: b.string(s) for i, s in tables.strings.items()}
-    k_map = {0: 0}
-    t_map = {0: 0}
-    for e in entries:
-        if e.stack not in k_map:
-            frames = [tables.frames[f] for f in tables.stacks[e.stack] if f in tables.frames]
-            k_map[e.stack] = b.stack(frames)
-        for ti in (e.inputs, e.outputs):
-            if ti not in t_map:
-                t_map[ti] = b.tensors((tuple(shape), dtype) for shape, dtype in tables.tensors[ti])
-        b.entry_raw(
-            record_id=e.record_id, group=g_map[e.group], seq=e.seq, p2p_seq=e.p2p_seq,
-            op=s_map[e.op], reduce_op=s_map[e.reduce_op], peer=e.peer, state=e.state,
-            enqueue_ns=e.enqueue_ns, start_ns=0, complete_ns=e.complete_ns,
-            thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
-            outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
-        )  # fmt: skip
-
-
 def _fill_header(
     h: pb.Header, head: dict[str, Any], entries: list[Slot], dropped: int, died_of: str
 ) -> None:
-    """The dump's header from the black box's (``HEAD_FIELDS``) and its entries."""
+    """The dump's header from the black box's: who, why (``BLACKBOX``) and when it last lived."""
     h.rank, h.world_size = head["rank"], head["world_size"]
     h.hostname, h.pid = head["hostname"], head["pid"]
     h.local_rank = -1
@@ -405,6 +369,50 @@ def _fill_header(
     h.dump_index = 0
     h.requested_by = -1
     h.source = SOURCE
+
+
+def _add_groups(
+    b: DumpBuilder, tables: Tables, entries: list[Slot], unseen: Sequence[UnseenRow]
+) -> tuple[dict[int, int], list[UnseenRow]]:
+    """Add the journal's groups; returns each journal group's index in the dump, and the
+    collectives the ring never held that the rank waits in."""
+    # Unfinished collectives the ring never held, past everything it holds of their group:
+    # where the rank waits when only torch's recorder saw the call (a DDP bucket all-reduce).
+    newest = {i: max((e.seq for e in entries if e.group == i), default=0) for i in tables.groups}
+    issued = {u.group: u.issued for u in unseen}
+    waits = [u for u in unseen if u.pending > newest[u.group]]
+    g_map: dict[int, int] = {}
+    for index, (name, desc, ranks, backend) in sorted(tables.groups.items()):
+        mine = [e for e in entries if e.group == index]
+        g_map[index] = b.group(
+            name, ranks, desc=desc, backend=backend,
+            last_seq=max(newest[index], issued.get(index, 0)),
+            p2p=_p2p_counters(mine), members_known=bool(ranks),
+        )  # fmt: skip
+    return g_map, waits
+
+
+def _add_entries(
+    b: DumpBuilder, tables: Tables, entries: list[Slot], g_map: dict[int, int]
+) -> None:
+    """Add the ring's slots, with their strings, stacks and tensors."""
+    s_map = {i: b.string(s) for i, s in tables.strings.items()}
+    k_map = {0: 0}
+    t_map = {0: 0}
+    for e in entries:
+        if e.stack not in k_map:
+            frames = [tables.frames[f] for f in tables.stacks[e.stack] if f in tables.frames]
+            k_map[e.stack] = b.stack(frames)
+        for ti in (e.inputs, e.outputs):
+            if ti not in t_map:
+                t_map[ti] = b.tensors((tuple(shape), dtype) for shape, dtype in tables.tensors[ti])
+        b.entry_raw(
+            record_id=e.record_id, group=g_map[e.group], seq=e.seq, p2p_seq=e.p2p_seq,
+            op=s_map[e.op], reduce_op=s_map[e.reduce_op], peer=e.peer, state=e.state,
+            enqueue_ns=e.enqueue_ns, start_ns=0, complete_ns=e.complete_ns,
+            thread=s_map[e.thread], stack=k_map[e.stack], inputs=t_map[e.inputs],
+            outputs=t_map[e.outputs], flags=e.flags, device=s_map[e.device],
+        )  # fmt: skip
 
 
 def _p2p_counters(entries: list[Slot]) -> list[tuple[int, int, int]]:

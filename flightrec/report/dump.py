@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console
+from rich.table import Table
 from rich.text import Text
 
 from flightrec.analysis.facts.deaths import exceptions_of
-from flightrec.analysis.model import RankDump, TensorInfo, op_label, user_frame
+from flightrec.analysis.model import FrameInfo, RankDump, TensorInfo, op_label, user_frame
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.blackbox import SOURCE as BLACKBOX_SOURCE
 from flightrec.format.schema import RECORDER_SOURCE
@@ -76,72 +79,21 @@ class DumpRenderer:
     def render(self, d: RankDump) -> None:
         """Header, process groups, the newest entries and every thread's stack."""
         c = self.console
-        h = d.header
-        reason = pb.DumpReason.Name(h.reason) if h.reason in pb.DumpReason.values() else h.reason
         c.print(Text(f"{d.path}", style="bold"))
-        local = f"local rank {h.local_rank}" if h.local_rank >= 0 else "local rank not recorded"
-        facts = [
-            ("rank", f"{h.rank} of {h.world_size} ({local})"),
-            ("host / pid", d.describe_process(" / ")),
-            ("device", " ".join(x for x in (h.device, h.device_name, h.device_uuid) if x) or "-"),
-            ("job / backend", f"{h.job_id or '-'} / {h.backend or '-'}"),
-            (
-                "versions",
-                f"torch {h.torch_version or 'not recorded'}, "
-                f"flightrec {h.flightrec_version or 'not recorded'}",
-            ),
-            ("source", h.source or "flightrec"),
-            (
-                "reason",
-                f"{reason} #{h.dump_index}" + (f": {h.reason_detail}" if h.reason_detail else ""),
-            ),
-            ("ring", _ring(d)),
-        ]
-        for name, value in facts:
+        for name, value in _facts(d):
             c.print(hanging(f"  {name:<14} ", value))
+        c.print(_groups(d))
+        c.print(self._entries(d))
+        self._threads(d)
+        for x in exceptions_of(d):  # what ended a thread: the traceback, raising frame first
+            c.print(hanging("", f"Uncaught in {x.thread} ({x.via}): {x.type}: {x.message}", "bold"))
+            self._frames(x.traceback)
 
-        groups = compact_table("Process groups")
-        for col in (
-            "group",
-            "desc",
-            "ranks",
-            "backend",
-            "issued",
-            "dropped",
-            "p2p (peer: sends/recvs)",
-        ):
-            groups.add_column(col)
-        for key, g in zip(d.group_keys, d.dump.groups, strict=True):
-            p2p = ", ".join(f"{pc.peer}: {pc.sends}/{pc.recvs}" for pc in g.p2p)
-            groups.add_row(
-                key, g.desc, compress(g.ranks), g.backend, str(g.last_seq), str(g.dropped), p2p
-            )
-        c.print(groups)
-
+    def _entries(self, d: RankDump) -> Table:
         n = len(d)
         first = 0 if self.limit is None else max(0, n - self.limit)
         title = "Entries (oldest first)" + (f", newest {n - first} of {n}" if first else "")
-        rows = []
-        for i in range(first, n):
-            r = d.record(i)
-            number = f"p2p {r.p2p_seq}" if r.is_p2p else str(r.seq)
-            op = op_label(r.op + (f" {r.reduce_op}" if r.reduce_op else ""), r.flags)
-            if r.peer >= 0:
-                op += f" {'to' if r.flags & pb.SEND else 'from'} {r.peer}"
-            took = f"{(r.complete_ns - r.enqueue_ns) / 1e6:.1f}" if r.complete_ns else "-"
-            frame = user_frame(r.stack)
-            rows.append(
-                (
-                    _record_id(d, i),
-                    r.group,
-                    number,
-                    op,
-                    _state(r.state),
-                    _tensors(r.inputs, r.outputs),
-                    took,
-                    frame.where() if frame else "",
-                )
-            )
+        rows = [_entry_row(d, i) for i in range(first, n)]
         entries = compact_table(title)
         # Short columns never wrap; op and tensors wrap between words only (their width never
         # goes below their longest token); file:line keeps its full width, the line number
@@ -157,8 +109,10 @@ class DumpRenderer:
         )
         for row in rows:
             entries.add_row(*row)
-        c.print(entries)
+        return entries
 
+    def _threads(self, d: RankDump) -> None:
+        c = self.console
         threads = d.threads()
         if threads:
             c.print(Text("Threads at dump time (innermost frame first)", style="bold"))
@@ -174,13 +128,75 @@ class DumpRenderer:
                 if on
             ]
             c.print(Text(f"  {t.name}" + (f" ({', '.join(marks)})" if marks else "")))
-            for f in t.stack:
-                c.print(hanging("      ", f"{f.where()} in {f.function}"))
-                if f.code:
-                    c.print(code_line(10, f.code, style="dim"))
-        for x in exceptions_of(d):  # what ended a thread: the traceback, raising frame first
-            c.print(hanging("", f"Uncaught in {x.thread} ({x.via}): {x.type}: {x.message}", "bold"))
-            for f in x.traceback:
-                c.print(hanging("      ", f"{f.where()} in {f.function}"))
-                if f.code:
-                    c.print(code_line(10, f.code, style="dim"))
+            self._frames(t.stack)
+
+    def _frames(self, stack: Sequence[FrameInfo]) -> None:
+        for f in stack:
+            self.console.print(hanging("      ", f"{f.where()} in {f.function}"))
+            if f.code:
+                self.console.print(code_line(10, f.code, style="dim"))
+
+
+def _facts(d: RankDump) -> list[tuple[str, str]]:
+    """The header, fact by fact."""
+    h = d.header
+    reason = pb.DumpReason.Name(h.reason) if h.reason in pb.DumpReason.values() else h.reason
+    local = f"local rank {h.local_rank}" if h.local_rank >= 0 else "local rank not recorded"
+    return [
+        ("rank", f"{h.rank} of {h.world_size} ({local})"),
+        ("host / pid", d.describe_process(" / ")),
+        ("device", " ".join(x for x in (h.device, h.device_name, h.device_uuid) if x) or "-"),
+        ("job / backend", f"{h.job_id or '-'} / {h.backend or '-'}"),
+        (
+            "versions",
+            f"torch {h.torch_version or 'not recorded'}, "
+            f"flightrec {h.flightrec_version or 'not recorded'}",
+        ),
+        ("source", h.source or "flightrec"),
+        (
+            "reason",
+            f"{reason} #{h.dump_index}" + (f": {h.reason_detail}" if h.reason_detail else ""),
+        ),
+        ("ring", _ring(d)),
+    ]
+
+
+def _groups(d: RankDump) -> Table:
+    groups = compact_table("Process groups")
+    for col in (
+        "group",
+        "desc",
+        "ranks",
+        "backend",
+        "issued",
+        "dropped",
+        "p2p (peer: sends/recvs)",
+    ):
+        groups.add_column(col)
+    for key, g in zip(d.group_keys, d.dump.groups, strict=True):
+        p2p = ", ".join(f"{pc.peer}: {pc.sends}/{pc.recvs}" for pc in g.p2p)
+        groups.add_row(
+            key, g.desc, compress(g.ranks), g.backend, str(g.last_seq), str(g.dropped), p2p
+        )
+    return groups
+
+
+def _entry_row(d: RankDump, i: int) -> tuple[str, ...]:
+    """Entry ``i``: id, group, seq, op, state, tensors, ms, where."""
+    r = d.record(i)
+    number = f"p2p {r.p2p_seq}" if r.is_p2p else str(r.seq)
+    op = op_label(r.op + (f" {r.reduce_op}" if r.reduce_op else ""), r.flags)
+    if r.peer >= 0:
+        op += f" {'to' if r.flags & pb.SEND else 'from'} {r.peer}"
+    took = f"{(r.complete_ns - r.enqueue_ns) / 1e6:.1f}" if r.complete_ns else "-"
+    frame = user_frame(r.stack)
+    return (
+        _record_id(d, i),
+        r.group,
+        number,
+        op,
+        _state(r.state),
+        _tensors(r.inputs, r.outputs),
+        took,
+        frame.where() if frame else "",
+    )

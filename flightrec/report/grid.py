@@ -24,7 +24,7 @@ from flightrec.text import compress
 if TYPE_CHECKING:
     from flightrec.analysis import Report
     from flightrec.analysis.loading.rankindex import RankGroupIndex
-    from flightrec.analysis.model import GroupProgress, RankDump
+    from flightrec.analysis.model import GroupProgress, ProcessGroupInfo, RankDump
 
 SEQS = 24
 """Sequence numbers a group's grid shows: the newest, and the one a finding points at."""
@@ -205,15 +205,23 @@ def _cells(
     return tuple(cells), tuple(positions)
 
 
-def _ordered_groups(report: Report) -> tuple[list[str], int, int]:
-    """Groups to draw, most telling first; how many others have collectives, and how many
-    of those have members that disagree."""
+def groups_named(report: Report) -> list[str]:
+    """The groups the findings name (where each is, then where its consequences wait), the
+    first finding's first: the groups every renderer shows first."""
     groups = report.matched.groups
     named: list[str] = []
     for f in report.findings:
         for k in [f.process_group] + [c.process_group for c in f.consequences]:
             if k and k in groups and k not in named:
                 named.append(k)
+    return named
+
+
+def _ordered_groups(report: Report) -> tuple[list[str], int, int]:
+    """Groups to draw, most telling first; how many others have collectives, and how many
+    of those have members that disagree."""
+    groups = report.matched.groups
+    named = groups_named(report)
     with_collectives = [
         k for k, g in groups.items() if any(p.last_seq for p in g.progress.values())
     ]
@@ -275,19 +283,45 @@ def _focus(report: Report, key: str, members: tuple[int, ...]) -> int | None:
 
 
 def _group_grid(report: Report, key: str, width: int, grid: Grid) -> GroupGrid:
-    m = report.matched
-    info = m.groups[key]
+    info = report.matched.groups[key]
     members = tuple(info.ranks) or tuple(sorted(info.progress))
-    culprits = set(report.findings[0].ranks) if report.findings else set()
-    blamed = {r for f in report.findings for r in f.ranks}
     focus = _focus(report, key, members)
+    seqs = _columns(info, focus, width)
+    per_rank = _rank_cells(report, key, members, seqs)
+    rows = _rows(report, members, per_rank, grid)
+    hidden_rows = hidden_ranks = 0
+    if len(rows) > MAX_ROWS:
+        keep = sorted(rows, key=lambda row: (not row.blamed, -len(row.ranks)))[:MAX_ROWS]
+        kept = {id(row) for row in keep}
+        hidden = [row for row in rows if id(row) not in kept]
+        hidden_rows, hidden_ranks = len(hidden), sum(len(row.ranks) for row in hidden)
+        rows = [row for row in rows if id(row) in kept]
+    return GroupGrid(
+        key, info.label(), len(members), tuple(seqs), tuple(rows), focus, hidden_rows, hidden_ranks
+    )
+
+
+def _columns(info: ProcessGroupInfo, focus: int | None, width: int) -> range:
+    """The ``width`` sequence numbers shown: the newest, or the finding's with two before it."""
     newest = max((p.last_seq for p in info.progress.values()), default=0)
     end = max(newest, focus or 0)
     start = max(1, end - width + 1)
     if focus is not None and focus < start + 2:  # the finding's seq with two before it
         start = max(1, focus - 2)
         end = start + width - 1
-    seqs = range(start, end + 1)
+    return range(start, end + 1)
+
+
+_Cells = tuple[tuple[int, ...], tuple[int, ...]]
+"""A row's cells and, per cell, the entry's position in the rank's dump (-1: none)."""
+
+
+def _rank_cells(
+    report: Report, key: str, members: tuple[int, ...], seqs: range
+) -> dict[int, _Cells]:
+    """Per member of group ``key``: its cells over ``seqs``."""
+    m = report.matched
+    info = m.groups[key]
     mismatched: dict[int, set[int]] = defaultdict(set)  # rank -> seqs a mismatch blames it at
     for f in report.findings:
         if f.kind is FindingKind.MISMATCH and f.process_group == key and f.seq is not None:
@@ -295,8 +329,8 @@ def _group_grid(report: Report, key: str, width: int, grid: Grid) -> GroupGrid:
                 mismatched[r].add(f.seq)
 
     # Ranks with equal rings share their group index and progress: their cells are equal.
-    by_key: dict[tuple[object, ...], tuple[tuple[int, ...], tuple[int, ...]]] = {}
-    per_rank: dict[int, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+    by_key: dict[tuple[object, ...], _Cells] = {}
+    per_rank: dict[int, _Cells] = {}
     no_dump = (tuple([int(Cell.NO_DUMP)] * len(seqs)), tuple([-1] * len(seqs)))
     for r in members:
         d = m.run.dumps.get(r)
@@ -318,9 +352,16 @@ def _group_grid(report: Report, key: str, width: int, grid: Grid) -> GroupGrid:
             )
             got = (marked, got[1])
         per_rank[r] = got
+    return per_rank
 
-    # Rows: every rank in a small group; alike ranks together in a large one (blamed ranks
-    # alone, so that the culprit's row is its own).
+
+def _rows(
+    report: Report, members: tuple[int, ...], per_rank: dict[int, _Cells], grid: Grid
+) -> list[GridRow]:
+    """Every rank in a small group its row; alike ranks together in a large one (blamed ranks
+    alone, so that the culprit's row is its own)."""
+    culprits = set(report.findings[0].ranks) if report.findings else set()
+    blamed = {r for f in report.findings for r in f.ranks}
     rows_of: dict[tuple[object, ...], list[int]] = {}
     for r in members:
         alone = len(members) <= EACH_RANK_UP_TO or r in blamed
@@ -329,7 +370,7 @@ def _group_grid(report: Report, key: str, width: int, grid: Grid) -> GroupGrid:
     for ranks in rows_of.values():
         first = ranks[0]
         cells, positions = per_rank[first]
-        d = m.run.dumps.get(first)
+        d = report.matched.run.dumps.get(first)
         entries = tuple(
             grid.entry_id(d, pos) if d is not None and pos >= 0 else -1 for pos in positions
         )
@@ -342,13 +383,4 @@ def _group_grid(report: Report, key: str, width: int, grid: Grid) -> GroupGrid:
                 bool(culprits.intersection(ranks)),
             )
         )
-    hidden_rows = hidden_ranks = 0
-    if len(rows) > MAX_ROWS:
-        keep = sorted(rows, key=lambda row: (not row.blamed, -len(row.ranks)))[:MAX_ROWS]
-        kept = {id(row) for row in keep}
-        hidden = [row for row in rows if id(row) not in kept]
-        hidden_rows, hidden_ranks = len(hidden), sum(len(row.ranks) for row in hidden)
-        rows = [row for row in rows if id(row) in kept]
-    return GroupGrid(
-        key, info.label(), len(members), tuple(seqs), tuple(rows), focus, hidden_rows, hidden_ranks
-    )
+    return rows

@@ -15,7 +15,7 @@ import re
 from collections import defaultdict
 from html import escape
 from importlib import resources
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from flightrec.analysis.model import Consequence, FrameInfo, is_library_frame
 from flightrec.report.grid import Cell, Grid, build_grid
@@ -55,10 +55,17 @@ def _blocked(c: Consequence) -> list[str]:
 
 
 class HtmlRenderer:
-    """Renders a ``Report`` as one self-contained HTML page."""
+    """Renders a ``Report`` as one self-contained HTML page.
 
-    def render(self, report: Report) -> str:
-        """The page's text."""
+    Args:
+        out: where to write.
+    """
+
+    def __init__(self, out: TextIO) -> None:
+        self.out = out
+
+    def render(self, report: Report) -> None:
+        """Write the page."""
         grid = build_grid(report)
         template = (
             resources.files("flightrec.report")
@@ -72,7 +79,7 @@ class HtmlRenderer:
             "data": _script_json(_grid_data(grid)),
         }
         # One pass over the template: text put into a slot is never searched for slots.
-        return _SLOT.sub(lambda m: slots[m.group(1)], template)
+        self.out.write(_SLOT.sub(lambda m: slots[m.group(1)], template))
 
 
 def _title(report: Report) -> str:

@@ -6,7 +6,7 @@ import dataclasses
 import enum
 import json
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from flightrec.text import compress
 
@@ -175,21 +175,28 @@ class JsonRenderer:
     """Renders a report as one JSON object (a single line unless ``indent`` is given).
 
     Args:
+        out: where to write.
         indent: pretty-print with this indent.
         compact: the compact form (``compact_report_to_dict``), for the largest jobs.
         ranks: with ``compact``, ranks whose own evidence to add.
     """
 
     def __init__(
-        self, indent: int | None = None, compact: bool = False, ranks: tuple[int, ...] = ()
+        self,
+        out: TextIO,
+        indent: int | None = None,
+        compact: bool = False,
+        ranks: tuple[int, ...] = (),
     ) -> None:
+        self.out = out
         self.indent = indent
         self.compact = compact
         self.ranks = ranks
 
-    def render(self, report: Report) -> str:
-        """The JSON text, newline-terminated."""
+    def render(self, report: Report) -> None:
+        """Write the JSON text, newline-terminated."""
         data = (
             compact_report_to_dict(report, self.ranks) if self.compact else report_to_dict(report)
         )
-        return json.dumps(data, indent=self.indent, default=str) + "\n"
+        # One string, then one write: json.dump would encode piece by piece in Python.
+        self.out.write(json.dumps(data, indent=self.indent, default=str) + "\n")

@@ -21,9 +21,11 @@ from flightrec.analysis.model import (
     Consequence,
     Finding,
     FrameInfo,
+    ProcessGroupInfo,
     is_library_frame,
 )
 from flightrec.analysis.verdict.advice import advice_line
+from flightrec.report.grid import groups_named
 from flightrec.report.layout import code_line, hanging
 from flightrec.text import compress, ranks_phrase
 
@@ -141,21 +143,7 @@ class TerminalRenderer:
             waiting = sorted({r for c in cs for r in c.waiting})
             ended = sorted({r for c in cs for r in c.ended})
             longest = max(c.waited_s for c in cs)
-            pairs = [c.p2p for c in cs if c.p2p is not None]
-            if len(pairs) == len(cs):
-                # Sends and receives as their users wrote them: to or from a rank, not a group.
-                recv = all(
-                    r == dst for (_, dst), c in zip(pairs, cs, strict=True) for r in c.waiting
-                )
-                peers = sorted({src if recv else dst for src, dst in pairs})
-                where = f"{'from' if recv else 'to'} {ranks_phrase(peers)}"
-            elif len({c.process_group for c in cs}) == 1:
-                # Several waits on one group (the pairs of a P2P cycle) name that group.
-                # A P2P wait's ranks are its pair; the group's members say which group it is.
-                pg = cs[0].process_group
-                where = f"on group {pg} [ranks {compress(self._members.get(pg) or cs[0].pg_ranks)}]"
-            else:
-                where = f"on {len(cs)} {desc + ' ' if desc else ''}groups"
+            where = self._waited_where(cs, desc)
             took = f" for {longest:.1f} s" if longest >= 0.05 else ""
             lines += blocked_lines(waiting, ended, f"{op} #{seq} {where}", took)
         if lines:
@@ -170,6 +158,22 @@ class TerminalRenderer:
                 self._print(hanging("  ", f"[{x.kind}] {x.summary}", style="dim"))
             if len(f.explains) > MAX_LINES:
                 self._print(Text(f"  ... and {len(f.explains) - MAX_LINES} more", style="dim"))
+
+    def _waited_where(self, cs: list[Consequence], desc: str) -> str:
+        """Where the waits ``cs`` (one op and seq) are: to or from ranks, on a group, on
+        several groups of one kind."""
+        pairs = [c.p2p for c in cs if c.p2p is not None]
+        if len(pairs) == len(cs):
+            # Sends and receives as their users wrote them: to or from a rank, not a group.
+            recv = all(r == dst for (_, dst), c in zip(pairs, cs, strict=True) for r in c.waiting)
+            peers = sorted({src if recv else dst for src, dst in pairs})
+            return f"{'from' if recv else 'to'} {ranks_phrase(peers)}"
+        if len({c.process_group for c in cs}) == 1:
+            # Several waits on one group (the pairs of a P2P cycle) name that group.
+            # A P2P wait's ranks are its pair; the group's members say which group it is.
+            pg = cs[0].process_group
+            return f"on group {pg} [ranks {compress(self._members.get(pg) or cs[0].pg_ranks)}]"
+        return f"on {len(cs)} {desc + ' ' if desc else ''}groups"
 
     def _stragglers(self, report: Report) -> None:
         """The straggler table: per-rank lateness on aligned clocks, with bars."""
@@ -250,16 +254,7 @@ class TerminalRenderer:
 
     def _progress(self, report: Report) -> None:
         groups = report.matched.groups
-        if not groups:
-            return
-        mentioned: list[str] = []
-        for f in report.findings:
-            for k in [f.process_group] + [c.process_group for c in f.consequences]:
-                if k and k in groups and k not in mentioned:
-                    mentioned.append(k)
-        order = mentioned + [k for k in groups if k not in mentioned]
-        # Groups used only for P2P have no collective counters to compare.
-        order = [k for k in order if any(p.last_seq for p in groups[k].progress.values())]
+        order = _progress_order(report)
         if not order:
             return
         # The title goes on its own line: as a table title it would wrap to the table's width.
@@ -280,29 +275,9 @@ class TerminalRenderer:
         table.add_column("progress")
         for key in order[:MAX_GROUPS]:
             info = groups[key]
-            by_progress: dict[tuple[int, int], list[int]] = defaultdict(list)
-            for r, p in info.progress.items():
-                if r not in info.ranks:  # every rank creates every group; members only here
-                    continue
-                by_progress[(p.last_seq, p.last_completed)].append(r)
-            cells = [
-                f"{issued}/{'?' if done < 0 else done}: {ranks_phrase(rs)}"
-                for (issued, done), rs in sorted(by_progress.items(), reverse=True)
-            ]
-            # A rank absent here left no dump, or its dump (a summary in the job's log, which
-            # keeps the groups with something pending first) does not hold the group; ranks
-            # the verdict in the log read the progress of only are not listed.
-            run = report.run
-            absent = [r for r in info.ranks if r not in info.progress and r not in run.seen]
-            no_dump = [r for r in absent if r not in run.dumps]
-            if no_dump:
-                cells.append(f"no dump: {ranks_phrase(no_dump)}")
-            unrecorded = [r for r in absent if r in run.dumps]
-            if unrecorded:
-                cells.append(f"not in the dump: {ranks_phrase(unrecorded)}")
             # (the members are the next column)
             name = info.label() if info.desc else f"group {info.key}"
-            table.add_row(name, compress(info.ranks), " · ".join(cells))
+            table.add_row(name, compress(info.ranks), " · ".join(_progress_cells(report, info)))
         self._print(table)
         if len(order) > MAX_GROUPS:
             self._print(Text(f"  ... and {len(order) - MAX_GROUPS} more groups", style="dim"))
@@ -333,6 +308,40 @@ class TerminalRenderer:
         if run.problems:
             line += f"; {len(run.problems)} file(s) could not be used (listed on stderr)"
         self._print(Text(line, style="dim"))
+
+
+def _progress_order(report: Report) -> list[str]:
+    """The groups of the progress table: those the findings name first, then the others;
+    groups used only for P2P have no collective counters to compare."""
+    groups = report.matched.groups
+    mentioned = groups_named(report)
+    order = mentioned + [k for k in groups if k not in mentioned]
+    return [k for k in order if any(p.last_seq for p in groups[k].progress.values())]
+
+
+def _progress_cells(report: Report, info: ProcessGroupInfo) -> list[str]:
+    """``issued/completed: ranks``, newest first, then the members with no progress here."""
+    by_progress: dict[tuple[int, int], list[int]] = defaultdict(list)
+    for r, p in info.progress.items():
+        if r not in info.ranks:  # every rank creates every group; members only here
+            continue
+        by_progress[(p.last_seq, p.last_completed)].append(r)
+    cells = [
+        f"{issued}/{'?' if done < 0 else done}: {ranks_phrase(rs)}"
+        for (issued, done), rs in sorted(by_progress.items(), reverse=True)
+    ]
+    # A rank absent here left no dump, or its dump (a summary in the job's log, which
+    # keeps the groups with something pending first) does not hold the group; ranks
+    # the verdict in the log read the progress of only are not listed.
+    run = report.run
+    absent = [r for r in info.ranks if r not in info.progress and r not in run.seen]
+    no_dump = [r for r in absent if r not in run.dumps]
+    if no_dump:
+        cells.append(f"no dump: {ranks_phrase(no_dump)}")
+    unrecorded = [r for r in absent if r in run.dumps]
+    if unrecorded:
+        cells.append(f"not in the dump: {ranks_phrase(unrecorded)}")
+    return cells
 
 
 def _rstrip(line: list[Segment]) -> list[Segment]:

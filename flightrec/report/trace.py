@@ -22,7 +22,8 @@ tracks ("rank 3 · 2") next to its first, because a track's slices must nest.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any, TextIO
 
 from flightrec.analysis.kinds import KINDS
 from flightrec.analysis.model import FindingKind
@@ -69,16 +70,36 @@ class TraceRenderer:
     """Renders a ``Report`` as a Chrome Trace Event Format JSON object.
 
     Args:
+        out: where to write.
         recent: newest entries per rank to include (all when None): a 1,000-rank job's full
             rings make a file of hundreds of megabytes.
     """
 
-    def __init__(self, recent: int | None = None) -> None:
+    def __init__(self, out: TextIO, recent: int | None = None) -> None:
+        self.out = out
         self.recent = recent
 
-    def render(self, report: Report) -> str:
-        """The trace as JSON text."""
-        return json.dumps(self.to_dict(report), separators=(",", ":")) + "\n"
+    def render(self, report: Report) -> None:
+        """Write the trace as JSON text."""
+        trace = trace_dict(report, self.recent)
+        self.out.write(json.dumps(trace, separators=(",", ":")) + "\n")
+
+
+def trace_dict(report: Report, recent: int | None = None) -> dict[str, Any]:
+    """The trace as a JSON-ready dict: ``traceEvents``, ``displayTimeUnit``, ``metadata``.
+
+    Args:
+        report: the analysis.
+        recent: newest entries per rank to include (all when None).
+    """
+    return _Timeline(recent).to_dict(report)
+
+
+class _Timeline:
+    """Builds the trace of a report, rank by rank."""
+
+    def __init__(self, recent: int | None) -> None:
+        self.recent = recent
 
     def to_dict(self, report: Report) -> dict[str, Any]:
         """The trace as a JSON-ready dict: ``traceEvents``, ``displayTimeUnit``, ``metadata``."""
@@ -160,84 +181,64 @@ class TraceRenderer:
         at its start with a note saying what is known, never a slice invented up to the dump;
         only operations still in flight when the rank dumped run to the dump.
         """
-        e = d.dump.entries
         rank = d.rank
         dump_us = clock.us(rank, d.header.mono_time_ns) if d.header.mono_time_ns else None
         keys = d.group_keys
         groups = report.matched.groups
         descs = {k: groups[k].desc for k in keys if k in groups}
-        # Per group: a seq up to which every collective of this rank completed. Collectives
-        # of a group complete in the order they were issued, so an entry never marked
-        # complete (PyTorch's recorder missed its end) that a later completed one follows
-        # completed too; only its end time is unknown.
+        threads = self._by_thread(d, clock, dump_us, self._done_upto(report, d))
+        names = sorted(threads, key=lambda t: (-len(threads[t]), t))
+        labels: list[str] = []
+        for thread in names:
+            first = len(labels)
+            lanes = 0
+            for start, end, i, shape, lane in _lanes(threads[thread]):
+                if shape not in _INSTANTS:
+                    lanes = max(lanes, lane + 1)
+                tid = rank * _LANES + min(first + lane, _LANES - 1)
+                out.append(self._event(d, i, start, end, shape, pid, tid, keys, descs))
+            for lane in range(max(1, lanes)):
+                label = f"rank {rank}"
+                if len(names) > 1:
+                    label += f" · {thread or 'thread not recorded'}"
+                labels.append(label + (f" · {lane + 1}" if lane else ""))
+        if dump_us is not None:
+            out.append(_dump_event(d, dump_us, pid))
+        return labels[:_LANES] or [f"rank {rank}"]
+
+    def _done_upto(self, report: Report, d: RankDump) -> dict[int, int]:
+        """Per group (the dump's index): a seq up to which every collective of this rank
+        completed. Collectives of a group complete in the order they were issued, so an entry
+        never marked complete (PyTorch's recorder missed its end) that a later completed one
+        follows completed too; only its end time is unknown."""
+        e = d.dump.entries
+        groups = report.matched.groups
         done_upto: dict[int, int] = {}
-        for local, k in enumerate(keys):
-            p = groups[k].progress.get(rank) if k in groups else None
+        for local, k in enumerate(d.group_keys):
+            p = groups[k].progress.get(d.rank) if k in groups else None
             if p is not None:
                 done_upto[local] = p.last_completed
         for i in self._window(d):
             if e.state[i] == _COMPLETED and not e.flags[i] & pb.IS_P2P:
                 g = e.group[i]
                 done_upto[g] = max(done_upto.get(g, -1), e.seq[i])
+        return done_upto
+
+    def _by_thread(
+        self, d: RankDump, clock: _Clock, dump_us: float | None, done_upto: dict[int, int]
+    ) -> dict[str, list[tuple[float, float, int, str]]]:
+        """Per issuing thread, its operations: (start, end, entry, shape)."""
+        e = d.dump.entries
+        rank = d.rank
         threads: dict[str, list[tuple[float, float, int, str]]] = {}
         for i in self._window(d):
             if not e.enqueue_ns[i]:
                 continue
             start = clock.us(rank, e.enqueue_ns[i])
-            state = e.state[i]
-            p2p = bool(e.flags[i] & pb.IS_P2P)
-            if state == _COMPLETED and e.complete_ns[i] and e.complete_ns[i] >= e.enqueue_ns[i]:
-                shape, end = "slice", clock.us(rank, e.complete_ns[i])
-            elif not d.tracks_completion:
-                shape, end = _NOT_TRACKED, start
-            elif state == _COMPLETED or (
-                not p2p and state != pb.FAILED and 0 < e.seq[i] <= done_upto.get(e.group[i], -1)
-            ):
-                shape, end = _NO_END, start
-            elif state == pb.FAILED:
-                shape, end = _FAILED, start
-            else:  # in flight when the rank dumped: its known extent runs to the dump
-                shape, end = "open", max(start, dump_us if dump_us is not None else start)
+            shape, end = _extent(d, i, start, clock, dump_us, done_upto)
             thread = d.string(e.thread[i]) if e.thread[i] < len(d.dump.strings) else ""
             threads.setdefault(thread, []).append((start, end, i, shape))
-        names = sorted(threads, key=lambda t: (-len(threads[t]), t))
-        labels: list[str] = []
-        for thread in names:
-            items = sorted(threads[thread])
-            lane_end: list[float] = []
-            first = len(labels)
-            for start, end, i, shape in items:
-                if shape in _INSTANTS:  # no extent: never needs a lane of its own
-                    lane = 0
-                else:
-                    lane = next((k for k, t in enumerate(lane_end) if t <= start), len(lane_end))
-                    if lane == len(lane_end):
-                        lane_end.append(end)
-                    else:
-                        lane_end[lane] = end
-                tid = rank * _LANES + min(first + lane, _LANES - 1)
-                out.append(self._event(d, i, start, end, shape, pid, tid, keys, descs))
-            for lane in range(max(1, len(lane_end))):
-                label = f"rank {rank}"
-                if len(names) > 1:
-                    label += f" · {thread or 'thread not recorded'}"
-                labels.append(label + (f" · {lane + 1}" if lane else ""))
-        if dump_us is not None:
-            out.append(
-                {
-                    "name": f"dump ({pb.DumpReason.Name(d.header.reason)})"
-                    if d.header.reason in pb.DumpReason.values()
-                    else "dump",
-                    "cat": "dump",
-                    "ph": "i",
-                    "s": "t",
-                    "ts": dump_us,
-                    "pid": pid,
-                    "tid": rank * _LANES,
-                    "args": {"rank": rank, "reason_detail": d.header.reason_detail},
-                }
-            )
-        return labels[:_LANES] or [f"rank {rank}"]
+        return threads
 
     def _event(
         self,
@@ -344,6 +345,66 @@ class TraceRenderer:
                 "args": {"summary": f.summary, "host": d.header.hostname},
             }
         ]
+
+
+def _extent(
+    d: RankDump,
+    i: int,
+    start: float,
+    clock: _Clock,
+    dump_us: float | None,
+    done_upto: dict[int, int],
+) -> tuple[str, float]:
+    """How entry ``i`` is drawn (a slice, or one of ``_INSTANTS``, or "open") and where it ends."""
+    e = d.dump.entries
+    state = e.state[i]
+    p2p = bool(e.flags[i] & pb.IS_P2P)
+    if state == _COMPLETED and e.complete_ns[i] and e.complete_ns[i] >= e.enqueue_ns[i]:
+        return "slice", clock.us(d.rank, e.complete_ns[i])
+    if not d.tracks_completion:
+        return _NOT_TRACKED, start
+    if state == _COMPLETED or (
+        not p2p and state != pb.FAILED and 0 < e.seq[i] <= done_upto.get(e.group[i], -1)
+    ):
+        return _NO_END, start
+    if state == pb.FAILED:
+        return _FAILED, start
+    # in flight when the rank dumped: its known extent runs to the dump
+    return "open", max(start, dump_us if dump_us is not None else start)
+
+
+def _lanes(
+    items: list[tuple[float, float, int, str]],
+) -> Iterator[tuple[float, float, int, str, int]]:
+    """One thread's operations in time order, each with its lane: the first whose last slice
+    ended by its start (slices of a track must nest); instants stay in lane 0."""
+    lane_end: list[float] = []
+    for start, end, i, shape in sorted(items):
+        if shape in _INSTANTS:  # no extent: never needs a lane of its own
+            lane = 0
+        else:
+            lane = next((k for k, t in enumerate(lane_end) if t <= start), len(lane_end))
+            if lane == len(lane_end):
+                lane_end.append(end)
+            else:
+                lane_end[lane] = end
+        yield start, end, i, shape, lane
+
+
+def _dump_event(d: RankDump, dump_us: float, pid: int) -> dict[str, Any]:
+    """The instant the rank dumped, on its first lane."""
+    return {
+        "name": f"dump ({pb.DumpReason.Name(d.header.reason)})"
+        if d.header.reason in pb.DumpReason.values()
+        else "dump",
+        "cat": "dump",
+        "ph": "i",
+        "s": "t",
+        "ts": dump_us,
+        "pid": pid,
+        "tid": d.rank * _LANES,
+        "args": {"rank": d.rank, "reason_detail": d.header.reason_detail},
+    }
 
 
 def _meta(name: str, pid: int, tid: int, args: dict[str, Any]) -> dict[str, Any]:

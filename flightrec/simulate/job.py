@@ -102,6 +102,29 @@ def expected_kind(fault: Fault) -> str:
     return kind.value
 
 
+@dataclass
+class _Injected:
+    """A fault put into the culprit's step program, and the verdict it should end in."""
+
+    config: SimConfig
+    """The config, with the fault rank the fault could be injected at."""
+    program: list[OpTemplate]
+    """The culprit's step program."""
+    at: int
+    """Where in it the fault happens (for the faults that happen at one operation)."""
+    group_kind: GroupKind = GroupKind.WORLD
+    """The kind of group the fault's collective runs on."""
+    stop_at: dict[int, int] = field(default_factory=dict)
+    """Per rank that stops, the operation it never enters."""
+    broken_key: tuple[object, ...] | None = None
+    """The matching key of the collective the ranks disagree on."""
+    expected: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def culprit(self) -> int:
+        return self.config.fault_rank
+
+
 def plan(config: SimConfig) -> _Plan:
     """Build the step programs, inject the fault, and play the fault step out.
 
@@ -112,58 +135,9 @@ def plan(config: SimConfig) -> _Plan:
     if not 0 <= config.fault_rank < layout.world:
         raise ValueError(f"fault rank {config.fault_rank} is outside world size {layout.world}")
     templates = [step_template(layout, s, config.microbatches) for s in range(layout.pp)]
-    culprit = config.fault_rank
-    program = list(templates[layout.coords(culprit)[1]])
     history = config.entries // min(len(t) for t in templates) + 2
-    stop_at: dict[int, int] = {}
-    broken_key: tuple[object, ...] | None = None
-    expected: dict[str, Any]
-    group_kind = GroupKind.WORLD
-    at = _first_collective_from(program, len(program) // 2)
-
-    if fault is Fault.P2P_DEADLOCK:
-        if layout.pp < 2:
-            raise ValueError("a P2P deadlock needs pipeline stages: use a layout with pp >= 2")
-        if layout.coords(culprit)[1] == layout.pp - 1:
-            culprit -= layout.tp  # the last stage sends nothing forward: use its predecessor
-            config = replace(config, fault_rank=culprit)
-            program = list(templates[layout.coords(culprit)[1]])
-        send_fwd = next(i for i, op in enumerate(program) if op.send and op.peer_stage_delta == 1)
-        recv_bwd = next(
-            i for i, op in enumerate(program) if not op.send and op.peer_stage_delta == 1
-        )
-        program.insert(send_fwd, program.pop(recv_bwd))
-        partner = culprit + layout.tp
-        expected = {"kind": expected_kind(fault), "ranks": sorted([culprit, partner])}
-    elif fault in (Fault.OP_MISMATCH, Fault.SIZE_MISMATCH, Fault.DTYPE_MISMATCH):
-        kinds = [op.kind for op in program]
-        at = kinds.index(GroupKind.DP) if layout.dp >= 3 else len(program) - 1
-        group_kind = program[at].kind
-        program[at] = mismatched(program[at], fault)
-        ordinal = op_keys(program)[at][1]
-        broken_key = (layout.group_of(culprit, group_kind).name, ordinal)
-        field_name = {
-            Fault.OP_MISMATCH: "op",
-            Fault.SIZE_MISMATCH: "shape",
-            Fault.DTYPE_MISMATCH: "dtype",
-        }[fault]
-        expected = {"kind": expected_kind(fault), "ranks": [culprit], "field": field_name}
-    elif fault in (Fault.STALL, Fault.CRASH):
-        stop_at[culprit] = at
-        group_kind = program[at].kind
-        expected = {"kind": expected_kind(fault), "ranks": [culprit]}
-    elif fault in (Fault.STRAGGLER, Fault.SLOW_WORKER):
-        expected = {"kind": expected_kind(fault), "ranks": [culprit]}
-    elif fault is Fault.SLOW_STAGE:
-        if layout.pp < 2:
-            raise ValueError("a slow stage needs pipeline stages: use a layout with pp >= 2")
-        stage = layout.coords(culprit)[1]
-        ranks = [r for r in range(layout.world) if layout.coords(r)[1] == stage]
-        expected = {"kind": expected_kind(fault), "ranks": ranks}
-    elif fault is Fault.SPREAD_IMBALANCE:
-        expected = {"kind": expected_kind(fault), "ranks": []}
-    else:
-        expected = {}
+    inj = _inject(config, templates)
+    config, culprit, program = inj.config, inj.culprit, inj.program
 
     played: Played | None = None
     if fault.slows or (config.played and fault is Fault.NONE):
@@ -188,18 +162,11 @@ def plan(config: SimConfig) -> _Plan:
             layout,
             lambda r: program if r == culprit else templates[layout.coords(r)[1]],
             lambda r: culprit_keys if r == culprit else keys[layout.coords(r)[1]],
-            stop_at,
-            lambda key: key == broken_key,
+            inj.stop_at,
+            lambda key: key == inj.broken_key,
         )
-    if expected and fault not in (Fault.P2P_DEADLOCK, Fault.STRAGGLER) and not fault.slows:
-        g = layout.group_of(culprit, group_kind)
-        expected.update(
-            process_group=g.name,
-            seq=history * sum(1 for op in program if op.kind is group_kind and not op.is_p2p)
-            + 1
-            + sum(1 for op in program[:at] if op.kind is group_kind and not op.is_p2p),
-            op=templates[layout.coords(culprit)[1]][at].op,
-        )
+    if inj.expected and fault not in (Fault.P2P_DEADLOCK, Fault.STRAGGLER) and not fault.slows:
+        _expect_collective(inj, templates, history)
     return _Plan(
         config,
         templates,
@@ -208,8 +175,89 @@ def plan(config: SimConfig) -> _Plan:
         stalled={culprit} if fault is Fault.STALL else set(),
         dead={culprit} if fault is Fault.CRASH else set(),
         history=history,
-        expected=expected,
+        expected=inj.expected,
         played=played,
+    )
+
+
+def _inject(config: SimConfig, templates: list[list[OpTemplate]]) -> _Injected:
+    """The culprit's program with ``config.fault`` in it.
+
+    Raises:
+        ValueError: the fault needs pipeline stages and the layout has none.
+    """
+    layout, fault = config.layout, config.fault
+    program = list(templates[layout.coords(config.fault_rank)[1]])
+    inj = _Injected(config, program, _first_collective_from(program, len(program) // 2))
+    if fault is Fault.P2P_DEADLOCK:
+        _swap_p2p(inj, templates)
+    elif fault in (Fault.OP_MISMATCH, Fault.SIZE_MISMATCH, Fault.DTYPE_MISMATCH):
+        _mismatch(inj)
+    elif fault in (Fault.STALL, Fault.CRASH):
+        inj.stop_at[inj.culprit] = inj.at
+        inj.group_kind = program[inj.at].kind
+        inj.expected = {"kind": expected_kind(fault), "ranks": [inj.culprit]}
+    elif fault in (Fault.STRAGGLER, Fault.SLOW_WORKER):
+        inj.expected = {"kind": expected_kind(fault), "ranks": [inj.culprit]}
+    elif fault is Fault.SLOW_STAGE:
+        if layout.pp < 2:
+            raise ValueError("a slow stage needs pipeline stages: use a layout with pp >= 2")
+        stage = layout.coords(inj.culprit)[1]
+        ranks = [r for r in range(layout.world) if layout.coords(r)[1] == stage]
+        inj.expected = {"kind": expected_kind(fault), "ranks": ranks}
+    elif fault is Fault.SPREAD_IMBALANCE:
+        inj.expected = {"kind": expected_kind(fault), "ranks": []}
+    return inj
+
+
+def _swap_p2p(inj: _Injected, templates: list[list[OpTemplate]]) -> None:
+    """The culprit receives from the next stage before sending to it, as the next stage
+    does: each waits for the other."""
+    layout = inj.config.layout
+    if layout.pp < 2:
+        raise ValueError("a P2P deadlock needs pipeline stages: use a layout with pp >= 2")
+    if layout.coords(inj.culprit)[1] == layout.pp - 1:
+        # the last stage sends nothing forward: use its predecessor
+        inj.config = replace(inj.config, fault_rank=inj.culprit - layout.tp)
+        inj.program = list(templates[layout.coords(inj.culprit)[1]])
+    program = inj.program
+    send_fwd = next(i for i, op in enumerate(program) if op.send and op.peer_stage_delta == 1)
+    recv_bwd = next(i for i, op in enumerate(program) if not op.send and op.peer_stage_delta == 1)
+    program.insert(send_fwd, program.pop(recv_bwd))
+    partner = inj.culprit + layout.tp
+    inj.expected = {
+        "kind": expected_kind(inj.config.fault),
+        "ranks": sorted([inj.culprit, partner]),
+    }
+
+
+def _mismatch(inj: _Injected) -> None:
+    """The culprit calls one collective with another op, shape or dtype than its peers."""
+    layout, fault, program = inj.config.layout, inj.config.fault, inj.program
+    kinds = [op.kind for op in program]
+    inj.at = kinds.index(GroupKind.DP) if layout.dp >= 3 else len(program) - 1
+    inj.group_kind = program[inj.at].kind
+    program[inj.at] = mismatched(program[inj.at], fault)
+    ordinal = op_keys(program)[inj.at][1]
+    inj.broken_key = (layout.group_of(inj.culprit, inj.group_kind).name, ordinal)
+    field_name = {
+        Fault.OP_MISMATCH: "op",
+        Fault.SIZE_MISMATCH: "shape",
+        Fault.DTYPE_MISMATCH: "dtype",
+    }[fault]
+    inj.expected = {"kind": expected_kind(fault), "ranks": [inj.culprit], "field": field_name}
+
+
+def _expect_collective(inj: _Injected, templates: list[list[OpTemplate]], history: int) -> None:
+    """Add the group, sequence number and op of the collective the fault happens in."""
+    layout, program, kind, at = inj.config.layout, inj.program, inj.group_kind, inj.at
+    g = layout.group_of(inj.culprit, kind)
+    inj.expected.update(
+        process_group=g.name,
+        seq=history * sum(1 for op in program if op.kind is kind and not op.is_p2p)
+        + 1
+        + sum(1 for op in program[:at] if op.kind is kind and not op.is_p2p),
+        op=templates[layout.coords(inj.culprit)[1]][at].op,
     )
 
 
@@ -247,84 +295,118 @@ def _host_clock(seed: int, host: int) -> tuple[int, int]:
     return rng.randrange(10**12, 10**15), rng.randrange(-5 * MS, 5 * MS)
 
 
+@dataclass(frozen=True)
+class _Window:
+    """Which of a rank's operations its ring holds: entries ``start`` to ``total`` - 1 of a
+    program of ``step_ops`` operations that repeats every step."""
+
+    start: int
+    total: int
+    step_ops: int
+
+    @property
+    def n(self) -> int:
+        return self.total - self.start
+
+    @property
+    def first_step(self) -> int:
+        return self.start // self.step_ops
+
+    @property
+    def k0(self) -> int:
+        """The position in the step program of the ring's oldest entry."""
+        return self.start % self.step_ops
+
+    @property
+    def reps(self) -> int:
+        """Steps the ring touches."""
+        return -(-self.total // self.step_ops) - self.first_step
+
+    def tile(self, per_op: Sequence[int]) -> list[int]:
+        """A column whose value depends on the operation's place in the step only."""
+        return (list(per_op) * self.reps)[self.k0 : self.k0 + self.n]
+
+    def steps(self) -> list[int]:
+        """Per entry, the step it belongs to."""
+        first, step_ops = self.first_step, self.step_ops
+        per_step = (repeat(s, step_ops) for s in range(first, first + self.reps))
+        return list(chain.from_iterable(per_step))[self.k0 : self.k0 + self.n]
+
+
 def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     """The dump that ``rank`` writes at the hang (or on request, for healthy jobs)."""
     cfg, layout = p.config, p.config.layout
-    rng = random.Random(f"{cfg.seed}/rank/{rank}")
     program = p.program(rank)
-    step_ops = len(program)
     outcome = p.outcomes[rank]
     entered = outcome.completed + (1 if outcome.blocked else 0)
-    total = p.history * step_ops + entered
-    start = max(0, total - cfg.entries)
-    period = step_length(layout, cfg.microbatches)
+    total = p.history * len(program) + entered
+    window = _Window(max(0, total - cfg.entries), total, len(program))
     boot, skew = _host_clock(cfg.seed, layout.host(rank))
-    t0 = T0_NS
-    straggler = cfg.fault_rank if cfg.fault is Fault.STRAGGLER else -1
 
     groups = layout.groups_of(rank)
-    gindex = {g.kind: i for i, g in enumerate(groups)}
     keys = op_keys(program)
     b, k_interned = _prototype(p, program, groups)
     per_step: dict[tuple[GroupKind, int, bool], int] = {}
     for kind, _, delta, send in keys:
         per_step[(kind, delta, send)] = per_step.get((kind, delta, send), 0) + 1
+    cols = _entry_columns(p, rank, window, b, k_interned, keys, groups, per_step, boot)
+    in_ring = [cols["group"].count(i) for i in range(len(groups))]
+    for i, grp in enumerate(groups):
+        _add_group(b, p, rank, grp, keys[:entered], per_step, in_ring[i])
+    b.entry_columns(cols)
+    _fill_header(b.header, p, rank, total, boot, skew)
+    main = _main_stack(b.header, p, rank, program)
+    b.thread(1, "MainThread", main, is_main=True, holds_recorder=outcome.blocked)
+    b.thread(2, "flightrec-watchdog", [("flightrec/recorder/watchdog.py", "_loop", 71)])
+    return b.build()
 
+
+def _entry_columns(
+    p: _Plan,
+    rank: int,
+    w: _Window,
+    b: DumpBuilder,
+    k_interned: list[_Interned],
+    keys: list[tuple[GroupKind, int, int, bool]],
+    groups: list[SimGroup],
+    per_step: dict[tuple[GroupKind, int, bool], int],
+    boot: int,
+) -> dict[str, list[int]]:
+    """The ring's entry columns: the step's values tiled, and the rest arithmetic over the
+    step number, done by map() over whole columns (a 131,072-rank job builds 262 million
+    entries)."""
+    cfg, layout = p.config, p.config.layout
+    program = p.program(rank)
+    outcome = p.outcomes[rank]
+    gindex = {g.kind: i for i, g in enumerate(groups)}
+    n, tile = w.n, w.tile
     # Per template operation: everything that does not change from step to step.
     k_group = [gindex[kind] for kind, *_ in keys]
     k_per_step = [per_step[(kind, delta, send)] for kind, _, delta, send in keys]
     k_peer = [rank + delta * layout.tp if delta else -1 for _, _, delta, _ in keys]
     k_p2p = [bool(delta) for _, _, delta, _ in keys]
-    # Whether the straggler takes part in op k (its group holds it, or it is the P2P peer).
-    k_waits_for_straggler = [
-        straggler >= 0
-        and rank != straggler
-        and (peer == straggler if p2p else straggler in groups[g].ranks)
-        for g, peer, p2p in zip(k_group, k_peer, k_p2p, strict=True)
-    ]
-    # The ring holds entries start..total-1 of a program that repeats every step: per-op
-    # columns are the step's values tiled, and the rest is arithmetic over the step number,
-    # done by map() over whole columns (a 131,072-rank job builds 262 million entries).
-    n = total - start
-    first_step, k0 = divmod(start, step_ops)
-    reps = -(-total // step_ops) - first_step  # steps the ring touches
-
-    def tile(per_op: Sequence[int]) -> list[int]:
-        return (list(per_op) * reps)[k0 : k0 + n]
-
-    steps = list(
-        chain.from_iterable(repeat(s, step_ops) for s in range(first_step, first_step + reps))
-    )[k0 : k0 + n]
+    steps = w.steps()
     counts = list(map(add, tile([o + 1 for _, o, _, _ in keys]), map(mul, tile(k_per_step), steps)))
     complete = list(
         map(
             add,
-            tile([t0 + op.complete_off - boot for op in program]),
-            map(mul, steps, repeat(period)),
+            tile([T0_NS + op.complete_off - boot for op in program]),
+            map(mul, steps, repeat(step_length(layout, cfg.microbatches))),
         )
     )
-    # Jitter: how long before the last participant each rank arrived, one random byte per
-    # entry (drawing a number per entry cost more than everything else together).
-    low, span = (0, MS // 20) if rank == straggler else (MS // 20, MS - MS // 20)
-    noise = rng.randbytes(n)
-    waits = list(map(add, repeat(low), map(rshift, map(mul, noise, repeat(span)), repeat(8))))
-    if straggler >= 0 and rank != straggler:
-        lo, hi = cfg.straggler_delay_ms
-        for i in range(n):
-            k = (k0 + i) % step_ops
-            if k_waits_for_straggler[k]:
-                waits[i] += _straggler_delay(cfg.seed, steps[i], k, lo, hi)
+    waits = _waits(p, rank, w, steps, groups, k_group, k_peer, k_p2p)
     done: list[int] = [int(pb.COMPLETED)] * n
     if outcome.blocked and n:
         done[-1] = int(pb.STARTED)
     enqueue = list(map(sub, map(sub, complete, tile([op.duration for op in program])), waits))
     if p.played is not None:
-        enqueue = [t - boot for t in p.played.enqueue[rank][start:total]]
-        complete = [t - boot for t in p.played.complete[rank][start:total]]
-    group_col = tile(k_group)
-    cols: dict[str, list[int]] = {
-        "record_id": list(range(start, total)),
-        "group": group_col,
+        enqueue = [t - boot for t in p.played.enqueue[rank][w.start : w.total]]
+        complete = [t - boot for t in p.played.complete[rank][w.start : w.total]]
+    if outcome.blocked and n:
+        complete[-1] = 0
+    return {
+        "record_id": list(range(w.start, w.total)),
+        "group": tile(k_group),
         "seq": list(map(mul, counts, tile([0 if p2p else 1 for p2p in k_p2p]))),
         "p2p_seq": list(map(mul, counts, tile([1 if p2p else 0 for p2p in k_p2p]))),
         "op": tile([ki[0] for ki in k_interned]),
@@ -341,55 +423,94 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
         "flags": tile([ki[4] for ki in k_interned]),
         "device": [b.string(f"cuda:{rank % 8}")] * n,
     }
-    if outcome.blocked and n:
-        complete[-1] = 0
-    in_ring = [group_col.count(i) for i in range(len(groups))]
 
-    entered_keys = keys[:entered]
-    for i, grp in enumerate(groups):
-        if grp.kind is GroupKind.PP:
-            stage = layout.coords(rank)[1]
-            peers = []
-            for dl in (-1, 1):
-                if not 0 <= stage + dl < layout.pp:
-                    continue
-                sends, recvs = (
-                    p.history * per_step.get((grp.kind, dl, sd), 0)
-                    + sum(
-                        1
-                        for kd, _, d2, s2 in entered_keys
-                        if kd is grp.kind and d2 == dl and s2 == sd
-                    )
-                    for sd in (True, False)
-                )
-                peers.append((rank + dl * layout.tp, sends, recvs))
-            issued = sum(s + r for _, s, r in peers)
-            b.group(
-                grp.name,
-                grp.ranks,
-                desc=grp.kind.value,
-                backend="nccl",
-                dropped=issued - in_ring[i],
-                p2p=peers,
-            )
-        else:
-            issued = p.history * per_step[(grp.kind, 0, False)] + sum(
-                1 for kd, *_ in entered_keys if kd is grp.kind
-            )
-            b.group(
-                grp.name,
-                grp.ranks,
-                desc=grp.kind.value,
-                backend="nccl",
-                last_seq=issued,
-                dropped=issued - in_ring[i],
-            )
-    b.entry_columns(cols)
 
-    dump_true = t0 + (p.history + 1) * period + int(TIMEOUT_S * 1e9)
+def _waits(
+    p: _Plan,
+    rank: int,
+    w: _Window,
+    steps: list[int],
+    groups: list[SimGroup],
+    k_group: list[int],
+    k_peer: list[int],
+    k_p2p: list[bool],
+) -> list[int]:
+    """Per entry, how long before the last participant ``rank`` arrived (ns)."""
+    cfg = p.config
+    straggler = cfg.fault_rank if cfg.fault is Fault.STRAGGLER else -1
+    # Jitter, one random byte per entry (drawing a number per entry cost more than
+    # everything else together).
+    low, span = (0, MS // 20) if rank == straggler else (MS // 20, MS - MS // 20)
+    noise = random.Random(f"{cfg.seed}/rank/{rank}").randbytes(w.n)
+    waits = list(map(add, repeat(low), map(rshift, map(mul, noise, repeat(span)), repeat(8))))
+    if straggler < 0 or rank == straggler:
+        return waits
+    # Whether the straggler takes part in op k (its group holds it, or it is the P2P peer).
+    k_waits_for_straggler = [
+        peer == straggler if p2p else straggler in groups[g].ranks
+        for g, peer, p2p in zip(k_group, k_peer, k_p2p, strict=True)
+    ]
+    lo, hi = cfg.straggler_delay_ms
+    for i in range(w.n):
+        k = (w.k0 + i) % w.step_ops
+        if k_waits_for_straggler[k]:
+            waits[i] += _straggler_delay(cfg.seed, steps[i], k, lo, hi)
+    return waits
+
+
+def _add_group(
+    b: DumpBuilder,
+    p: _Plan,
+    rank: int,
+    grp: SimGroup,
+    entered_keys: Sequence[tuple[GroupKind, int, int, bool]],
+    per_step: dict[tuple[GroupKind, int, bool], int],
+    in_ring: int,
+) -> None:
+    """Add one of the rank's groups, with what it issued on it (``in_ring`` of it kept)."""
+    layout = p.config.layout
+    if grp.kind is not GroupKind.PP:
+        issued = p.history * per_step[(grp.kind, 0, False)] + sum(
+            1 for kd, *_ in entered_keys if kd is grp.kind
+        )
+        b.group(
+            grp.name,
+            grp.ranks,
+            desc=grp.kind.value,
+            backend="nccl",
+            last_seq=issued,
+            dropped=issued - in_ring,
+        )
+        return
+    stage = layout.coords(rank)[1]
+    peers = []
+    for dl in (-1, 1):
+        if not 0 <= stage + dl < layout.pp:
+            continue
+        sends, recvs = (
+            p.history * per_step.get((grp.kind, dl, sd), 0)
+            + sum(1 for kd, _, d2, s2 in entered_keys if kd is grp.kind and d2 == dl and s2 == sd)
+            for sd in (True, False)
+        )
+        peers.append((rank + dl * layout.tp, sends, recvs))
+    issued = sum(s + r for _, s, r in peers)
+    b.group(
+        grp.name,
+        grp.ranks,
+        desc=grp.kind.value,
+        backend="nccl",
+        dropped=issued - in_ring,
+        p2p=peers,
+    )
+
+
+def _fill_header(h: pb.Header, p: _Plan, rank: int, total: int, boot: int, skew: int) -> None:
+    """Who the rank is and when it dumped."""
+    cfg, layout = p.config, p.config.layout
+    dump_true = T0_NS + (p.history + 1) * step_length(layout, cfg.microbatches)
+    dump_true += int(TIMEOUT_S * 1e9)
     if p.played is not None:  # (a dump on request, once every rank has finished the step)
         dump_true = p.played.end_ns + 1_000 * MS
-    h = b.header
     h.rank, h.world_size = rank, layout.world
     h.hostname = f"node{layout.host(rank):05d}"
     h.pid = 10000 + rank
@@ -408,29 +529,32 @@ def build_rank_dump(p: _Plan, rank: int) -> pb.Dump:
     h.stack_depth = 16
     h.timeout_s = TIMEOUT_S
     h.source = "flightrec-simulate"
-    if cfg.fault in (Fault.NONE, Fault.STRAGGLER) or cfg.fault.slows:
+
+
+def _main_stack(
+    h: pb.Header, p: _Plan, rank: int, program: list[OpTemplate]
+) -> list[tuple[str, str, int]]:
+    """Set why the rank dumped; return its main thread's stack at the dump."""
+    fault = p.config.fault
+    if fault in (Fault.NONE, Fault.STRAGGLER) or fault.slows:
         h.reason, h.reason_detail = pb.CLI_TRIGGER, "flightrec trigger"
-        main: list[tuple[str, str, int]] = [
+        return [
             ("model/transformer.py", "mlp_forward", 188),
             ("train.py", "forward_step", 97),
             *program[0].stack[-2:],
         ]
-    elif rank in p.stalled:
+    if rank in p.stalled:
         h.reason, h.requested_by = pb.PEER_REQUEST, _first_waiter(p)
-        main = [
+        return [
             ("data/loader.py", "__next__", 88),
             ("train.py", "next_batch", 64),
             *program[0].stack[-2:],
         ]
-    else:
-        first = _first_waiter(p)
-        h.reason = pb.WATCHDOG_TIMEOUT if rank == first else pb.PEER_REQUEST
-        h.requested_by = -1 if rank == first else first
-        current = program[min(outcome.completed, step_ops - 1)]
-        main = [("torch/distributed/distributed_c10d.py", current.op, 2950), *current.stack]
-    b.thread(1, "MainThread", main, is_main=True, holds_recorder=outcome.blocked)
-    b.thread(2, "flightrec-watchdog", [("flightrec/recorder/watchdog.py", "_loop", 71)])
-    return b.build()
+    first = _first_waiter(p)
+    h.reason = pb.WATCHDOG_TIMEOUT if rank == first else pb.PEER_REQUEST
+    h.requested_by = -1 if rank == first else first
+    current = program[min(p.outcomes[rank].completed, len(program) - 1)]
+    return [("torch/distributed/distributed_c10d.py", current.op, 2950), *current.stack]
 
 
 @functools.lru_cache(maxsize=1 << 16)

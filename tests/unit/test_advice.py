@@ -11,6 +11,7 @@ from flightrec.analysis import analyze
 from flightrec.analysis.model import Action, FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.report.json import JsonRenderer
+from flightrec.report.renderer import rendered
 from flightrec.report.terminal import TerminalRenderer
 from tests.unit.factories import Job, healthy
 
@@ -33,7 +34,7 @@ def test_a_stalled_rank_is_a_restart_with_high_confidence() -> None:
     text = out.getvalue()
     assert "Next: restart the job: rank 2 stopped outside" in text
     assert "Confidence: high" in text
-    data = json.loads(JsonRenderer().render(report))["findings"][0]["recommendation"]
+    data = json.loads(rendered(JsonRenderer, report))["findings"][0]["recommendation"]
     assert data["action"] == "restart" and data["confidence"] == "high"
     assert "lowered_by" not in data
 

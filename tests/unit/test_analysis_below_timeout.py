@@ -12,6 +12,7 @@ from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.model import FindingKind
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.report.json import JsonRenderer
+from flightrec.report.renderer import rendered
 from flightrec.report.terminal import TerminalRenderer
 from tests.unit.factories import Job, healthy
 
@@ -40,7 +41,7 @@ def test_triggered_snapshot_of_a_hang_names_who_waits_for_whom_with_low_confiden
     assert "load_batch at job/train.py:18" in first.summary
     assert "the longest wait (30.0 s) is shorter than the 600 s timeout" in first.summary
     assert "may still be progressing (low confidence)" in first.summary
-    evidence = json.loads(JsonRenderer().render(report))["findings"][0]["evidence"]
+    evidence = json.loads(rendered(JsonRenderer, report))["findings"][0]["evidence"]
     assert (evidence["confidence"], evidence["longest_wait_s"], evidence["timeout_s"]) == (
         "low",
         30.0,

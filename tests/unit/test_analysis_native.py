@@ -14,6 +14,7 @@ from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.model import FindingKind
 from flightrec.format.builder import EntryValues
 from flightrec.report.json import JsonRenderer
+from flightrec.report.renderer import rendered
 from tests.unit.factories import Job, as_native, healthy
 
 SAMPLES = Path(__file__).resolve().parents[2] / "samples" / "native"
@@ -128,7 +129,9 @@ def test_report_says_when_timing_is_missing_altogether() -> None:
     report = analyze(job.run())
     assert report.findings == []
     assert any("timing is missing altogether" in n for n in report.notes)
-    assert any("timing is missing" in n for n in json.loads(JsonRenderer().render(report))["notes"])
+    assert any(
+        "timing is missing" in n for n in json.loads(rendered(JsonRenderer, report))["notes"]
+    )
     assert analyze(healthy(Job()).run()).notes == ()
 
 

@@ -14,6 +14,7 @@ from flightrec.analysis.model import RankDump
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.builder import IS_P2P, SEND, DumpBuilder, EntryValues
 from flightrec.report.json import JsonRenderer
+from flightrec.report.renderer import rendered
 from flightrec.report.terminal import TerminalRenderer
 
 OPS = ["all_reduce", "broadcast", "send", "recv", "scatter", "all_to_all", ""]
@@ -87,7 +88,7 @@ def test_analysis_never_raises(ranks: list) -> None:  # type: ignore[type-arg]
         dumps[r] = RankDump(f"<{r}>", build(r, world, groups, entries, reason, threads))
     world = max(max(d.header.world_size for d in dumps.values()), max(dumps) + 1)
     report = analyze(Run(dumps, world, (), ()))
-    JsonRenderer().render(report)
+    rendered(JsonRenderer, report)
     TerminalRenderer(Console(file=io.StringIO(), width=80)).render(report)
     for f in report.findings:
         assert f.kind and isinstance(f.summary, str)

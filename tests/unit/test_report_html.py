@@ -13,6 +13,7 @@ from pathlib import Path
 from flightrec.analysis import analyze, analyze_dir
 from flightrec.report.grid import EACH_RANK_UP_TO, Cell, build_grid
 from flightrec.report.html import HtmlRenderer
+from flightrec.report.renderer import rendered
 from tests.unit.factories import Job, healthy
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,7 +88,7 @@ def test_a_small_group_shows_every_rank() -> None:
 
 def test_the_page_is_self_contained_and_names_the_verdict_and_the_culprit() -> None:
     report = analyze_dir(str(SAMPLES / "stalled_rank"))
-    page = HtmlRenderer().render(report)
+    page = rendered(HtmlRenderer, report)
     assert page.startswith("<!DOCTYPE html>")
     # Nothing fetched: no stylesheet, script or image from anywhere.
     assert not re.search(r"<link|<img|\bsrc=|@import|url\(", page)
@@ -101,7 +102,7 @@ def test_the_page_is_self_contained_and_names_the_verdict_and_the_culprit() -> N
 
 
 def test_a_healthy_job_says_so() -> None:
-    page = HtmlRenderer().render(analyze_dir(str(SAMPLES / "healthy")))
+    page = rendered(HtmlRenderer, analyze_dir(str(SAMPLES / "healthy")))
     assert 'id="verdict" class="ok"' in page and "no problem found" in page
     assert '"culprit":true' not in page
 
@@ -111,7 +112,7 @@ def test_strings_from_a_dump_cannot_inject_markup() -> None:
     evil = "</script><script>alert(1)</script><b>"
     job.collective(ranks=[0], complete=False, function=evil)
     job.stall(1, function=evil)
-    page = HtmlRenderer().render(analyze(job.run()))
+    page = rendered(HtmlRenderer, analyze(job.run()))
     assert "<script>alert(1)" not in page and evil not in page
     assert page.count("</script>") == 2  # the data element's and the page script's own
     assert "&lt;/script&gt;&lt;script&gt;alert(1)" in page  # shown, as text
@@ -145,6 +146,6 @@ def test_blocked_ranks_whose_process_ended_waited_then_died() -> None:
     from tests.unit.test_analysis_failed import ddp_job, torch_timeout_first
 
     report = analyze(torch_timeout_first(ddp_job()).run())
-    page = HtmlRenderer().render(report)
+    page = rendered(HtmlRenderer, report)
     assert "ranks 0-1,3 waited in DDP gradient-bucket all_reduce #6 on group 0" in page, page
     assert "then died" in page and "ranks 0-1,3 wait in" not in page

@@ -10,11 +10,12 @@ from typing import ClassVar
 from flightrec.analysis import analyze
 from flightrec.analysis.model import CallShift, Evidence, Finding, FindingKind, FrameInfo
 from flightrec.report.json import SCHEMA, JsonRenderer, finding_to_dict
+from flightrec.report.renderer import rendered
 from tests.unit.factories import Job, healthy
 
 
 def test_healthy_report_has_empty_findings() -> None:
-    data = json.loads(JsonRenderer().render(analyze(healthy(Job()).run())))
+    data = json.loads(rendered(JsonRenderer, analyze(healthy(Job()).run())))
     assert data["schema"] == SCHEMA == "flightrec.report/1"
     assert data["world_size"] == 4 and data["ranks_with_dump"] == [0, 1, 2, 3]
     assert data["findings"] == []
@@ -24,7 +25,7 @@ def test_finding_carries_every_contract_field() -> None:
     job = healthy(Job())
     job.collective(ranks=[0, 1, 3], complete=False)
     job.stall(2)
-    data = json.loads(JsonRenderer(indent=2).render(analyze(job.run(ranks=[0, 1, 2]))))
+    data = json.loads(rendered(JsonRenderer, analyze(job.run(ranks=[0, 1, 2])), indent=2))
     first = data["findings"][0]
     assert {k: first[k] for k in ("kind", "ranks", "process_group", "pg_ranks", "seq", "op")} == {
         "kind": "not_arrived",
@@ -45,7 +46,7 @@ def test_finding_carries_every_contract_field() -> None:
 def test_mismatch_has_field() -> None:
     job = healthy(Job())
     job.collective(complete=False, override={2: {"dtype": "float64"}})
-    first = json.loads(JsonRenderer().render(analyze(job.run())))["findings"][0]
+    first = json.loads(rendered(JsonRenderer, analyze(job.run())))["findings"][0]
     assert (first["kind"], first["field"], first["ranks"]) == ("mismatch", "dtype", [2])
 
 
@@ -90,7 +91,7 @@ def test_compact_report_spells_long_rank_lists_as_ranges_and_gives_evidence_on_r
     job.collective(ranks=[r for r in range(40) if r != 17], complete=False)
     job.stall(17)
     report = analyze(job.run(ranks=[r for r in range(40) if r != 39]))
-    data = json.loads(JsonRenderer(compact=True, ranks=(3,)).render(report))
+    data = json.loads(rendered(JsonRenderer, report, compact=True, ranks=(3,)))
     assert data["ranks_with_dump"] == "0-38" and data["missing_ranks"] == [39]
     assert "dumps" not in data and data["dump_count"] == 39
     first = data["findings"][0]
@@ -103,5 +104,5 @@ def test_compact_report_spells_long_rank_lists_as_ranges_and_gives_evidence_on_r
     assert evidence[3]["state"]["status"] == "waiting" and evidence[3]["dump"] == "<rank 3>"
     assert "load_batch" in evidence[17]["where"]
     # The full report of the same run still lists every rank.
-    full = json.loads(JsonRenderer().render(report))
+    full = json.loads(rendered(JsonRenderer, report))
     assert full["ranks_with_dump"] == list(range(39)) and len(full["dumps"]) == 39

@@ -14,6 +14,7 @@ from flightrec.analysis.facts.lateness import StragglerEvidence, chance_of_as_ma
 from flightrec.analysis.model import FindingKind
 from flightrec.analysis.timing import lastarrivals
 from flightrec.report.json import JsonRenderer
+from flightrec.report.renderer import rendered
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.simulate import Fault, SimConfig, parse_layout, simulate
 from tests.unit.factories import user_stack
@@ -123,7 +124,7 @@ def test_terminal_table_and_json_fields() -> None:
     row = next(line for line in text.splitlines() if line.strip().startswith("2 "))
     assert "100%" in row and "█" in row and "±0.0" in row
     assert "clocks aligned on rank 0" in text
-    first = json.loads(JsonRenderer().render(report))["findings"][0]
+    first = json.loads(rendered(JsonRenderer, report))["findings"][0]
     assert first["kind"] == "straggler" and first["ranks"] == [2]
     assert first["confidence"] == "high" and first["last_share"] == 1.0
     assert first["median_lateness_ms"] > 38 and first["others_waited_s"] > 3

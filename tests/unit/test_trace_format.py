@@ -17,7 +17,8 @@ import pytest
 
 from flightrec.analysis import analyze, analyze_dir
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.report.trace import TraceRenderer
+from flightrec.report.renderer import rendered
+from flightrec.report.trace import TraceRenderer, trace_dict
 from tests.unit.factories import Job, healthy
 from tests.unit.test_clocks import timed_job
 
@@ -89,7 +90,7 @@ def trace_errors(trace: Any) -> list[str]:
 
 
 def _trace(job: Job) -> dict[str, Any]:
-    text = TraceRenderer().render(analyze(job.run()))
+    text = rendered(TraceRenderer, analyze(job.run()))
     out = json.loads(text)
     assert isinstance(out, dict)
     return out
@@ -172,7 +173,7 @@ def test_overlapping_operations_get_their_own_track() -> None:
 
 def test_recent_limits_entries_per_rank() -> None:
     report = analyze(healthy(Job(), steps=10).run())
-    trace = TraceRenderer(recent=3).to_dict(report)
+    trace = trace_dict(report, recent=3)
     assert trace_errors(trace) == []
     assert sum(e["ph"] == "X" for e in trace["traceEvents"]) == 4 * 3
 
@@ -180,7 +181,7 @@ def test_recent_limits_entries_per_rank() -> None:
 def test_clock_alignment_is_estimated_only_when_a_timeline_asks() -> None:
     report = analyze(timed_job(offset_ms={1: 5.0}).run())
     assert "timeline_clock" not in vars(report.clocks)  # analyze and JSON never pay for it
-    TraceRenderer().to_dict(report)
+    trace_dict(report)
     assert report.timeline_clock.alignment.clocks[1].offset_ns > 4_000_000
     assert "timeline_clock" in vars(report.clocks)
 
@@ -238,7 +239,7 @@ def test_a_real_ddp_job_on_gloo_is_drawn_as_recorded() -> None:
     reducer's collectives reach the dump only through PyTorch's recorder, which gives no end
     time: they were drawn as 28 slices running ~20 s to the dump, on 31 tracks."""
     report = analyze_dir(str(DATA / "ddp_gloo_stall"))
-    trace = TraceRenderer().to_dict(report)
+    trace = trace_dict(report)
     assert trace_errors(trace) == []
     events = trace["traceEvents"]
     threads = [e["args"]["name"] for e in events if e["name"] == "thread_name"]

@@ -20,6 +20,7 @@ from flightrec.analysis.timing.trend import (
     trend_phrase,
 )
 from flightrec.report.json import JsonRenderer
+from flightrec.report.renderer import rendered
 from tests.unit.test_clocks import timed_job
 
 STEP_NS = 100_000_000  # 100 ms a collective
@@ -90,7 +91,7 @@ def test_straggler_finding_carries_its_trend() -> None:
     assert isinstance(ev, StragglerEvidence) and ev.trend is not None
     assert ev.trend.shape == STEADY and not ev.trend.onset_seen
     assert "late since at least" in f.summary and "steady" in f.summary
-    data = json.loads(JsonRenderer().render(report))
+    data = json.loads(rendered(JsonRenderer, report))
     trend = data["findings"][0]["evidence"]["trend"]
     assert trend["shape"] == "steady" and trend["samples"] == 40
     schema = json.loads((Path(__file__).parents[2] / "docs" / "report-schema.json").read_text())
@@ -99,11 +100,11 @@ def test_straggler_finding_carries_its_trend() -> None:
 
 
 def test_timeline_marks_where_the_straggler_began() -> None:
-    from flightrec.report.trace import TraceRenderer
+    from flightrec.report.trace import trace_dict
     from tests.unit.test_trace_format import trace_errors
 
     job = timed_job(steps=40, late={2: 40.0})
-    data = TraceRenderer().to_dict(analyze(job.run()))
+    data = trace_dict(analyze(job.run()))
     assert trace_errors(data) == []
     (mark,) = [e for e in data["traceEvents"] if e.get("cat") == "straggler"]
     assert mark["ph"] == "i" and mark["tid"] == 2 * 64

@@ -13,12 +13,16 @@ from flightrec.errors import UsageError
 from flightrec.format.schema import TAIL_ENTRIES
 from flightrec.report.html import HtmlRenderer
 from flightrec.report.json import JsonRenderer
+from flightrec.report.renderer import rendered
 from flightrec.report.terminal import TerminalRenderer
 from flightrec.report.trace import TraceRenderer
 from flightrec_cli.console import report_console
 from flightrec_cli.exiting import skip_teardown
 from flightrec_cli.progress import StageProgress
 
+# Exit statuses (2, a usage error or no readable dump, is ``app.EXIT_USAGE``).
+EXIT_NOTHING_FOUND = 0
+EXIT_FINDINGS = 1
 TRACE_RECENT = 200
 """Operations per rank a timeline shows by default: the last steps before the hang."""
 TRACE_EVENTS = 200_000
@@ -31,7 +35,8 @@ def trace_window(world_size: int) -> int:
 
 
 def _write(path: Path, text: str) -> None:
-    """Write an output file; one line (exit 2) when it cannot be written, not a traceback."""
+    """Write an output file; one line (exit 2) when it cannot be written, not a traceback.
+    (Rendered first, written whole: a rendering that fails leaves no half file.)"""
     try:
         path.write_text(text, encoding="utf-8")
     except OSError as exc:
@@ -146,15 +151,15 @@ def analyze_command(
             if trace is not None:
                 shown.stage("Writing the timeline")
                 recent = None if trace_all else trace_recent or trace_window(report.world_size)
-                _write(trace, TraceRenderer(recent).render(report))
+                _write(trace, rendered(TraceRenderer, report, recent=recent))
             if html is not None:
                 shown.stage("Writing the HTML report")
-                _write(html, HtmlRenderer().render(report))
+                _write(html, rendered(HtmlRenderer, report))
         for problem in report.run.problems:
             typer.echo(f"flightrec: skipped {problem}", err=True)
         if as_json or compact:
-            sys.stdout.write(JsonRenderer(compact=compact, ranks=tuple(ranks or ())).render(report))
+            JsonRenderer(sys.stdout, compact=compact, ranks=tuple(ranks or ())).render(report)
         else:
             TerminalRenderer(report_console()).render(report)
     skip_teardown()  # everything is written: the process may end without freeing the job
-    raise typer.Exit(1 if report.findings else 0)
+    raise typer.Exit(EXIT_FINDINGS if report.findings else EXIT_NOTHING_FOUND)

@@ -142,100 +142,143 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     es = d.entries
     n = len(es)
     names = es.pg_name
-    own = set(names)
-    own.discard("")
-    mine: list[JobGroup] = [g for g in job.groups.values() if g.name in own or d.rank in g.ranks]
+    mine = _own_groups(d, job)
     index = {g.name: i for i, g in enumerate(mine)}
-    if n and not mine:
-        # Entries without a group name at all: give them one placeholder group so every
-        # entry still points at a valid group.
-        mine.append(JobGroup("", "", (), "", False))
-        index[""] = 0
     any_p2p = any(es.is_p2p)
     p2p = _P2P(d, job) if any_p2p else None
     # P2P entries carry no collective sequence number in flightrec.
     seqs = [0 if p else s for s, p in zip(es.seq, es.is_p2p, strict=True)] if any_p2p else es.seq
     wrapped = bool(n) and es.record_id[0] > 0
     for g in mine:
-        # This group's sequence numbers, zeros (P2P, unknown) left out: C-speed selections.
-        mine_seqs = list(filter(None, compress(seqs, map(eq, names, repeat(g.name)))))
-        b.group(
-            g.name,
-            g.ranks,
-            desc=g.desc,
-            backend=g.backend,
-            last_seq=max(mine_seqs, default=0),
-            dropped=(min(mine_seqs) - 1) if (wrapped and mine_seqs) else 0,
-            p2p=[
-                (peer, s, r)
-                for (name, peer), (s, r) in sorted(p2p.counts.items() if p2p else ())
-                if name == g.name
-            ],
-            members_known=g.members_known,
-        )
-
-    def codes(column: Sequence[str], value: dict[str, int]) -> list[int]:
-        return list(map(value.__getitem__, column))
+        _add_group(b, g, names, seqs, wrapped, p2p)
 
     string = b.string
     ops = es.op
     op_codes = {op: string(op) for op in dict.fromkeys(ops)}
-    op_flags = {
-        op: COALESCED if op.endswith("_coalesced") or op == "coalesced" else 0 for op in op_codes
-    }
-    flags = codes(ops, op_flags)
-    if p2p is not None:
-        for i, f in p2p.flags.items():
-            flags[i] |= f
-    states = {s: _STATES.get(s.lower(), pb.STATE_UNKNOWN) for s in dict.fromkeys(es.state)}
-    state: list[int] = list(map(states.__getitem__, es.state))
-    if any(states[s] != pb.COMPLETED for s in set(compress(es.state, es.completed_ns))):
-        # A completion time says it completed, whatever the state string says.
-        state = [
-            pb.COMPLETED if done else code
-            for code, done in zip(state, es.completed_ns, strict=True)
-        ]
-
-    # "cpu" for gloo groups; the group's backend as rebuilt, else the entry's own prefix.
-    def device(name: str, backend: str) -> int:
-        group = job.groups.get(name)
-        return string("cpu" if (group.backend if group else backend) == "gloo" else "")
-
-    backends = set(es.backend)
-    if len(backends) == 1:
-        (only,) = backends
-        on_group = {name: device(name, only) for name in dict.fromkeys(names)}
-        device_column = list(map(on_group.__getitem__, names))
-    else:
-        pairs = list(zip(names, es.backend, strict=True))
-        on_pair = {pair: device(*pair) for pair in dict.fromkeys(pairs)}
-        device_column = list(map(on_pair.__getitem__, pairs))
+    device_column = _devices(b, d, job)
     group_of = {name: index.get(name, 0) for name in dict.fromkeys(names)}
     stacks = [b.stack(s) for s in es.stacks]
     sigs = [b.tensors(t) for t in es.tensor_sigs]
     columns: dict[str, Sequence[int]] = {
         "record_id": es.record_id,
-        "group": codes(names, group_of),
+        "group": _codes(names, group_of),
         "seq": seqs,
         "p2p_seq": p2p.p2p_seq if p2p else [0] * n,
-        "op": codes(ops, op_codes),
+        "op": _codes(ops, op_codes),
         "reduce_op": [0] * n,
         "peer": p2p.peer if p2p else [-1] * n,
-        "state": state,
+        "state": _states(d),
         "enqueue_ns": es.created_ns,
         "start_ns": es.started_ns,
         "complete_ns": es.completed_ns,
-        "thread": codes(es.thread, {t: string(t) for t in dict.fromkeys(es.thread)}),
+        "thread": _codes(es.thread, {t: string(t) for t in dict.fromkeys(es.thread)}),
         "stack": list(map(stacks.__getitem__, es.stack)),
         "inputs": list(map(sigs.__getitem__, es.inputs)),
         "outputs": list(map(sigs.__getitem__, es.outputs)),
-        "flags": flags,
+        "flags": _flags(d, op_codes, p2p),
         "device": device_column,
     }
+    _fill_header(b.header, d, job, mine, wrapped)
+    return b, columns
 
+
+def _codes(column: Sequence[str], value: dict[str, int]) -> list[int]:
+    return list(map(value.__getitem__, column))
+
+
+def _own_groups(d: NativeDump, job: JobGroups) -> list[JobGroup]:
+    """The groups the dump's entries name or its rank is a member of."""
+    own = set(d.entries.pg_name)
+    own.discard("")
+    mine: list[JobGroup] = [g for g in job.groups.values() if g.name in own or d.rank in g.ranks]
+    if len(d.entries) and not mine:
+        # Entries without a group name at all: give them one placeholder group so every
+        # entry still points at a valid group.
+        mine.append(JobGroup("", "", (), "", False))
+    return mine
+
+
+def _add_group(
+    b: DumpBuilder,
+    g: JobGroup,
+    names: Sequence[str],
+    seqs: Sequence[int],
+    wrapped: bool,
+    p2p: _P2P | None,
+) -> None:
+    """Add group ``g`` with the sequence numbers and transfers the ring holds of it."""
+    # This group's sequence numbers, zeros (P2P, unknown) left out: C-speed selections.
+    mine_seqs = list(filter(None, compress(seqs, map(eq, names, repeat(g.name)))))
+    b.group(
+        g.name,
+        g.ranks,
+        desc=g.desc,
+        backend=g.backend,
+        last_seq=max(mine_seqs, default=0),
+        dropped=(min(mine_seqs) - 1) if (wrapped and mine_seqs) else 0,
+        p2p=[
+            (peer, s, r)
+            for (name, peer), (s, r) in sorted(p2p.counts.items() if p2p else ())
+            if name == g.name
+        ],
+        members_known=g.members_known,
+    )
+
+
+def _flags(d: NativeDump, op_codes: dict[str, int], p2p: _P2P | None) -> list[int]:
+    """Per entry: coalesced (by its op's name, or as part of a batch) and point-to-point."""
+    op_flags = {
+        op: COALESCED if op.endswith("_coalesced") or op == "coalesced" else 0 for op in op_codes
+    }
+    flags = _codes(d.entries.op, op_flags)
+    if p2p is not None:
+        for i, f in p2p.flags.items():
+            flags[i] |= f
+    return flags
+
+
+def _states(d: NativeDump) -> list[int]:
+    """Per entry, its state; a completion time says it completed, whatever the state
+    string says."""
+    es = d.entries
+    states = {s: _STATES.get(s.lower(), pb.STATE_UNKNOWN) for s in dict.fromkeys(es.state)}
+    state: list[int] = list(map(states.__getitem__, es.state))
+    if any(states[s] != pb.COMPLETED for s in set(compress(es.state, es.completed_ns))):
+        state = [
+            pb.COMPLETED if done else code
+            for code, done in zip(state, es.completed_ns, strict=True)
+        ]
+    return state
+
+
+def _devices(b: DumpBuilder, d: NativeDump, job: JobGroups) -> list[int]:
+    """Per entry, its device string: "cpu" for gloo groups (the group's backend as rebuilt,
+    else the entry's own), "" otherwise."""
+    es = d.entries
+    names = es.pg_name
+
+    def device(name: str, backend: str) -> int:
+        group = job.groups.get(name)
+        return b.string("cpu" if (group.backend if group else backend) == "gloo" else "")
+
+    backends = set(es.backend)
+    if len(backends) == 1:
+        (only,) = backends
+        on_group = {name: device(name, only) for name in dict.fromkeys(names)}
+        return list(map(on_group.__getitem__, names))
+    pairs = list(zip(names, es.backend, strict=True))
+    on_pair = {pair: device(*pair) for pair in dict.fromkeys(pairs)}
+    return list(map(on_pair.__getitem__, pairs))
+
+
+def _fill_header(
+    h: pb.Header, d: NativeDump, job: JobGroups, mine: list[JobGroup], wrapped: bool
+) -> None:
+    """Who wrote the dump, when, and what the conversion could not say."""
+    es = d.entries
+    n = len(es)
     default = next((g for g in mine if g.desc == "default_pg"), mine[0] if mine else None)
     backend = (default.backend if default else "") or next((be for be in es.backend if be), "")
-    h = b.header
     h.rank = d.rank
     h.world_size = job.world_size
     h.job_id = d.job_id
@@ -250,7 +293,7 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     h.buffer_capacity = n if wrapped else 0
     h.stack_depth = max(map(len, es.stacks))
     default_name = default.name if default else ""
-    timeouts = compress(es.timeout_ms, map(eq, names, repeat(default_name)))
+    timeouts = compress(es.timeout_ms, map(eq, es.pg_name, repeat(default_name)))
     h.timeout_s = max(timeouts, default=0) / 1000.0
     detail = [f"converted from PyTorch Flight Recorder dump format {d.version or '?'} ({d.form})"]
     dumped_ns, clamped = _dump_time_ns(d, h.timeout_s)
@@ -263,7 +306,6 @@ def convert_columns(d: NativeDump, job: JobGroups) -> tuple[DumpBuilder, dict[st
     detail.extend(_gaps(d, backend))
     detail.extend(note for note in job.notes if _concerns(note, d, mine))
     h.reason_detail = "; ".join(detail)
-    return b, columns
 
 
 def _concerns(note: str, d: NativeDump, groups: list[JobGroup]) -> bool:

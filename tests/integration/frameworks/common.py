@@ -15,6 +15,7 @@ from pathlib import Path
 
 from flightrec.analysis import Report, analyze_dir
 from flightrec.report.html import HtmlRenderer
+from flightrec.report.renderer import rendered
 from tests.integration.jobs import Job
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -75,7 +76,7 @@ def assert_names(report: Report, kind: str, rank: int, line: str, *, via: str = 
     if via:
         assert f"{line} via {via}" in summary, summary
     assert "site-packages" not in summary, summary
-    html = HtmlRenderer().render(report)
+    html = rendered(HtmlRenderer, report)
     assert line in html
     return summary
 
