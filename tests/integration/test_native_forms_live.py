@@ -22,6 +22,11 @@ def _needs_the_hook() -> None:
     native = pytest.importorskip("torch._C._distributed_c10d")
     if not hasattr(native, "FlightRecorderHook") or not hasattr(native, "_dump_fr_trace_file"):
         pytest.skip("this torch has no hook-based recorder (torch 2.15 and later have)")
+    if sys.version_info >= (3, 13):
+        # torch 2.15 on 3.13: _maybe_attach_flight_recorder segfaults at init_process_group for
+        # a backend defined in Python (the job's "relay"), flightrec or not. Its dumps read
+        # the same on any Python: samples/native/hook_hang was recorded on 3.11.
+        pytest.skip("torch 2.15 crashes attaching its recorder hook to a Python backend on 3.13")
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,10 @@ built through the same code the command uses, and the stack_hang verdict on them
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -16,7 +19,7 @@ from flightrec.analysis import analyze
 from flightrec.analysis.facts.places import BACKWARD, place_of
 from flightrec.analysis.loading.loader import Run
 from flightrec.analysis.model import FindingKind, FrameInfo, RankDump
-from flightrec.attach.processes import RankProcess, find_ranks
+from flightrec.attach.processes import RankProcess, descendants, find_ranks, process_table
 from flightrec.attach.pyspy import StackReadError, ThreadStack, parse_dump
 from flightrec.attach.snapshot import Sample, build_snapshot, stillness
 from flightrec.attach.torchring import RingUnavailable, _body, fetch_ring
@@ -31,6 +34,15 @@ LOGGER: FrameTuple = (
     83,
 )
 TRAIN = "/job/train.py"
+
+
+def _kill_below(pid: int) -> None:
+    """SIGKILL every process below ``pid`` (before ``pid`` itself: its children would move
+    to init once it is gone), without pkill, which a minimal root may lack."""
+    children, _ = process_table()
+    for child in descendants(pid, children):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGKILL)
 
 
 def _frames(*frames: tuple[str, str, int]) -> list[FrameInfo]:
@@ -139,8 +151,8 @@ def test_a_rank_is_found_by_its_environment_and_its_children_are_not_ranks(tmp_p
         # Its children named too (a pgrep matches a rank's DataLoader workers): still one rank.
         also = find_ranks([launcher.pid, *found.ranks[0].children])
     finally:
+        _kill_below(launcher.pid)
         launcher.kill()
-        subprocess.run(["pkill", "-KILL", "-P", str(launcher.pid)], check=False)
         launcher.wait()
     # The launcher carries RANK too (the variables were set above it): it is the rank, and
     # what runs below it with the same variables is its children.
@@ -181,7 +193,7 @@ def test_a_process_without_ranks_below_it_says_so() -> None:
         time.sleep(0.5)
         found = find_ranks([plain.pid])
     finally:
-        subprocess.run(["pkill", "-KILL", "-P", str(plain.pid)], check=False)
+        _kill_below(plain.pid)
         plain.kill()
         plain.wait()
     assert not found.ranks
