@@ -104,17 +104,16 @@ class Peers:
                         self.poller = Poller(
                             store, self.namespace, on_request,
                             rank=job_rank(), world_size=job_world_size(),
+                            on_covered=on_covered,
                         )  # fmt: skip
-                        self.poller.on_covered = on_covered
                     except Exception as exc:
                         self._warn("poller", "dump requests through the store are off", exc)
             poller = self.poller
             reporter = self.reporter if self._config.verdict else None
             if poller is not None and self.exchange is None and reporter is not None:
                 self.exchange = Exchange(
-                    poller, job_rank(), job_world_size(), self.namespace, reporter
+                    poller, job_rank(), job_world_size(), self.namespace, reporter, blackbox_dir
                 )
-                self.exchange.blackbox_dir = blackbox_dir
             if poller is not None and self.slowcheck is None and self._config.slow_check_s:
                 self._start_slowcheck(poller)
 

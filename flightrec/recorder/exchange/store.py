@@ -291,6 +291,7 @@ class Poller:
         *,
         rank: int = -1,
         world_size: int = 0,
+        on_covered: Callable[[int, str], None] | None = None,
     ) -> None:
         """Connect (one connection of our own) and start the thread.
 
@@ -298,6 +299,8 @@ class Poller:
             store: the default group's store (prefixes unwrapped).
             rank: this process's global rank.
             world_size: the job's ranks (rank 0 registers it for ``flightrec trigger``).
+            on_covered: called with (n, reason) for another rank's hang request that this
+                process's own recent hang dump stands for (``on_covered``).
         """
         self._source = store
         self.keys = Keys(namespace)
@@ -328,7 +331,7 @@ class Poller:
         self.hang_ns = 0
         """Monotonic time this process declared a hang (its own dump stands for the requests
         other ranks post for the same hang)."""
-        self.on_covered: Callable[[int, str], None] | None = None
+        self.on_covered = on_covered
         """Called with (n, reason) for another rank's hang request that this process's own
         recent hang dump stands for (no second dump): the verdict's round still needs this
         rank's answer, or it would blame it for none."""

@@ -351,7 +351,13 @@ class Exchange:
     """This process's part in every round."""
 
     def __init__(
-        self, poller: Poller, rank: int, world_size: int, namespace: str, reporter: Reporter
+        self,
+        poller: Poller,
+        rank: int,
+        world_size: int,
+        namespace: str,
+        reporter: Reporter,
+        blackbox_dir: str = "",
     ) -> None:
         self._poller = poller
         self.rank = rank
@@ -381,7 +387,7 @@ class Exchange:
         self._prepared = False
         self._next_look_ns = 0
         self.restart = restart_count()
-        self.blackbox_dir = ""
+        self.blackbox_dir = blackbox_dir
         """Where this process's black box lives ("": none); told to the verdict (``Round``)."""
         self._left = False
 
