@@ -25,18 +25,21 @@ if [ -z "$VENV" ]; then
     VENV=$tmp/venv
 fi
 
+# pip's notes on index folders this machine's configuration names but lacks, left out.
+pip_() { "$VENV/bin/pip" "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }; }
+
 prepare() {
     local start=$SECONDS
     rm -rf "$VENV"
     "$PY" -m venv "$VENV"
     # --no-compile: byte-compiling Ray's, torch's and transformers' files at install is most of
     # the install's time; Python compiles what the tests import anyway.
-    "$VENV/bin/pip" install -q --no-compile torch==2.13.0
+    pip_ install -q --no-compile torch==2.13.0
     echo "torch==2.13.0" >"$VENV/torch.txt"
     # The project from a copy of the tree: .ci/run builds in this one at the same time.
     mkdir -p "$VENV/src"
     git ls-files -z -c -o --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$VENV/src"
-    "$VENV/bin/pip" install -q --no-compile -c "$VENV/torch.txt" "$VENV/src" \
+    pip_ install -q --no-compile -c "$VENV/torch.txt" "$VENV/src" \
         -r .ci/frameworks.txt pytest pytest-xdist setuptools
     rm -rf "$VENV/src"
     local version
