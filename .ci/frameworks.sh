@@ -9,8 +9,9 @@
 #   .ci/frameworks.sh           both (in a temporary environment where the variable is not set)
 #
 # CI runs one case of each kind of naming (a stall named at the user's line in Lightning's DDP,
-# a mismatch named through accelerate's own call, Ray's training thread): 3 of the 17 jobs,
-# which is what fits a CI of 25 minutes on 2 cores.
+# a mismatch named through accelerate's own call): 2 of the 17 jobs, which is what fits a CI of
+# 25 minutes on 2 cores. Ray Train's job needs 4 CPU slots and minutes of start-up on 2 cores:
+# it timed out beside the other CI stages, so it runs with FRAMEWORK_TESTS=all only.
 # FRAMEWORK_TESTS=all runs every case (about 20 minutes on 2 busy cores), DeepSpeed's included
 # (its CPU op alone is about 2 minutes of compiling).
 set -euo pipefail
@@ -51,7 +52,7 @@ prepare() {
 run_tests() {
     local start=$SECONDS select=()
     if [ "${FRAMEWORK_TESTS:-ci}" != all ]; then
-        local cases="(lightning and ddp) or (accelerate and mismatch) or ray_train"
+        local cases="(lightning and ddp) or (accelerate and mismatch)"
         select=(-k "$cases")
     fi
     "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/integration/frameworks "${select[@]}"

@@ -14,8 +14,8 @@
 # /tmp/flightrec-pyroots) from an earlier run is reused while it holds that torch.
 # FLIGHTREC_CI_NEWEST=0 skips this step, saying so.
 #
-# Which tests: the unit tests (Python 3.13: the C readers and loops are built for it), and the
-# integration tests that touch what changes between torch releases: the signatures of
+# Which tests: the unit tests of what Python's version changes (the C readers and loops built
+# for it, the frame walk, torch's API at start-up), and the integration tests that touch what changes between torch releases: the signatures of
 # torch.distributed's functions the wrappers are generated from (hooks, C path), the
 # tensor-memory reader (layout), the black box, DDP's hooks, torch 2.15's hook-based recorder
 # and the dumps it writes, object collectives, and one job-level check built on all of them (a
@@ -46,7 +46,10 @@ prepare() {
 }
 
 run_tests() {
-    tools/pyenvs.sh run 3.13 python -m pytest -q -p no:cacheprovider tests/unit \
+    local unit=(tests/unit/test_{torchapi,doctor,columns_fastread,native_fastread,lastarrivals}.py
+        tests/unit/test_{recorder_hot,recorder_stacks,recorder_slot_layout,frames,dumpfile}.py
+        tests/unit/test_{summary,issuing_thread,blackbox}.py)
+    tools/pyenvs.sh run 3.13 python -m pytest -q -p no:cacheprovider "${unit[@]}" \
         tests/integration/test_recorder_{hooks,fast,layout,blackbox,ddp}.py \
         tests/integration/test_native_forms_live.py tests/integration/test_object_collectives.py \
         "tests/integration/test_live_verdict.py::test_the_job_log_names_the_stalled_rank_the_collective_and_the_line"
