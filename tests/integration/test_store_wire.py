@@ -78,6 +78,7 @@ def test_every_call_reads_as_torchs_client_reads_it(server: tuple[int, str]) -> 
     port, _ = server
     ours, theirs = WireStore("127.0.0.1", port), torch_client(port)
     theirs.set("flightrec/a", "from torch")
+    assert theirs.get("flightrec/a") == b"from torch"  # taken in (a set has no answer)
     assert ours.check(["flightrec/a"]) and not ours.check(["flightrec/a", "flightrec/none"])
     assert ours.get("flightrec/a") == b"from torch"
     ours.set("flightrec/b", b"\x00\xffours")
