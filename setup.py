@@ -1,6 +1,7 @@
 """Ships ``flightrec-autostart.pth`` at the top of site-packages, and builds the optional C
 hot path ``flightrec.recorder.hotpath._fast``, the dump reader's loops
-``flightrec.format._wire``, the straggler pass's ``flightrec.analysis.timing._arrivals`` and the
+``flightrec.format._wire``, the reporter's progress-record reader
+``flightrec.format._progress``, the straggler pass's ``flightrec.analysis.timing._arrivals`` and the
 native-dump reader's ``flightrec.readers.native._pickled``.
 
 Everything else lives in pyproject.toml. The extension is optional: where it cannot be built
@@ -89,6 +90,12 @@ WIRE = Extension(
     optional=True,  # a failed build leaves the Python loops of the dump reader (same results)
 )
 
+PROGRESS = Extension(
+    "flightrec.format._progress",
+    sources=["flightrec/format/_progress.c"],
+    optional=True,  # a failed build leaves protobuf's parser and the Python checks (same results)
+)
+
 ARRIVALS = Extension(
     "flightrec.analysis.timing._arrivals",
     sources=["flightrec/analysis/timing/_arrivals.c"],
@@ -101,4 +108,4 @@ PICKLED = Extension(
     optional=True,  # a failed build leaves the native reader's Python path (same results)
 )
 
-setup(cmdclass=COMMANDS, ext_modules=[FAST, WIRE, ARRIVALS, PICKLED])
+setup(cmdclass=COMMANDS, ext_modules=[FAST, WIRE, PROGRESS, ARRIVALS, PICKLED])

@@ -3,10 +3,10 @@
 pytest imports the source tree first (``pythonpath`` in pyproject.toml), where no built
 extension lies after a fresh clone: without this, the C hot path would be tested only where
 someone remembered ``python setup.py build_ext --inplace``, and its tests would quietly skip. It
-is compiled from ``_fast.c`` (and the dump reader's loops from ``format/_wire.c``, the straggler
-pass's from ``analysis/timing/_arrivals.c``, the native-pickle reader from
-``readers/native/_pickled.c``) when missing
-or older than the source (a few seconds, once), before
+is compiled from ``_fast.c`` (and the dump reader's loops from ``format/_wire.c``, the progress
+records' reader from ``format/_progress.c``, the straggler pass's from
+``analysis/timing/_arrivals.c``, the native-pickle reader from ``readers/native/_pickled.c``)
+when missing or older than the source (a few seconds, once), before
 any test imports flightrec; the subprocesses the integration tests start import the same tree.
 Where it cannot be built (no compiler: the install itself would fall back to pure Python), the
 tests of the C path skip with that reason and everything else runs on the pure-Python path.
@@ -29,6 +29,7 @@ SOURCE = ROOT / "flightrec" / "recorder" / "hotpath" / "_fast.c"
 SOURCES = (
     SOURCE,
     ROOT / "flightrec" / "format" / "_wire.c",
+    ROOT / "flightrec" / "format" / "_progress.c",
     ROOT / "flightrec" / "analysis" / "timing" / "_arrivals.c",
     ROOT / "flightrec" / "readers" / "native" / "_pickled.c",
 )

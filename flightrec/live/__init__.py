@@ -69,8 +69,9 @@ def report(rnd: Round) -> None:
     started = time.monotonic()
     try:
         # The analysis and the renderer load while the other ranks answer, not after.
+        from flightrec.format.progress import Decoded
         from flightrec.live.rounds import earlier
-        from flightrec.live.verdict import UNLISTED, Decoded, decode_ahead, render, select
+        from flightrec.live.verdict import UNLISTED, decode_ahead, render, select
         from flightrec.recorder.exchange.verdict import Listing
 
         listing = Listing(rnd)

@@ -27,7 +27,7 @@ from flightrec.analysis.loading.loader import Run
 from flightrec.errors import DumpError, printable
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.members import members_of, set_members
-from flightrec.format.progress import decode_progress
+from flightrec.format.progress import Decoded, ProgressRecord, decode_many, read_progress, record_of
 from flightrec.format.progress import progress as progress_of
 from flightrec.format.summary import SummaryError, decode
 from flightrec.live.frontier import Frontier, find_frontier
@@ -68,24 +68,16 @@ class Selection:
     """
 
     ranks: tuple[int, ...]
-    progress: Mapping[int, pb.Progress]
+    progress: Mapping[int, ProgressRecord]
     problems: tuple[FileProblem, ...]
     frontier: Frontier | None
 
 
-Decoded = dict[int, tuple[bytes, "pb.Progress | str"]]
-"""Progress records decoded ahead (``decode_ahead``): rank -> (the bytes, the record or why it
-was refused)."""
-
-
 def decode_ahead(raw: Mapping[int, bytes], world_size: int, into: Decoded) -> None:
     """Decode ``raw``'s records into ``into`` (the reporter does it as the records arrive, while
-    it waits for the other ranks: at 131,072 ranks decoding them all takes about a second)."""
-    for rank, data in raw.items():
-        try:
-            into[rank] = (data, decode_progress(data, rank, world_size))
-        except SummaryError as exc:
-            into[rank] = (data, str(exc).split(": ", 1)[-1])
+    it waits for the other ranks: at 131,072 ranks decoding them all takes 0.07 s with the C
+    reader, ``flightrec.format.progress``, and 1.5 s without)."""
+    decode_many(raw, world_size, into)
 
 
 def select(
@@ -113,7 +105,7 @@ def select(
         decoded: records decoded ahead (``decode_ahead``); one whose bytes differ from
             ``raw``'s is decoded again.
     """
-    progress: dict[int, pb.Progress] = {}
+    progress: dict[int, ProgressRecord] = {}
     problems: list[FileProblem] = []
     if listing_problem:
         problems.append(FileProblem("the round's progress records", listing_problem))
@@ -142,17 +134,17 @@ def select(
     return Selection(tuple(sorted(wanted)), progress, tuple(problems), frontier)
 
 
-def _decoded(data: bytes, rank: int, world_size: int, summary: bool) -> pb.Progress | str:
+def _decoded(data: bytes, rank: int, world_size: int, summary: bool) -> ProgressRecord | str:
     """A rank's record (from its summary when ``summary``), or why it is refused."""
+    if not summary:
+        return read_progress(data, rank, world_size)
     try:
-        if summary:
-            return _stood_in(data, rank, world_size)
-        return decode_progress(data, rank, world_size)
+        return _stood_in(data, rank, world_size)
     except SummaryError as exc:
         return str(exc).split(": ", 1)[-1]
 
 
-def _stood_in(data: bytes, rank: int, world_size: int) -> pb.Progress:
+def _stood_in(data: bytes, rank: int, world_size: int) -> ProgressRecord:
     """The progress record of a rank read from its summary (``select``'s ``unlisted``).
 
     Raises:
@@ -165,7 +157,7 @@ def _stood_in(data: bytes, rank: int, world_size: int) -> pb.Progress:
         raise SummaryError(
             f"rank {rank}'s summary: says the world has {s.dump.header.world_size} ranks"
         )
-    return progress_of(s.dump, s.round)
+    return record_of(progress_of(s.dump, s.round))
 
 
 def load(
@@ -271,7 +263,7 @@ def worth_printing(
     report: Report,
     reason: str,
     summaries: Mapping[int, pb.Summary],
-    progress: Mapping[int, pb.Progress] | None = None,
+    progress: Mapping[int, ProgressRecord] | None = None,
 ) -> bool:
     """A hang always is. A round started by SIGTERM (a job being stopped) is when a rank is
     missing, an operation failed, or one has been pending for ``TERM_STUCK_S``: a healthy job

@@ -9,15 +9,27 @@ import pytest
 from flightrec.analysis import analyze
 from flightrec.errors import CONTROL
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.progress import MAX_BYTES, decode_progress, encode_progress, progress
+from flightrec.format import progress as progress_module
+from flightrec.format.progress import (
+    MAX_BYTES,
+    ProgressRecord,
+    decode_progress,
+    encode_progress,
+    progress,
+    record_of,
+)
 from flightrec.format.summary import SummaryError, decode, encode, summarize
 from flightrec.live import verdict
 from flightrec.live.frontier import find_frontier
 from flightrec.simulate.faults import Fault
 from flightrec.simulate.job import SimConfig, build_rank_dump, plan
 from flightrec.simulate.layout import parse_layout
+from tests.unit.paths import c_and_python
 
 WORLD = 256
+
+# Every test with the progress records read in C (where built), then in Python.
+loops = c_and_python(progress_module, "_progress")
 
 
 def published(fault: Fault, culprit: int) -> tuple[dict[int, bytes], dict[int, bytes]]:
@@ -80,7 +92,7 @@ def test_a_stall_names_the_rank_its_op_and_its_line(monkeypatch: pytest.MonkeyPa
     assert "Stack of rank 85" in text and "left no dump" not in text
 
 
-def record(rank: int, groups: list[tuple[str, int, int]], **wait: object) -> pb.Progress:
+def message(rank: int, groups: list[tuple[str, int, int]], **wait: object) -> pb.Progress:
     """A hand-made progress record: groups as (name, issued, size)."""
     p = pb.Progress(round=1, rank=rank, world_size=8, wait_peer=-1)
     for name, issued, size in groups:
@@ -91,6 +103,11 @@ def record(rank: int, groups: list[tuple[str, int, int]], **wait: object) -> pb.
     for key, value in wait.items():
         setattr(p, key, value)
     return p
+
+
+def record(rank: int, groups: list[tuple[str, int, int]], **wait: object) -> ProgressRecord:
+    """``message`` as the first pass reads it."""
+    return record_of(message(rank, groups, **wait))
 
 
 def test_the_first_pass_follows_chains_to_their_end() -> None:
@@ -136,9 +153,9 @@ def test_the_first_pass_finds_a_loop_and_a_member_that_never_answered() -> None:
         (b"\x0a" * (MAX_BYTES + 1), "more than"),
         (pb.Progress(rank=6, world_size=8).SerializeToString(), "says it is rank 6"),
         (pb.Progress(rank=5, world_size=9).SerializeToString(), "world has 9 ranks"),
-        (record(5, [("a", 1, 4)], wait_group=3).SerializeToString(), "does not list"),
-        (record(5, [("a", 1, 4)], wait_peer=99).SerializeToString(), "peer outside"),
-        (record(5, [("a", 1, 40)]).SerializeToString(), "larger than the world"),
+        (message(5, [("a", 1, 4)], wait_group=3).SerializeToString(), "does not list"),
+        (message(5, [("a", 1, 4)], wait_peer=99).SerializeToString(), "peer outside"),
+        (message(5, [("a", 1, 40)]).SerializeToString(), "larger than the world"),
         (pb.Progress(rank=5, world_size=8, group=["a"]).SerializeToString(), "disagree"),
     ],
 )
@@ -148,7 +165,7 @@ def test_a_damaged_progress_record_costs_its_rank_and_one_line(data: bytes, word
     line = str(err.value)
     assert line.startswith("rank 5's progress: ") and words in line, line
     assert "\n" not in line and not CONTROL.search(line)
-    chosen = verdict.select({5: data, 4: record(4, []).SerializeToString()}, 1, 8)
+    chosen = verdict.select({5: data, 4: message(4, []).SerializeToString()}, 1, 8)
     assert set(chosen.progress) == {4}
     assert [p.path for p in chosen.problems] == ["rank 5's progress"]
 
@@ -156,7 +173,7 @@ def test_a_damaged_progress_record_costs_its_rank_and_one_line(data: bytes, word
 def test_a_progress_record_is_small_and_bounded() -> None:
     _, records = published(Fault.STALL, 85)
     assert max(len(b) for b in records.values()) < 120
-    huge = record(1, [(f"group-{i}-" + "n" * 40, i, 2) for i in range(64)])
+    huge = message(1, [(f"group-{i}-" + "n" * 40, i, 2) for i in range(64)])
     data = encode_progress(huge)
     assert len(data) <= MAX_BYTES
     back = decode_progress(data, 1, 8)
@@ -173,7 +190,7 @@ def test_a_rank_missing_from_the_rounds_list_is_read_from_its_summary(
     summaries, records = published(fault, culprit)
     for rank, data in summaries.items():
         s = decode(data, "")
-        assert progress(s.dump, s.round) == decode_progress(records[rank], rank, WORLD)
+        assert record_of(progress(s.dump, s.round)) == decode_progress(records[rank], rank, WORLD)
     monkeypatch.setattr(verdict, "FULL_RANKS", 0)
     everyone = verdict.select(records, 3, WORLD)
     gone = {*range(80, 96), culprit}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 from flightrec.format import flightrec_pb2 as pb
-from flightrec.format.progress import encode_progress, progress
+from flightrec.format.progress import encode_progress, progress, record_of
 from flightrec.format.summary import encode, summarize
 from flightrec.live import verdict
 from flightrec.live.frontier import find_frontier
@@ -62,7 +62,7 @@ def test_where_every_rank_is_stays_short_for_scattered_classes() -> None:
             p.issued.append(10 + where)
             p.size.append(131_072)
             p.wait_group, p.wait_seq, p.wait_op = 1, 10 + where, "all_reduce"
-        records[rank] = p
+        records[rank] = record_of(p)
     where = find_frontier(records).where
     assert where and all(len(f"  {line}") <= verdict.MAX_LINE for line in where), where
 
