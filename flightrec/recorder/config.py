@@ -82,6 +82,10 @@ class Config:
     """FLIGHTREC_SLOW_CHECK: seconds between in-job checks for a persistently late rank (one
     line in the log when one is found, docs/slow-ranks.md); 0 turns the check off. Values
     below 0.5 (but 0) are read as 0.5."""
+    host_relay: bool = True
+    """FLIGHTREC_HOST_RELAY: a host's ranks hear of dump requests, and answer them, through
+    one connection to the store (``exchange.relay``; on unless 0/false/...): the store's
+    server then pays per host, not per rank, when a hang is declared."""
     ddp_hook: bool = True
     """FLIGHTREC_DDP_HOOK: record DDP's gradient all-reduces through flightrec's Python
     communication hook (on unless 0/false/...; DDP then keeps its C++ hook, and its
@@ -198,4 +202,6 @@ def from_env(env: Mapping[str, str] | None = None) -> Config:
         verdict=env.get("FLIGHTREC_VERDICT") is None or is_true(env.get("FLIGHTREC_VERDICT")),
         slow_check_s=_slow_check(env),
         ddp_hook=env.get("FLIGHTREC_DDP_HOOK") is None or is_true(env.get("FLIGHTREC_DDP_HOOK")),
+        host_relay=env.get("FLIGHTREC_HOST_RELAY") is None
+        or is_true(env.get("FLIGHTREC_HOST_RELAY")),
     )

@@ -105,6 +105,7 @@ class Peers:
                             store, self.namespace, on_request,
                             rank=job_rank(), world_size=job_world_size(),
                             on_covered=on_covered,
+                            relay_scope="" if self._config.host_relay else None,
                         )  # fmt: skip
                     except Exception as exc:
                         self._warn("poller", "dump requests through the store are off", exc)

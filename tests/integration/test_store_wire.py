@@ -28,21 +28,12 @@ from flightrec.recorder.exchange.store import (
     post_request,
 )
 from flightrec.recorder.exchange.wire import ProtocolError, WireStore, encode_append, encode_set
+from tests.integration.stores import store_server
 
 torch = pytest.importorskip("torch")
 from torch.distributed import TCPStore  # type: ignore[attr-defined]  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVER = """
-import sys
-from datetime import timedelta
-from torch.distributed import TCPStore
-import torch
-s = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-             use_libuv=sys.argv[1] == "libuv", timeout=timedelta(seconds=30))
-print(s.port, torch.__version__, flush=True)
-sys.stdin.read()
-"""
 SERVERS = [("this", "libuv"), ("this", "legacy")]
 OTHER = os.environ.get("FLIGHTREC_OTHER_TORCH_PYTHON", "")
 if OTHER:
@@ -53,17 +44,8 @@ if OTHER:
 def server(request: pytest.FixtureRequest) -> Iterator[tuple[int, str]]:
     """(port, torch version) of a TCPStore server in a process of its own."""
     which, backend = request.param
-    python = OTHER if which == "other" else sys.executable
-    proc = subprocess.Popen(
-        [python, "-c", SERVER, backend], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    assert proc.stdout is not None and proc.stdin is not None
-    port, version = proc.stdout.readline().split()
-    try:
-        yield int(port), version
-    finally:
-        proc.stdin.close()
-        proc.wait(30)
+    with store_server(backend, OTHER if which == "other" else sys.executable) as running:
+        yield running
 
 
 def torch_client(port: int) -> TCPStore:

@@ -81,3 +81,10 @@ def test_ddp_hook_on_unless_turned_off() -> None:
         assert from_env({**on, **more}).ddp_hook, more
     for off in ("0", "false", "no", " OFF "):
         assert not from_env({**on, "FLIGHTREC_DDP_HOOK": off}).ddp_hook, off
+
+
+def test_host_relay_on_unless_turned_off() -> None:
+    on = {"FLIGHTREC": "1"}
+    assert from_env(on).host_relay and from_env({**on, "FLIGHTREC_HOST_RELAY": "1"}).host_relay
+    for off in ("0", "false", "no"):
+        assert not from_env({**on, "FLIGHTREC_HOST_RELAY": off}).host_relay, off

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -38,6 +39,7 @@ from datetime import timedelta
 from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
+from flightrec.recorder.exchange import relay
 from flightrec.recorder.exchange.keys import Keys
 from flightrec.recorder.exchange.wire import WireStore
 
@@ -292,6 +294,7 @@ class Poller:
         rank: int = -1,
         world_size: int = 0,
         on_covered: Callable[[int, str], None] | None = None,
+        relay_scope: str | None = "",
     ) -> None:
         """Connect (one connection of our own) and start the thread.
 
@@ -301,6 +304,10 @@ class Poller:
             world_size: the job's ranks (rank 0 registers it for ``flightrec trigger``).
             on_covered: called with (n, reason) for another rank's hang request that this
                 process's own recent hang dump stands for (``on_covered``).
+            relay_scope: None: wait on the store whatever the host; else hear of requests
+                through the host's relay (``relay``), the processes of one job whose scope
+                is the same sharing one (the scope tells apart the simulated hosts of a
+                benchmark; "" in a job).
         """
         self._source = store
         self.keys = Keys(namespace)
@@ -341,8 +348,36 @@ class Poller:
         self._post_store: Any = None
         self._post_lock = threading.Lock()
         self._stop = threading.Event()
+        self.relay: relay.Relay | None = None
+        """This process relays for its host (it waits on the store for them)."""
+        self.link: relay.Link | None = None
+        """This process follows its host's relay (None: it waits on the store itself)."""
+        self._announced: tuple[int, bytes, bytes] | None = None
+        if self._wire is not None and relay_scope is not None:
+            self._join_relay(relay_scope)
         self._thread = threading.Thread(target=self._run, name="flightrec-requests", daemon=True)
         self._thread.start()
+
+    def _join_relay(self, scope: str) -> None:
+        assert self._wire is not None
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
+        name = relay.address(self.keys.root, self._wire.host, str(self._wire.port), restart, scope)
+        try:
+            joined = relay.join(name, self.new_connection)
+        except Exception as exc:  # no relay: this process waits on the store as before
+            log.debug("flightrec: no host relay: %s", exc)
+            return
+        if isinstance(joined, relay.Relay):
+            self.relay = joined
+        else:
+            self.link = joined
+
+    def _leave_relay(self) -> None:
+        """The relay is gone or silent: wait on the store from now on."""
+        link, self.link = self.link, None
+        if link is not None:
+            link.close()
+            log.debug("flightrec: the host's relay is gone: waiting on the store")
 
     @property
     def waits(self) -> bool:
@@ -407,6 +442,10 @@ class Poller:
         """Stop waiting; with ``wait_s``, wait that long for the thread to end (closing our
         connection ends its wait at once)."""
         self._stop.set()
+        if self.relay is not None:
+            self.relay.close()
+        if self.link is not None:
+            self.link.close()
         if self._wire is not None:
             self._wire.close()
         post = self._post_store
@@ -424,7 +463,15 @@ class Poller:
                     continue  # (polling: not yet)
                 if self._stop.is_set():
                     return
-                count, text = self._read_request(nxt)
+                announced, self._announced = self._announced, None
+                if announced is not None:  # (through the host's relay)
+                    if announced[0] < nxt:
+                        continue
+                    nxt, count, text = announced
+                else:
+                    count, text = self._read_request(nxt)
+                    if self.relay is not None:  # the host's other ranks, before this one dumps
+                        self.relay.announce(nxt, bytes(count), bytes(text))
                 current = nxt
                 if _count(bytes(count)) > nxt:  # (requests posted together; or a moved counter)
                     current = first_free(self._store, self.keys, nxt) - 1
@@ -455,6 +502,14 @@ class Poller:
     def _next_posted(self, n: int) -> bool:
         """Wait until request ``n`` is posted (True), or, polling, look once (and pause).
         (A wait registered ahead for it, by ``_read_request``, only has its answer read.)"""
+        link = self.link
+        if link is not None:
+            self._announced = link.next_request(self._stop)
+            if self._announced is not None:
+                return True
+            if not self._stop.is_set():
+                self._leave_relay()
+            return False
         key = self.keys.request(n)
         if self._wire is not None:
             return self._wire.wait([key])

@@ -528,14 +528,17 @@ class Exchange:
 
     # -----------------------------------------------------------------------------------------
     def _answer(self, n: int, reason: str, wait: bool) -> None:
-        self._publish(n, reason)
+        # Through the host's relay only where this process lives on (not on its way out).
+        self._publish(n, reason, relayed=not wait)
         running = self._reporting
         if wait and running is not None:
             # The process ends when this returns (SIGTERM): a report under way, started
             # here or by the request thread, finishes first.
             running.join(GATHER_S + 5.0)
 
-    def _publish(self, n: int, reason: str) -> None:
+    def _publish(self, n: int, reason: str, relayed: bool = False) -> None:
+        """Answer round ``n`` with the latest dump; ``relayed``: where this process follows
+        its host's relay and may not report, the answer goes through the relay."""
         if self.store_gone:
             return
         with self._publishing:
@@ -550,13 +553,14 @@ class Exchange:
                 brief = None if n in self._answered else encode_progress(progress(dump, n))
                 requests = answer_requests(self.keys, self.rank, n, data, brief)
                 posted = n in getattr(self._poller, "posted", ())
+                link = getattr(self._poller, "link", None) if relayed else None
                 with self._lock:
-                    store = self._connection()
                     holder = -1
                     if may_claim(self.rank, posted):
-                        holder = claim(store, self.keys.round(n, "reporter"), self.rank, requests)
-                    else:
-                        send(store, requests)
+                        key = self.keys.round(n, "reporter")
+                        holder = claim(self._connection(), key, self.rank, requests)
+                    elif link is None or not link.forward(encoded(requests)):
+                        send(self._connection(), requests)
                     self._answered[n] = time.monotonic()
             except Exception as exc:
                 self._warn(exc)
