@@ -75,8 +75,8 @@ class Selection:
 
 def decode_ahead(raw: Mapping[int, bytes], world_size: int, into: Decoded) -> None:
     """Decode ``raw``'s records into ``into`` (the reporter does it as the records arrive, while
-    it waits for the other ranks: at 131,072 ranks decoding them all takes 0.07 s with the C
-    reader, ``flightrec.format.progress``, and 1.5 s without)."""
+    it waits for the other ranks: at 131,072 ranks, a few tenths of a second with the C reader
+    of ``flightrec.format.progress``, over a second without)."""
     decode_many(raw, world_size, into)
 
 
