@@ -10,18 +10,17 @@ of its own, as in rank 0's process or torchrun's agent; ``store_server``):
   reporter (``flightrec.live.REPORTER``), prepared ahead as the recorder prepares it once an
   operation is half-way to a hang; what it would write to stderr is timed and kept;
 - every other rank is played by one driver process. The ranks that may report
-  (``verdict.may_claim``: ranks 1-63) run the recorder's own request thread (``Poller``) and
-  answer with the exchange's ``claim``, each on connections of its own. The others make the
-  requests a rank makes, in its order, built by the recorder's own functions: the wait for
-  the request (``Poller``'s), woken, the read of the request and the wait for the next in
-  one write (``store.request_reads``, as ``WireStore.multi_get`` sends it), then the answer
-  in one write (``verdict.answer_requests``, ``verdict.encoded``, as ``Exchange`` sends it).
-  The driver shares connections between those ranks (at most ``--connections``: a process
-  here may hold 20,000 files, the server too) and writes the requests of a connection's
-  ranks together: the server does the same requests per rank as in a job, but fewer system
-  calls (one wake-up and one read per connection and step where a job has one per rank).
-  The server's system calls are counted, and what the missing ones would cost is added from
-  their measured cost (``--calibrate``): the estimate for a job with a connection per rank;
+  (``verdict.may_claim``: ranks 1-63) run the recorder's own request thread (``Poller``,
+  with the host relays of their hosts: ``exchange.relay``, one per ``--per-host`` ranks,
+  rank 0's host's in rank 0's process) and answer with the exchange's ``claim``, each on
+  connections of its own. Every other host meets the store as its relay does: one
+  connection; the wait for the request (``Poller``'s), woken, the read of the request and
+  the wait for the next in one write (``store.request_reads``, as ``WireStore.multi_get``
+  sends it), then the answers of all the host's ranks in one write (each built by
+  ``verdict.answer_requests`` and ``verdict.encoded``, as ``Exchange`` hands them to the
+  relay). The server's system calls are counted, and what one more read per rank would
+  cost (each answer reaching the relay too late to go with the others) is added from its
+  measured cost (``--calibrate``): the worst case;
 - this process posts the request (as the rank that declares the hang does) and reads the
   clocks (``CLOCK_MONOTONIC``, shared by the processes).
 
@@ -265,7 +264,7 @@ def rank0(port: int, world: int, cache_file: str, restart: str) -> None:
         return True
 
     _path0 = summary.dump_path
-    poller = Poller(store, NAMESPACE, on_request, rank=0, world_size=world)
+    poller = Poller(store, NAMESPACE, on_request, rank=0, world_size=world, relay_scope="host0")
     ex = exchange.Exchange(poller, 0, world, NAMESPACE, reporter)
     ex.restart = restart
     ex.connect()
@@ -285,16 +284,16 @@ def rank0(port: int, world: int, cache_file: str, restart: str) -> None:
     poller.stop(wait_s=2.0)
 
 
-# -- every other rank: a driver over shared connections ---------------------------------------
+# -- every other rank: a driver, one connection per host ---------------------------------------
 _U64 = struct.Struct("<Q")
 
 
 class Conn:
-    """One connection to the store and the ranks it carries."""
+    """One host's connection to the store (its relay's) and its ranks' answers."""
 
     __slots__ = ("answer", "buf", "ranks", "sock", "state")
 
-    def __init__(self, sock: Any, ranks: list[int], answer: bytes) -> None:
+    def __init__(self, sock: Any, ranks: int, answer: bytes) -> None:
         self.sock, self.ranks, self.answer = sock, ranks, answer
         self.buf = bytearray()
         self.state = "wait"
@@ -319,14 +318,19 @@ class Claimant:
     """A rank that may report (``verdict.may_claim``): the recorder's own request thread
     (``Poller``) on connections of its own, answering with the exchange's ``claim``."""
 
-    def __init__(self, port: int, world: int, rank: int, summary: bytes, record: bytes) -> None:
+    def __init__(
+        self, port: int, world: int, rank: int, summary: bytes, record: bytes, per_host: int
+    ) -> None:
         from flightrec.recorder.exchange.store import Poller
 
         self.rank, self.done = rank, threading.Event()
         self._answer = (summary, record)
         self._store = answered_connection("127.0.0.1", port, 5.0, tries=5)
         where = SimpleNamespace(host="127.0.0.1", port=port)
-        self.poller = Poller(where, NAMESPACE, self._on_request, rank=rank, world_size=world)
+        self.poller = Poller(
+            where, NAMESPACE, self._on_request, rank=rank, world_size=world,
+            relay_scope=f"host{rank // per_host}",
+        )  # fmt: skip
 
     def _on_request(self, n: int, requester: int, reason: str) -> bool:
         keys = self.poller.keys
@@ -336,43 +340,44 @@ class Claimant:
         return True
 
 
-def driver(port: int, world: int, cache: str, connections: int) -> None:
+def driver(port: int, world: int, cache: str, per_host: int) -> None:
     """Ranks 1.. of the job (see the docstring): the ranks that may report as the recorder
-    runs them; the others over at most ``connections`` shared connections, each rank's
-    requests built by the recorder's functions and written together per connection."""
+    runs them; every other host as its relay (``exchange.relay``) meets the store: one
+    connection, each rank's requests built by the recorder's functions."""
     with open(cache, "rb") as f:
         rows = pickle.load(f)["rows"]
     keys, n = Keys(NAMESPACE), 1
     claimants = [
-        Claimant(port, world, rank, s, rec) for rank, s, rec in rows if 0 < rank < CLAIMANTS
-    ]
-    answers = {
-        rank: b"".join(encoded(answer_requests(keys, rank, n, s, rec)))
+        Claimant(port, world, rank, s, rec, per_host)
         for rank, s, rec in rows
-        if rank >= CLAIMANTS
-    }
+        if 0 < rank < CLAIMANTS
+    ]
+    hosts: dict[int, list[bytes]] = {}
+    for rank, s, rec in rows:
+        if rank >= CLAIMANTS:  # (a host of ranks that may report runs the recorder's relay)
+            hosts.setdefault(rank // per_host, []).append(
+                b"".join(encoded(answer_requests(keys, rank, n, s, rec)))
+            )
     del rows
-    ranks = sorted(answers)
-    count = min(connections, len(ranks))
     reads, then_wait = request_reads(keys, n)
     read = wire.encode_multi_get(reads) + wire.encode_wait(then_wait)  # (WireStore.multi_get)
     conns: dict[int, Conn] = {}
     poll = select.epoll()
-    for c in range(count):
-        mine = ranks[c::count]
-        blob = b"".join(answers[r] for r in mine)
+    ranks = 0
+    for host in sorted(hosts):
+        answers = hosts.pop(host)
+        ranks += len(answers)
         sock = answered_connection("127.0.0.1", port, 5.0, tries=5).socket
-        conn = Conn(sock, mine, blob)
+        conn = Conn(sock, len(answers), b"".join(answers))
         conns[sock.fileno()] = conn
-        sock.sendall(wire.encode_wait([keys.request(n)]) * len(mine))  # (Poller._next_posted)
+        sock.sendall(wire.encode_wait([keys.request(n)]))  # (the relay's Poller._next_posted)
         poll.register(sock.fileno(), select.EPOLLIN)
-    del answers
     time.sleep(1.0)  # (every wait registered on the server)
     assert all(c.poller.waits for c in claimants), "a claimant's poller does not wait"
     cpu0 = time.process_time()
-    _say({"ready": True, "connections": count + 2 * len(claimants)})
+    _say({"ready": True, "connections": len(conns) + 2 * len(claimants), "hosts": len(conns)})
     reached = sent = 0.0
-    left = count
+    left = len(conns)
     while left:
         for fd, _ in poll.poll(60):
             conn = conns[fd]
@@ -381,15 +386,17 @@ def driver(port: int, world: int, cache: str, connections: int) -> None:
                 raise RuntimeError("the store closed a connection")
             conn.buf += data
             if conn.state == "wait" and conn.buf:
-                del conn.buf[:1]  # STOP_WAITING: one per connection, however many ranks wait
-                conn.sock.sendall(read * len(conn.ranks))
+                del conn.buf[:1]  # STOP_WAITING
+                conn.sock.sendall(read)  # (the relay's Poller._read_request)
                 conn.state = "read"
             if conn.state == "read":
-                got = _values(conn.buf, 2 * len(conn.ranks))
+                got = _values(conn.buf, 2)
                 if got is None:
                     continue
                 del conn.buf[: got[1]]
                 reached = time.monotonic()
+                # Every rank of the host answers through the relay: one write (the relay's
+                # batch; its followers heard of the request over the host's local socket).
                 conn.sock.sendall(conn.answer)
                 sent = time.monotonic()
                 conn.state = "done"
@@ -398,7 +405,7 @@ def driver(port: int, world: int, cache: str, connections: int) -> None:
         if not c.done.wait(60):
             raise RuntimeError(f"rank {c.rank}'s request thread did not answer")
     _say({
-        "reached": reached, "sent": sent, "ranks": len(ranks) + len(claimants),
+        "reached": reached, "sent": sent, "ranks": ranks + len(claimants),
         "cpu_s": time.process_time() - cpu0,
     })  # fmt: skip
     sys.stdin.read()  # (connections kept until the run is over)
@@ -408,10 +415,10 @@ def driver(port: int, world: int, cache: str, connections: int) -> None:
 
 # -- one run ----------------------------------------------------------------------------------
 def one_run(
-    world: int, rows_file: Path, rank0_file: Path, connections: int, restart: str
+    world: int, rows_file: Path, rank0_file: Path, per_host: int, restart: str
 ) -> dict[str, Any]:
     server = Server()
-    drive = _child("driver", str(server.port), str(world), str(rows_file), str(connections))
+    drive = _child("driver", str(server.port), str(world), str(rows_file), str(per_host))
     first = _child("rank0", str(server.port), str(world), str(rank0_file), restart)
     try:
         ready = _read(first)
@@ -437,6 +444,7 @@ def one_run(
     steps = out["steps"]
     return {
         "connections": info["connections"],
+        "hosts": info["hosts"],
         "rank 0 woken": steps["woken"] - t0,
         "rank 0 published": steps["published"] - t0,
         "reached": ranks["reached"] - t0,
@@ -504,7 +512,7 @@ def main() -> int:
     parser.add_argument(
         "--entries", type=int, default=64, help="ring entries per rank (a summary keeps 21)"
     )
-    parser.add_argument("--connections", type=int, default=4096)
+    parser.add_argument("--per-host", type=int, default=8, help="ranks per host (one relay each)")
     parser.add_argument(
         "--calibrate", type=int, default=4096, metavar="N",
         help="connections to measure one read's and one write's server cost on (0: skip)",
@@ -541,7 +549,7 @@ def main() -> int:
         runs = []
         for i in range(args.repeat):
             load = os.getloadavg()[0]
-            run = one_run(world, rows_file, rank0_file, args.connections, str(i))
+            run = one_run(world, rows_file, rank0_file, args.per_host, str(i))
             run["load"] = load
             runs.append(run)
             print(f"  run {i + 1}: verdict {run['written']:.2f} s after the request, server "
@@ -581,20 +589,15 @@ def report(
     print(f"  request -> verdict in the log: first {runs[0]['written']:.2f} s, median {wall:.2f} s "
           f"(target {TARGET_S:g} s: {verdict}); load average at each run's start: {loads}")  # fmt: skip
     if costs[0]:
-        # A rank of a job: one write waking it, one read (the request's and the next wait),
-        # one write answering it, one read (its answer); a claim adds a write.
-        claims = min(CLAIMANTS, world)
-        reads = 2 * world
-        writes = 2 * world + claims
-        med = {
-            k: statistics.median(r[k] for r in runs)
-            for k in ("server reads", "server writes", "server CPU")
-        }
-        more = max(0.0, reads - med["server reads"]) * costs[0]
-        more += max(0.0, writes - med["server writes"]) * costs[1]
-        print(f"  with a connection per rank (estimated): {reads:,} reads and {writes:,} writes "
-              f"where these runs made {med['server reads']:,.0f} and {med['server writes']:,.0f}: "
-              f"{more:.2f} s more, {med['server CPU'] + more:.2f} s of server CPU in all")  # fmt: skip
+        # Measured: each host's relay makes the requests it makes in a job, on one
+        # connection, its ranks' answers in one write. At worst each rank's answer reaches
+        # the relay too late for the write before: one more read of the server a rank.
+        hosts = runs[0]["hosts"]
+        more_reads = hosts * (args.per_host - 1)
+        cpu = statistics.median(r["server CPU"] for r in runs)
+        print(f"  at worst (each of a host's {args.per_host} answers in a read of its own): "
+              f"{more_reads:,} more reads, {more_reads * costs[0]:.2f} s more, "
+              f"{cpu + more_reads * costs[0]:.2f} s of server CPU in all")  # fmt: skip
     print(f"  verdict names the simulated culprit: {right} ({expected}); widest line {widest}; "
           f"relabelled summaries read: {stand_ins or 'none'}")  # fmt: skip
     if args.show:

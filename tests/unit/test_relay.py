@@ -67,11 +67,16 @@ def test_followers_hear_each_request_and_their_answers_go_on_whole(
         assert link.forward([b"a" * 100, b"b" * 50])
     assert _until(lambda: sum(len(w) for w in store.writes) == 3)
     assert all(r == b"a" * 100 + b"b" * 50 for w in store.writes for r in w)
-    assert leader.forwarded == 3
+    # The relay's own process answers with its followers' (no connection of its own).
+    assert leader.forward([b"own"])
+    assert _until(lambda: store.writes[-1:] == [[b"own"]])
+    assert leader.forwarded == 4
     # An answer too large for the relay is the caller's to send.
     link = links[0]
     assert isinstance(link, relay.Link)
     assert not link.forward([b"x" * (relay.MAX_FRAME + 1)])
+    leader.close()
+    assert not leader.forward([b"late"])  # a relay that stopped: the caller sends it
 
 
 def test_a_follower_that_sends_no_answer_is_dropped_and_the_others_stay(

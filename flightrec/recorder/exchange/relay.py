@@ -101,6 +101,11 @@ class Relay:
         self._stop = threading.Event()
         self.forwarded = 0
         """Answers sent on so far."""
+        self._own: list[bytes] = []
+        """This process's own answers, to go with the next write (``forward``)."""
+        self._wake, self._woken = socket.socketpair()
+        self._wake.setblocking(False)
+        self._woken.setblocking(False)
         self._thread = threading.Thread(target=self._run, name="flightrec-relay", daemon=True)
         self._thread.start()
 
@@ -113,6 +118,18 @@ class Relay:
         """Tell every follower of request ``n`` (the counter and the description as read):
         from the request thread, as soon as it has read them."""
         self._broadcast(REQUEST + _REQUEST.pack(n, len(count), len(text)) + count + text)
+
+    def forward(self, requests: Sequence[bytes]) -> bool:
+        """This process's own answer: sent with the followers' (one write for the host);
+        False once the relay has stopped (the caller sends it itself)."""
+        payload = b"".join(requests)
+        with self._lock:
+            if self._stop.is_set():
+                return False
+            self._own.append(payload)
+        with contextlib.suppress(OSError):  # (full: a wake-up is pending already)
+            self._wake.send(b"w")
+        return True
 
     def close(self) -> None:
         """Stop relaying: the followers see the socket close and wait on the store."""
@@ -146,6 +163,7 @@ class Relay:
         try:
             if not self._stop.is_set():
                 sel.register(self._listener, selectors.EVENT_READ)
+                sel.register(self._woken, selectors.EVENT_READ)
                 self._serve(sel, store)
         except Exception as exc:
             if not self._stop.is_set():
@@ -155,9 +173,16 @@ class Relay:
                     str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
                 )
         finally:
-            self._stop.set()
+            with self._lock:
+                self._stop.set()
+                lost, self._own = self._own, []
+            if lost and store is not None:  # (taken before the relay failed: tried once more)
+                with contextlib.suppress(Exception):
+                    store.send(lost)
             sel.close()
             self._listener.close()
+            self._wake.close()
+            self._woken.close()
             with self._lock:
                 for sock, _ in self._followers.values():
                     _shut(sock)
@@ -175,8 +200,14 @@ class Relay:
             for key, _ in ready:
                 if key.fileobj is self._listener:
                     self._accept(sel)
+                elif key.fileobj is self._woken:
+                    with contextlib.suppress(OSError):
+                        self._woken.recv(4096)
                 else:
                     self._read(sel, key.fd, batch)
+            with self._lock:
+                batch += self._own
+                self._own = []
             if batch:
                 store.send(batch)  # several ranks' answers, one write
                 self.forwarded += len(batch)

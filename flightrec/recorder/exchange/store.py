@@ -372,6 +372,12 @@ class Poller:
         else:
             self.link = joined
 
+    @property
+    def forwarder(self) -> relay.Relay | relay.Link | None:
+        """Where this process's answers that get no answer go to reach the store with the
+        host's others (None: on a connection of its own)."""
+        return self.link or self.relay
+
     def _leave_relay(self) -> None:
         """The relay is gone or silent: wait on the store from now on."""
         link, self.link = self.link, None

@@ -553,7 +553,7 @@ class Exchange:
                 brief = None if n in self._answered else encode_progress(progress(dump, n))
                 requests = answer_requests(self.keys, self.rank, n, data, brief)
                 posted = n in getattr(self._poller, "posted", ())
-                link = getattr(self._poller, "link", None) if relayed else None
+                link = getattr(self._poller, "forwarder", None) if relayed else None
                 with self._lock:
                     holder = -1
                     if may_claim(self.rank, posted):
