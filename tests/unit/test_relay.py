@@ -4,6 +4,7 @@ real TCPStore)."""
 
 from __future__ import annotations
 
+import os
 import socket
 import sys
 import threading
@@ -131,3 +132,31 @@ def test_a_request_split_across_writes_and_heartbeats_reads_whole() -> None:
     t.join()
     link.close()
     theirs.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
+def test_a_process_of_another_user_is_no_follower(host: tuple[relay.Relay, bytes, Store]) -> None:
+    leader, name, _ = host
+    done_r, done_w = os.pipe()
+    child = os.fork()
+    if child == 0:  # (only system calls here, then _exit)
+        try:
+            os.setuid(65534)
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.connect(name)
+            os.write(done_w, b"in")
+            time.sleep(30)
+        finally:
+            os._exit(0)
+    try:
+        assert os.read(done_r, 2) == b"in"
+        ours = relay.join(name, Store)
+        assert isinstance(ours, relay.Link)
+        assert _until(lambda: leader.followers == 1)
+        time.sleep(0.3)
+        assert leader.followers == 1  # the stranger's connection was closed at accept
+    finally:
+        os.kill(child, 9)
+        os.waitpid(child, 0)
+        os.close(done_r)
+        os.close(done_w)

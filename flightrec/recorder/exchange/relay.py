@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import os
 import select
 import selectors
 import socket
@@ -74,6 +75,9 @@ def join(name: bytes, connect: Callable[[], Any]) -> Relay | Link | None:
         try:
             sock.settimeout(SEND_S)
             sock.connect(name)
+            if not same_user(sock):  # (someone else's: no relay, rather than theirs)
+                sock.close()
+                return None
             return Link(sock)
         except OSError:  # nobody listens (refused), or not in time
             sock.close()
@@ -221,6 +225,9 @@ class Relay:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
+            if not same_user(sock):  # (any process of the host may connect: ours only)
+                sock.close()
+                continue
             sock.setblocking(False)
             with self._lock:
                 self._followers[sock.fileno()] = (sock, bytearray())
@@ -332,6 +339,20 @@ class Link:
         count, text = bytes(buf[at : at + count_len]), bytes(buf[at + count_len : end])
         del buf[:end]
         return n, count, text
+
+
+_CREDENTIALS = struct.Struct("3i")
+
+
+def same_user(sock: socket.socket) -> bool:
+    """Whether the process at the other end of a local socket runs as this one's user (an
+    abstract socket is open to every process of the host's network namespace)."""
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+    except (OSError, AttributeError):
+        return False
+    uid: int = _CREDENTIALS.unpack(raw)[1]
+    return uid == os.getuid()
 
 
 def _shut(sock: socket.socket) -> None:
