@@ -48,7 +48,7 @@ prepare() {
 run_tests() {
     local unit=(tests/unit/test_{torchapi,doctor,columns_fastread,native_fastread,lastarrivals}.py
         tests/unit/test_{recorder_hot,recorder_stacks,recorder_slot_layout,frames,dumpfile}.py
-        tests/unit/test_{summary,issuing_thread,blackbox}.py)
+        tests/unit/test_{summary,issuing_thread,blackbox,progress_decode,relay}.py)
     tools/pyenvs.sh run 3.13 python -m pytest -q -p no:cacheprovider "${unit[@]}" \
         tests/integration/test_recorder_{hooks,fast,layout,blackbox,ddp}.py \
         tests/integration/test_native_forms_live.py tests/integration/test_object_collectives.py \

@@ -135,6 +135,7 @@ def test_a_request_split_across_writes_and_heartbeats_reads_whole() -> None:
 
 
 @pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="needs root")
+@pytest.mark.filterwarnings("ignore:This process .* is multi-threaded")  # (the child only connects)
 def test_a_process_of_another_user_is_no_follower(host: tuple[relay.Relay, bytes, Store]) -> None:
     leader, name, _ = host
     done_r, done_w = os.pipe()
