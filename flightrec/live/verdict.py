@@ -383,6 +383,13 @@ def fit(text: str) -> str:
     )
 
 
+def _on(hostname: str) -> str:
+    """`` on <host>`` for a dump line ("" where the dump names no host: a native dump may not);
+    the name comes from the store: untrusted, never printed raw."""
+    host = _clip(printable(hostname), 64)
+    return f" on {host}" if host else ""
+
+
 def dump_lines(
     summaries: Mapping[int, pb.Summary],
     world_size: int,
@@ -400,20 +407,18 @@ def dump_lines(
     if len(summaries) <= MAX_DUMP_LINES:
         for r, s in sorted(summaries.items()):
             # Host and path come from the store: untrusted, never printed raw.
-            host = _clip(printable(s.dump.header.hostname), 64)
-            lines.append(f"  rank {r} on {host}: {_clip(printable(s.dump_path), 120) or '-'}")
+            on = _on(s.dump.header.hostname)
+            lines.append(f"  rank {r}{on}: {_clip(printable(s.dump_path), 120) or '-'}")
     else:
         places: dict[tuple[str, str], list[int]] = defaultdict(list)
         for r, s in sorted(summaries.items()):
             folder = os.path.dirname(s.dump_path) if s.dump_path else "-"
-            places[
-                (_clip(printable(s.dump.header.hostname), 64), _clip(printable(folder), 100))
-            ].append(r)
-        for shown, ((host, folder), ranks) in enumerate(sorted(places.items()), start=1):
+            places[(_on(s.dump.header.hostname), _clip(printable(folder), 100))].append(r)
+        for shown, ((on, folder), ranks) in enumerate(sorted(places.items()), start=1):
             if shown > MAX_DUMP_LINES:
                 lines.append(f"  ... and {len(places) - MAX_DUMP_LINES} more hosts or folders")
                 break
-            lines.append(f"  {ranks_phrase(ranks, 32)} on {host}: {folder}")
+            lines.append(f"  {ranks_phrase(ranks, 32)}{on}: {folder}")
     rest = sorted(set(answered) - set(summaries))
     if rest:
         lines.append(f"  {ranks_phrase(rest, PHRASE)}: on each one's host, beside the above")

@@ -23,8 +23,7 @@ from flightrec.report.json import compact_report_to_dict
 
 # The terminal report's sentences ("rank 2 is in ...", "ranks 0-1,3 wait in ...", "ranks 0,3
 # waited in ..., then died"): one wording.
-from flightrec.report.terminal import _sentence as sentence
-from flightrec.report.terminal import blocked_lines
+from flightrec.report.terminal import blocked_lines, sentence
 from flightrec.text import compress, ranks_phrase
 
 if TYPE_CHECKING:

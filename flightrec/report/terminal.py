@@ -44,7 +44,9 @@ STRAGGLER_ROWS = 8
 _SINGULAR = {"wait": "waits", "are": "is"}
 
 
-def _sentence(ranks: list[int], phrase: str) -> str:
+def sentence(ranks: list[int], phrase: str) -> str:
+    """``ranks 0-1,3 wait in ...``; ``rank 2 waits in ...`` for one rank (one wording for
+    every renderer)."""
     if len(ranks) == 1:
         head, _, rest = phrase.partition(" ")
         phrase = f"{_SINGULAR.get(head, head)} {rest}".rstrip()
@@ -58,7 +60,7 @@ def blocked_lines(waiting: Sequence[int], ended: Sequence[int], what: str, took:
     lines = []
     still = [r for r in waiting if r not in ended]
     if still:
-        lines.append(_sentence(still, f"wait in {what}") + took)
+        lines.append(sentence(still, f"wait in {what}") + took)
     gone = [r for r in waiting if r in ended]
     if gone:
         lines.append(f"{ranks_phrase(gone)} waited in {what}{took}, then died")
@@ -250,7 +252,7 @@ class TerminalRenderer:
                     Text(f"  ... and {len(by_state) - MAX_LINES} more situations", style="dim")
                 )
                 break
-            self._print(hanging("  ", _sentence(ranks, phrase), style=style))
+            self._print(hanging("  ", sentence(ranks, phrase), style=style))
 
     def _progress(self, report: Report) -> None:
         groups = report.matched.groups
