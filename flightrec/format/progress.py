@@ -224,8 +224,9 @@ def _read_py(data: bytes, rank: int, world_size: int) -> ProgressRecord | str:
         msg.ParseFromString(data)
     except Exception:  # protobuf's DecodeError, or worse on hostile bytes
         return UNPARSEABLE
-    why = _problem(msg, rank, world_size)
-    return printable(why)[:200] if why else record_of(msg)
+    record = record_of(msg)  # (checked as a record: a message's fields cost far more to read)
+    why = _problem(record, rank, world_size)
+    return printable(why)[:200] if why else record
 
 
 def record_of(msg: pb.Progress) -> ProgressRecord:
@@ -237,7 +238,7 @@ def record_of(msg: pb.Progress) -> ProgressRecord:
     )  # fmt: skip
 
 
-def _problem(msg: pb.Progress, rank: int, world_size: int) -> str:
+def _problem(msg: ProgressRecord, rank: int, world_size: int) -> str:
     n = len(msg.group)
     if msg.rank != rank:
         return f"says it is rank {msg.rank}"
