@@ -18,6 +18,12 @@ def printable(text: str) -> str:
     return CONTROL.sub("?", text)
 
 
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """An exception's first line for one line of a log (its type's name where it says nothing),
+    at most ``limit`` characters."""
+    return (str(exc) or type(exc).__name__).splitlines()[0][:limit]
+
+
 class FlightrecError(Exception):
     """Base of every error flightrec raises on purpose."""
 

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING
 
+from flightrec.errors import first_line
+
 if TYPE_CHECKING:
     from flightrec.analysis import Report
     from flightrec.live.rounds import Verdict
@@ -111,8 +113,7 @@ def report(rnd: Round) -> None:
         if panels:
             text = _one_verdict(rnd, text, panels[0], before, len(answered), dead, exited)
     except Exception as exc:
-        why = (str(exc) or type(exc).__name__).splitlines()[0][:200]
-        log.warning("flightrec: no verdict in the log: %s", why)
+        log.warning("flightrec: no verdict in the log: %s", first_line(exc))
         return
     if text:
         _write_stderr(text)

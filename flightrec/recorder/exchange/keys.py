@@ -24,9 +24,16 @@ MASTER_ADDR:MASTER_PORT (``flightrec trigger``) sees the keys the workers see.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 DEFAULT_NAMESPACE = "default"
+
+
+def restart_count() -> str:
+    """torchrun's restart count of this attempt ("0" outside torchrun, or when unreadable)."""
+    value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
+    return value if value.isdigit() and len(value) < 9 else "0"
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from flightrec.errors import first_line
+
 log = logging.getLogger("flightrec")
 HEARTBEAT_S = 0.5
 """How often the relay tells its followers it is alive."""
@@ -174,7 +176,7 @@ class Relay:
                 log.warning(
                     "flightrec: this host's ranks answer the store on their own from now on: "
                     "their relay failed (%s)",
-                    str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+                    first_line(exc),
                 )
         finally:
             with self._lock:
@@ -244,16 +246,17 @@ class Relay:
         except OSError:
             data = b""
         buf += data
-        while data and len(buf) >= _LENGTH.size:
+        alive = bool(data)
+        while alive and len(buf) >= _LENGTH.size:
             size = _LENGTH.unpack_from(buf)[0]
             if size > MAX_FRAME:
-                data = b""
-                break
-            if len(buf) < _LENGTH.size + size:
+                alive = False  # (no answer of ours is this long)
+            elif len(buf) < _LENGTH.size + size:
                 return
-            batch.append(bytes(buf[_LENGTH.size : _LENGTH.size + size]))
-            del buf[: _LENGTH.size + size]
-        if not data:
+            else:
+                batch.append(bytes(buf[_LENGTH.size : _LENGTH.size + size]))
+                del buf[: _LENGTH.size + size]
+        if not alive:
             sel.unregister(sock)
             with self._lock:
                 del self._followers[fd]

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import socket
 import threading
 import time
@@ -40,7 +39,7 @@ from typing import Any
 
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.recorder.exchange import relay
-from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.keys import Keys, restart_count
 from flightrec.recorder.exchange.wire import WireStore
 
 log = logging.getLogger("flightrec")
@@ -352,7 +351,6 @@ class Poller:
         """This process relays for its host (it waits on the store for them)."""
         self.link: relay.Link | None = None
         """This process follows its host's relay (None: it waits on the store itself)."""
-        self._announced: tuple[int, bytes, bytes] | None = None
         if self._wire is not None and relay_scope is not None:
             self._join_relay(relay_scope)
         self._thread = threading.Thread(target=self._run, name="flightrec-requests", daemon=True)
@@ -360,8 +358,9 @@ class Poller:
 
     def _join_relay(self, scope: str) -> None:
         assert self._wire is not None
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "")
-        name = relay.address(self.keys.root, self._wire.host, str(self._wire.port), restart, scope)
+        name = relay.address(
+            self.keys.root, self._wire.host, str(self._wire.port), restart_count(), scope
+        )
         try:
             joined = relay.join(name, self.new_connection)
         except Exception as exc:  # no relay: this process waits on the store as before
@@ -465,16 +464,16 @@ class Poller:
         while not self._stop.is_set():
             try:
                 nxt = self._seen + 1
-                if not self._next_posted(nxt):
-                    continue  # (polling: not yet)
-                if self._stop.is_set():
-                    return
-                announced, self._announced = self._announced, None
-                if announced is not None:  # (through the host's relay)
-                    if announced[0] < nxt:
+                if self.link is not None:
+                    announced = self._from_relay(nxt)
+                    if announced is None:
                         continue
                     nxt, count, text = announced
                 else:
+                    if not self._next_posted(nxt):
+                        continue  # (polling: not yet)
+                    if self._stop.is_set():
+                        return
                     count, text = self._read_request(nxt)
                     if self.relay is not None:  # the host's other ranks, before this one dumps
                         self.relay.announce(nxt, bytes(count), bytes(text))
@@ -508,14 +507,6 @@ class Poller:
     def _next_posted(self, n: int) -> bool:
         """Wait until request ``n`` is posted (True), or, polling, look once (and pause).
         (A wait registered ahead for it, by ``_read_request``, only has its answer read.)"""
-        link = self.link
-        if link is not None:
-            self._announced = link.next_request(self._stop)
-            if self._announced is not None:
-                return True
-            if not self._stop.is_set():
-                self._leave_relay()
-            return False
         key = self.keys.request(n)
         if self._wire is not None:
             return self._wire.wait([key])
@@ -523,6 +514,19 @@ class Poller:
             return True
         self._stop.wait(POLL_S)
         return False
+
+    def _from_relay(self, n: int) -> tuple[int, bytes, bytes] | None:
+        """The next request the host's relay announces, from ``n`` on: (its number, the
+        counter, the description as the relay read them); None when there is none to act on
+        (an older one, the thread stopping, or the relay gone: then it is left, and the next
+        wait is on the store)."""
+        link = self.link
+        announced = link.next_request(self._stop) if link is not None else None
+        if announced is None:
+            if not self._stop.is_set():
+                self._leave_relay()
+            return None
+        return announced if announced[0] >= n else None
 
     def _reconnect(self) -> None:
         if self._wire is None:

@@ -43,7 +43,6 @@ exchange's own, and any failure costs one warning for the whole process.
 from __future__ import annotations
 
 import logging
-import os
 import struct
 import threading
 import time
@@ -52,11 +51,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from flightrec.errors import first_line
 from flightrec.format.progress import MAX_BYTES as MAX_PROGRESS_BYTES
 from flightrec.format.progress import encode_progress, progress
 from flightrec.format.slot import ENQUEUED, STARTED
 from flightrec.format.summary import MAX_BYTES, encode, summarize
-from flightrec.recorder.exchange.keys import Keys
+from flightrec.recorder.exchange.keys import Keys, restart_count
 from flightrec.recorder.exchange.store import CONNECT_TIMEOUT_S, RANK_DIED, ROUND_REASONS
 from flightrec.recorder.exchange.wire import WireStore, encode_append, encode_set
 
@@ -85,12 +85,6 @@ EXIT_CONNECT_S = 2.0
 """Longest the exit path waits to open this exchange's connection (``after_exit``)."""
 LOOK_EVERY_NS = 1_000_000_000
 """How often ``tick`` looks for an operation pending long enough to load the reporter."""
-
-
-def restart_count() -> str:
-    """torchrun's restart count of this attempt ("0" outside torchrun, or when unreadable)."""
-    value = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0").strip()
-    return value if value.isdigit() and len(value) < 9 else "0"
 
 
 def _holder(raw: bytes) -> tuple[int | None, bool]:
@@ -615,7 +609,7 @@ class Exchange:
             log.warning(
                 "flightrec: no verdict in the log from this rank: the job's store does not "
                 "answer (%s)",
-                str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__,
+                first_line(exc),
             )
 
 
