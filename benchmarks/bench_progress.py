@@ -1,7 +1,7 @@
 """The reporter's reading of every rank's progress record and its first pass, at scale.
 
 What the reporter does once a round's list of progress records is read (``unframe``): decode
-every record (``flightrec.live.verdict.decode_ahead``) and choose whose summaries to read
+every record (``flightrec.format.progress.decode_many``) and choose whose summaries to read
 (``select``: the checks, then ``flightrec.live.frontier.find_frontier``). Timed with the C
 reader ``flightrec.format._progress`` and with its Python path (protobuf's parser), medians
 of ``--runs`` runs, on the records of a simulated job cached by benchmarks/bench_inlog.py
@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flightrec.format import progress as progress_module
-from flightrec.format.progress import Decoded
-from flightrec.live.verdict import decode_ahead, select
+from flightrec.format.progress import Decoded, decode_many
+from flightrec.live.verdict import select
 
 CACHE = "/tmp/flightrec-bench/inlog2-{ranks}x64-tp8-pp8-stall.pickle"
 
@@ -35,7 +35,7 @@ def timed(raw: dict[int, bytes], world: int, runs: int) -> tuple[float, float, t
     for _ in range(runs):
         decoded: Decoded = {}
         t0 = time.perf_counter()
-        decode_ahead(raw, world, decoded)
+        decode_many(raw, world, decoded)
         t1 = time.perf_counter()
         chosen = select(raw, 1, world, decoded=decoded)
         t2 = time.perf_counter()

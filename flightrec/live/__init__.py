@@ -71,16 +71,16 @@ def report(rnd: Round) -> None:
     started = time.monotonic()
     try:
         # The analysis and the renderer load while the other ranks answer, not after.
-        from flightrec.format.progress import Decoded
+        from flightrec.format.progress import Decoded, decode_many
         from flightrec.live.rounds import earlier
-        from flightrec.live.verdict import UNLISTED, decode_ahead, render, select
+        from flightrec.live.verdict import UNLISTED, render, select
         from flightrec.recorder.exchange.verdict import Listing
 
         listing = Listing(rnd)
         decoded: Decoded = {}
 
         def read_ahead() -> None:
-            decode_ahead(listing.read(), rnd.world_size, decoded)
+            decode_many(listing.read(), rnd.world_size, decoded)
 
         answered = _gather_answers(rnd, read_ahead)
         if answered is None:

@@ -27,7 +27,7 @@ from flightrec.analysis.loading.loader import Run
 from flightrec.errors import DumpError, printable
 from flightrec.format import flightrec_pb2 as pb
 from flightrec.format.members import members_of, set_members
-from flightrec.format.progress import Decoded, ProgressRecord, decode_many, read_progress, record_of
+from flightrec.format.progress import Decoded, ProgressRecord, read_progress, record_of
 from flightrec.format.progress import progress as progress_of
 from flightrec.format.summary import SummaryError, decode
 from flightrec.live.frontier import Frontier, find_frontier
@@ -73,13 +73,6 @@ class Selection:
     frontier: Frontier | None
 
 
-def decode_ahead(raw: Mapping[int, bytes], world_size: int, into: Decoded) -> None:
-    """Decode ``raw``'s records into ``into`` (the reporter does it as the records arrive, while
-    it waits for the other ranks: at 131,072 ranks, a few tenths of a second with the C reader
-    of ``flightrec.format.progress``, over a second without)."""
-    decode_many(raw, world_size, into)
-
-
 def select(
     raw: Mapping[int, bytes],
     number: int,
@@ -102,7 +95,7 @@ def select(
         unlisted: summaries of ranks without a record in ``raw``: where such a rank stood is
             read from its summary (the record it would have published, made from the dump
             the summary carries).
-        decoded: records decoded ahead (``decode_ahead``); one whose bytes differ from
+        decoded: records decoded ahead (``format.progress.decode_many``); one whose bytes differ from
             ``raw``'s is decoded again.
     """
     progress: dict[int, ProgressRecord] = {}

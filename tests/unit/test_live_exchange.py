@@ -444,8 +444,8 @@ def test_the_reporter_reads_the_records_as_they_arrive_and_decodes_them_once() -
     # Each read of the growing list unframes only what was appended since; a list rewritten
     # by something else, or damaged, is read from its start; records decoded ahead give the
     # selection decoding them at the end gives, and bytes that changed are decoded again.
-    from flightrec.format.progress import encode_progress
-    from flightrec.live.verdict import Decoded, decode_ahead, select
+    from flightrec.format.progress import Decoded, decode_many, encode_progress
+    from flightrec.live.verdict import select
 
     store = MemoryStore()
     rnd = Round(1, "WATCHDOG_TIMEOUT", 0, 8, "", time.monotonic() + 1, store, "0")
@@ -464,7 +464,7 @@ def test_the_reporter_reads_the_records_as_they_arrive_and_decodes_them_once() -
         store.append(key, exchange.frame(r, record(r)))
     assert set(listing.read()) == {0, 1, 2}
     decoded: Decoded = {}
-    decode_ahead(listing.records, 8, decoded)
+    decode_many(listing.records, 8, decoded)
     for r in (3, 4):
         store.append(key, exchange.frame(r, record(r, 2)))
     assert set(listing.read()) == {3, 4} and set(listing.records) == {0, 1, 2, 3, 4}
