@@ -140,6 +140,24 @@ def test_a_group_follows_the_process_groups_numbers_once_they_part() -> None:
     assert info.next_seq() == 6 and info.seq == 6  # the ProcessGroup's next number
 
 
+def test_calls_of_other_threads_under_way_are_no_parting_and_no_number_goes_out_twice() -> None:
+    """flightrec numbers a call before torch does: torch's count behind ours is threads'
+    calls under way, not calls flightrec missed. Once following torch's count, threads that
+    read it alike before either call reaches torch still get numbers of their own."""
+    pg = FakePG()
+    info = GroupInfo(0, "0", "default_pg", (0, 1), "nccl", pg._get_sequence_number_for_group)
+    assert [info.next_seq() for _ in range(3)] == [1, 2, 3]
+    pg.n = 1  # two of those calls not yet in torch
+    info.follow_native()
+    assert info.counter.source is None
+    pg.n = 10  # torch ran calls flightrec never saw: parted
+    info.follow_native()
+    assert info.counter.source is not None
+    assert [info.next_seq() for _ in range(3)] == [11, 12, 13]  # torch's count read as 10 each
+    pg.n = 20
+    assert info.next_seq() == 21 and info.seq == 21
+
+
 def test_gloo_numbers_leave_out_sends_and_receives() -> None:
     """gloo's counter also counts point-to-point calls, which torch's recorder does not
     number: those this rank issued are taken off."""

@@ -1614,16 +1614,13 @@ do_enter(FastPath *self, uint32_t op, uint32_t base_flags, PyObject *group, PyOb
     }
     /* From here on nothing can fail: take the sequence number and the record id (the
      * counters are C integers; no Python code runs between here and the slot's write). */
-    unsigned long long seq;
-    if (native) {
+    /* Following the ProcessGroup's counter: its next number, or the next of ours where that
+     * is higher (threads issuing at once read torch's count alike: no number goes out twice). */
+    unsigned long long seq = counter->value + 1;
+    if (native > seq) {
         seq = native;
-        if (seq > counter->value) {
-            counter->value = seq;
-        }
     }
-    else {
-        seq = ++counter->value;
-    }
+    counter->value = seq;
     unsigned long long rid = ++self->ids->value;
     char *p = self->ring +
               (Py_ssize_t)((rid - 1) % (unsigned long long)self->capacity) * SLOT_SIZE;

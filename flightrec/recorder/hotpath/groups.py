@@ -85,17 +85,22 @@ class GroupInfo:
         return int(self.counter.value)
 
     def next_seq(self) -> int:
-        """The sequence number of a new collective on this group (1, 2, ...)."""
+        """The sequence number of a new collective on this group (1, 2, ...): following the
+        ProcessGroup's counter, its next number, or the next of ours where that is higher
+        (threads issuing at once read torch's count alike: no number goes out twice)."""
         source = self.counter.source
-        if source is not None:
-            try:
-                n = int(source()) + 1
-            except Exception:  # the group is gone, say: flightrec's own number
-                n = 0
-            if n > 0:
+        if source is None:
+            return int(next(self.counter))
+        try:
+            n = int(source()) + 1
+        except Exception:  # the group is gone, say: flightrec's own number
+            n = 0
+        with self._lock:
+            mine = int(next(self.counter))
+            if n > mine:
                 self.counter.raise_to(n)
                 return n
-        return int(next(self.counter))
+            return mine
 
     def native_seq(self) -> int:
         """The ProcessGroup's own last collective number (what PyTorch's recorder calls
@@ -121,8 +126,10 @@ class GroupInfo:
         try:
             n = self.native_seq()
             ours = self.counter.value
-            # Read twice around ours: a call between torch's count and ours is no parting.
-            parted = n != ours and n == self.native_seq()
+            # Torch ahead of ours, read twice around ours: a call between torch's count and
+            # ours is no parting. Torch behind ours is never one: flightrec numbers a call
+            # before torch does, so calls of other threads under way read that way.
+            parted = n > ours and n == self.native_seq()
         except Exception:
             self.native = None  # unsupported, or the group is gone: nothing to follow
             return
